@@ -1,0 +1,84 @@
+// Shared argument checks for the bindings. The Python layer (llmkernels/_ops.py) validates user
+// input and prepares contiguous arrays; these checks make _core itself safe to call directly:
+// a wrong call raises ValueError/TypeError, never reaches a kernel.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+
+#include <string>
+#include <vector>
+
+namespace llmk::bind {
+
+namespace py = pybind11;
+
+[[noreturn]] inline void fail(const char* fn, const std::string& msg) {
+  throw py::value_error(std::string("[") + fn + "] " + msg);
+}
+
+inline std::string shape_str(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    s += std::to_string(a.shape(i));
+    if (a.ndim() == 1 || i + 1 < a.ndim()) s += a.ndim() == 1 ? "," : ", ";
+  }
+  return s + ")";
+}
+
+inline bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
+inline bool is_f64(const py::array& a) { return a.dtype().is(py::dtype::of<double>()); }
+
+// Checks a kernel operand: C-contiguous, of dtype `like` (or float32/float64 if like is null),
+// writeable if it is an output.
+inline void check_operand(const char* fn, const char* name, const py::array& a,
+                          const py::array* like, bool writeable) {
+  if (like ? !a.dtype().is(like->dtype()) : !(is_f32(a) || is_f64(a)))
+    throw py::type_error(std::string("[") + fn + "] " + name + " has dtype " +
+                         std::string(py::str(a.dtype())) + ", expected " +
+                         (like ? std::string(py::str(like->dtype())) : "float32 or float64"));
+  if (!(a.flags() & py::array::c_style)) fail(fn, std::string(name) + " must be C-contiguous");
+  if (writeable && !a.writeable()) fail(fn, std::string(name) + " must be writeable");
+}
+
+inline void check_same_shape(const char* fn, const char* name, const py::array& a,
+                             const py::array& ref) {
+  bool same = a.ndim() == ref.ndim();
+  for (py::ssize_t i = 0; same && i < a.ndim(); ++i) same = a.shape(i) == ref.shape(i);
+  if (!same) fail(fn, std::string(name) + " must have shape " + shape_str(ref) + ", got " +
+                          shape_str(a));
+}
+
+inline void check_vector(const char* fn, const char* name, const py::array& a, py::ssize_t n) {
+  if (a.ndim() != 1 || a.shape(0) != n)
+    fail(fn, std::string(name) + " must have shape (" + std::to_string(n) + ",), got " +
+                 shape_str(a));
+}
+
+// (rows, n) view of an array of shape (..., n); a 0-d array is one row of one element.
+inline void rows_cols(const py::array& a, std::size_t* rows, std::size_t* n) {
+  *n = a.ndim() == 0 ? 1 : static_cast<std::size_t>(a.shape(a.ndim() - 1));
+  std::size_t size = static_cast<std::size_t>(a.size());
+  *rows = *n == 0 ? 0 : size / *n;
+}
+
+template <class T>
+inline T* ptr(py::array& a) {
+  return static_cast<T*>(a.mutable_data());
+}
+template <class T>
+inline const T* cptr(const py::array& a) {
+  return static_cast<const T*>(a.data());
+}
+template <class T>
+inline const T* cptr_or_null(const std::optional<py::array>& a) {
+  return a ? static_cast<const T*>(a->data()) : nullptr;
+}
+
+void bind_elementwise(py::module_& m);
+void bind_runtime(py::module_& m);
+
+}  // namespace llmk::bind

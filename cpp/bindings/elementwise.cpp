@@ -1,0 +1,260 @@
+// Bindings of the row-wise and elementwise kernels. Thin: check operands, release the GIL,
+// split rows across the thread pool, dispatch to the active ISA. Public argument handling
+// (dtype promotion, copies, out=) lives in python/llmkernels/_ops.py.
+#include <cmath>
+#include <cstdint>
+
+#include "bindings/common.hpp"
+#include "common/isa.hpp"
+#include "common/thread_pool.hpp"
+#include "ffn.hpp"
+#include "kernels/ops.hpp"
+
+namespace llmk::bind {
+namespace {
+
+using opt_array = std::optional<py::array>;
+
+void rms_norm(py::array x, opt_array weight, double eps, py::array out) {
+  const char* fn = "rms_norm";
+  check_operand(fn, "x", x, nullptr, false);
+  check_operand(fn, "out", out, &x, true);
+  check_same_shape(fn, "out", out, x);
+  if (x.ndim() < 1) fail(fn, "x must have at least 1 dimension");
+  std::size_t rows, n;
+  rows_cols(x, &rows, &n);
+  if (weight) {
+    check_operand(fn, "weight", *weight, &x, false);
+    check_vector(fn, "weight", *weight, static_cast<py::ssize_t>(n));
+  }
+  if (!(eps >= 0.0)) fail(fn, "eps must be >= 0, got " + std::to_string(eps));
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = cptr<T>(x);
+    const T* wp = cptr_or_null<T>(weight);
+    T* op = ptr<T>(out);
+    py::gil_scoped_release nogil;
+    parallel_for(rows, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
+      dispatch(rms_norm_kernel{}, op + b * n, xp + b * n, wp, e - b, n, eps);
+    });
+  };
+  if (is_f32(x)) run(float{}); else run(double{});
+}
+
+void layer_norm(py::array x, opt_array weight, opt_array bias, double eps, py::array out) {
+  const char* fn = "layer_norm";
+  check_operand(fn, "x", x, nullptr, false);
+  check_operand(fn, "out", out, &x, true);
+  check_same_shape(fn, "out", out, x);
+  if (x.ndim() < 1) fail(fn, "x must have at least 1 dimension");
+  std::size_t rows, n;
+  rows_cols(x, &rows, &n);
+  if (weight) {
+    check_operand(fn, "weight", *weight, &x, false);
+    check_vector(fn, "weight", *weight, static_cast<py::ssize_t>(n));
+  }
+  if (bias) {
+    check_operand(fn, "bias", *bias, &x, false);
+    check_vector(fn, "bias", *bias, static_cast<py::ssize_t>(n));
+  }
+  if (!(eps >= 0.0)) fail(fn, "eps must be >= 0, got " + std::to_string(eps));
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = cptr<T>(x);
+    const T* wp = cptr_or_null<T>(weight);
+    const T* bp = cptr_or_null<T>(bias);
+    T* op = ptr<T>(out);
+    py::gil_scoped_release nogil;
+    parallel_for(rows, 1, 2.0 * static_cast<double>(n), [&](std::size_t b, std::size_t e) {
+      dispatch(layer_norm_kernel{}, op + b * n, xp + b * n, wp, bp, e - b, n, eps);
+    });
+  };
+  if (is_f32(x)) run(float{}); else run(double{});
+}
+
+// Elementwise map over the flat array; chunk boundaries on multiples of 64 elements.
+template <class Kernel>
+void elementwise(const char* fn, const Kernel& kernel, py::array x, opt_array up, py::array out) {
+  check_operand(fn, "x", x, nullptr, false);
+  check_operand(fn, "out", out, &x, true);
+  check_same_shape(fn, "out", out, x);
+  if (up) {
+    check_operand(fn, "up", *up, &x, false);
+    check_same_shape(fn, "up", *up, x);
+  }
+  std::size_t n = static_cast<std::size_t>(x.size());
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = cptr<T>(x);
+    const T* up_p = cptr_or_null<T>(up);
+    T* op = ptr<T>(out);
+    py::gil_scoped_release nogil;
+    parallel_for(n, 64, 4.0, [&](std::size_t b, std::size_t e) {
+      dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b);
+    });
+  };
+  if (is_f32(x)) run(float{}); else run(double{});
+}
+
+// exp / sigmoid kernels have no `up` operand: adapt their signature to elementwise().
+template <class Kernel>
+struct unary_adapter {
+  template <class Arch, class T>
+  void operator()(Arch a, T* out, const T* x, const T*, std::size_t n) const {
+    Kernel{}(a, out, x, n);
+  }
+};
+
+// cos/sin tables (P, half) for positions (P,) int64 and inv_freq (half,) float64: the angle
+// pos * inv_freq is formed and reduced in double (exact for positions up to 2^53), then
+// cos/sin are scaled by attention_factor and rounded to the output dtype.
+py::tuple rope_tables(py::array_t<std::int64_t, py::array::c_style> positions,
+                      py::array_t<double, py::array::c_style> inv_freq, double attention_factor,
+                      py::dtype dtype) {
+  const char* fn = "rope";
+  if (positions.ndim() != 1) fail(fn, "positions table must be 1-D");
+  if (inv_freq.ndim() != 1) fail(fn, "inv_freq must be 1-D");
+  std::size_t p = static_cast<std::size_t>(positions.shape(0));
+  std::size_t half = static_cast<std::size_t>(inv_freq.shape(0));
+  auto build = [&](auto tag) {
+    using T = decltype(tag);
+    py::array_t<T> cos_tab({p, half}), sin_tab({p, half});
+    const std::int64_t* pos = positions.data();
+    const double* f = inv_freq.data();
+    T* c = cos_tab.mutable_data();
+    T* s = sin_tab.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      parallel_for(p, 1, 40.0 * static_cast<double>(half), [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i)
+          for (std::size_t j = 0; j < half; ++j) {
+            double angle = static_cast<double>(pos[i]) * f[j];
+            c[i * half + j] = static_cast<T>(std::cos(angle) * attention_factor);
+            s[i * half + j] = static_cast<T>(std::sin(angle) * attention_factor);
+          }
+      });
+    }
+    return py::make_tuple(cos_tab, sin_tab);
+  };
+  if (dtype.is(py::dtype::of<float>())) return build(float{});
+  if (dtype.is(py::dtype::of<double>())) return build(double{});
+  throw py::type_error("[rope] dtype must be float32 or float64");
+}
+
+void rope(py::array x, py::array_t<std::int64_t, py::array::c_style> table_row, py::array cos_tab,
+          py::array sin_tab, std::size_t rotary_dim, bool interleaved, py::array out) {
+  const char* fn = "rope";
+  check_operand(fn, "x", x, nullptr, false);
+  check_operand(fn, "out", out, &x, true);
+  check_same_shape(fn, "out", out, x);
+  check_operand(fn, "cos", cos_tab, &x, false);
+  check_operand(fn, "sin", sin_tab, &x, false);
+  if (x.ndim() < 1) fail(fn, "x must have at least 1 dimension");
+  std::size_t rows, d;
+  rows_cols(x, &rows, &d);
+  if (rotary_dim % 2 != 0 || rotary_dim > d) fail(fn, "rotary_dim must be even and <= D");
+  std::size_t half = rotary_dim / 2;
+  if (cos_tab.ndim() != 2 || cos_tab.shape(1) != static_cast<py::ssize_t>(half))
+    fail(fn, "cos table must have shape (P, rotary_dim/2)");
+  check_same_shape(fn, "sin", sin_tab, cos_tab);
+  if (table_row.ndim() != 1 || table_row.shape(0) != static_cast<py::ssize_t>(rows))
+    fail(fn, "table_row must have one entry per row");
+  const std::int64_t* tr = table_row.data();
+  const std::int64_t n_tab = cos_tab.shape(0);
+  for (std::size_t r = 0; r < rows; ++r)
+    if (tr[r] < 0 || tr[r] >= n_tab) fail(fn, "table_row entry out of range");
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = cptr<T>(x);
+    const T* cp = cptr<T>(cos_tab);
+    const T* sp = cptr<T>(sin_tab);
+    T* op = ptr<T>(out);
+    py::gil_scoped_release nogil;
+    parallel_for(rows, 1, static_cast<double>(d), [&](std::size_t b, std::size_t e) {
+      dispatch(rope_kernel{}, op + b * d, xp + b * d, tr + b, cp, sp, e - b, d, rotary_dim,
+               interleaved);
+    });
+  };
+  if (is_f32(x)) run(float{}); else run(double{});
+}
+
+// x (m, k); w_gate, w_up (k, h); w_down (h, n) or None; biases optional. Returns (m, n), or the
+// hidden activation (m, h) when w_down is None.
+py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, opt_array w_down,
+                     opt_array b_gate, opt_array b_up, opt_array b_down) {
+  const char* fn = "swiglu_ffn";
+  check_operand(fn, "x", x, nullptr, false);
+  if (x.ndim() != 2) fail(fn, "x must be 2-D (m, k)");
+  check_operand(fn, "w_gate", w_gate, &x, false);
+  check_operand(fn, "w_up", w_up, &x, false);
+  py::ssize_t m = x.shape(0), k = x.shape(1);
+  if (w_gate.ndim() != 2 || w_gate.shape(0) != k) fail(fn, "w_gate must have shape (in, hidden)");
+  py::ssize_t h = w_gate.shape(1);
+  check_same_shape(fn, "w_up", w_up, w_gate);
+  py::ssize_t n = 0;
+  if (w_down) {
+    check_operand(fn, "w_down", *w_down, &x, false);
+    if (w_down->ndim() != 2 || w_down->shape(0) != h)
+      fail(fn, "w_down must have shape (hidden, out)");
+    n = w_down->shape(1);
+  }
+  if (b_gate) { check_operand(fn, "b_gate", *b_gate, &x, false); check_vector(fn, "b_gate", *b_gate, h); }
+  if (b_up) { check_operand(fn, "b_up", *b_up, &x, false); check_vector(fn, "b_up", *b_up, h); }
+  if (b_down) {
+    if (!w_down) fail(fn, "b_down given without w_down");
+    check_operand(fn, "b_down", *b_down, &x, false);
+    check_vector(fn, "b_down", *b_down, n);
+  }
+  auto run = [&](auto tag) -> py::array {
+    using T = decltype(tag);
+    py::array_t<T> gate({m, h}), up({m, h});
+    py::array_t<T> out({w_down ? m : py::ssize_t(0), n});
+    const T* xp = cptr<T>(x);
+    const T* wg = cptr<T>(w_gate);
+    const T* wu = cptr<T>(w_up);
+    const T* wd = cptr_or_null<T>(w_down);
+    const T* bg = cptr_or_null<T>(b_gate);
+    const T* bu = cptr_or_null<T>(b_up);
+    const T* bd = cptr_or_null<T>(b_down);
+    T* gp = gate.mutable_data();
+    T* upp = up.mutable_data();
+    T* op = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      llmk::swiglu_ffn<T>(xp, m, k, wg, wu, h, wd, n, bg, bu, bd, gp, upp, op);
+    }
+    if (w_down) return out;
+    return gate;
+  };
+  return is_f32(x) ? run(float{}) : run(double{});
+}
+
+}  // namespace
+
+void bind_elementwise(py::module_& m) {
+  using namespace pybind11::literals;
+  m.def("rms_norm", &rms_norm, "x"_a, "weight"_a, "eps"_a, "out"_a,
+        "RMSNorm over the last axis into `out` (C-contiguous operands of one float dtype).");
+  m.def("layer_norm", &layer_norm, "x"_a, "weight"_a, "bias"_a, "eps"_a, "out"_a,
+        "LayerNorm (biased variance) over the last axis into `out`.");
+  m.def("silu", [](py::array x, py::array out) {
+        elementwise("silu", silu_kernel<false>{}, x, std::nullopt, out); },
+        "x"_a, "out"_a, "out = x * sigmoid(x), elementwise.");
+  m.def("swiglu", [](py::array gate, py::array up, py::array out) {
+        elementwise("swiglu", silu_kernel<true>{}, gate, up, out); },
+        "gate"_a, "up"_a, "out"_a, "out = silu(gate) * up, elementwise.");
+  m.def("_exp", [](py::array x, py::array out) {
+        elementwise("exp", unary_adapter<exp_kernel>{}, x, std::nullopt, out); },
+        "x"_a, "out"_a, "The vectorized exp the kernels use (subnormal results flushed to 0).");
+  m.def("_sigmoid", [](py::array x, py::array out) {
+        elementwise("sigmoid", unary_adapter<sigmoid_kernel>{}, x, std::nullopt, out); },
+        "x"_a, "out"_a, "The vectorized sigmoid the kernels use.");
+  m.def("rope_tables", &rope_tables, "positions"_a, "inv_freq"_a, "attention_factor"_a, "dtype"_a,
+        "cos/sin tables (P, len(inv_freq)) for int64 positions (P,), angles in float64.");
+  m.def("rope", &rope, "x"_a, "table_row"_a, "cos"_a, "sin"_a, "rotary_dim"_a, "interleaved"_a,
+        "out"_a, "Rotate rows of x (..., D) using table row table_row[r] for row r.");
+  m.def("swiglu_ffn", &swiglu_ffn, "x"_a, "w_gate"_a, "w_up"_a, "w_down"_a, "b_gate"_a, "b_up"_a,
+        "b_down"_a, "SwiGLU feed-forward on 2-D x through BLAS.");
+}
+
+}  // namespace llmk::bind

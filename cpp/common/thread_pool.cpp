@@ -1,0 +1,174 @@
+#include "common/thread_pool.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace llmk {
+namespace {
+
+// Below this many "element operations" the wake-up cost of a worker (~5-20 us) outweighs the gain.
+constexpr double kParallelThreshold = 1 << 16;
+
+thread_local bool t_in_worker = false;
+
+class Pool {
+ public:
+  explicit Pool(int workers) {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker_loop(i); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int workers() const { return static_cast<int>(threads_.size()); }
+
+  // Runs job(k, chunks) for k in [0, chunks): chunk 0 on the caller, the rest on workers.
+  void run(int chunks, const std::function<void(int, int)>& job) {
+    std::lock_guard<std::mutex> serial(run_mutex_);  // one parallel job at a time
+    int used_workers = std::min(chunks - 1, workers());
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = &job;
+      chunks_ = chunks;
+      active_ = used_workers;
+      pending_ = used_workers;
+      ++generation_;
+    }
+    cv_.notify_all();
+    t_in_worker = true;
+    job(0, chunks);
+    // chunks beyond the worker count (not used with our partitioning) would run here
+    for (int k = used_workers + 1; k < chunks; ++k) job(k, chunks);
+    t_in_worker = false;
+    std::unique_lock<std::mutex> lk(m_);
+    done_cv_.wait(lk, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void worker_loop(int index) {
+    t_in_worker = true;
+    unsigned long seen = 0;
+    for (;;) {
+      const std::function<void(int, int)>* job;
+      int chunks;
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (index >= active_) continue;
+        job = job_;
+        chunks = chunks_;
+      }
+      (*job)(index + 1, chunks);
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        if (--pending_ == 0) done_cv_.notify_one();
+      }
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex run_mutex_;
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  int chunks_ = 0, active_ = 0, pending_ = 0;
+  unsigned long generation_ = 0;
+  bool stop_ = false;
+};
+
+int default_threads() {
+  if (const char* env = std::getenv("LLMKERNELS_NUM_THREADS")) {
+    int n = std::atoi(env);
+    if (n >= 1) return n;
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+std::mutex g_config_mutex;
+std::atomic<int> g_num_threads{0};  // 0 = not yet initialised
+Pool* g_pool = nullptr;             // created lazily; leaked on purpose in a forked child
+
+void after_fork_in_child() {
+  // The workers do not exist in the child. Forget the pool (its mutexes may be in any state)
+  // and build a new one on first use.
+  g_pool = nullptr;
+  new (&g_config_mutex) std::mutex();
+}
+
+int ensure_threads() {
+  int n = g_num_threads.load();
+  if (n == 0) {
+    static std::once_flag once;
+    std::call_once(once, [] { pthread_atfork(nullptr, nullptr, after_fork_in_child); });
+    int expected = 0;
+    g_num_threads.compare_exchange_strong(expected, default_threads());
+    n = g_num_threads.load();
+  }
+  return n;
+}
+
+Pool* pool_for(int threads) {
+  std::lock_guard<std::mutex> lk(g_config_mutex);
+  if (g_pool == nullptr || g_pool->workers() != threads - 1) {
+    delete g_pool;
+    g_pool = new Pool(threads - 1);
+  }
+  return g_pool;
+}
+
+}  // namespace
+
+int get_num_threads() { return ensure_threads(); }
+
+void set_num_threads(int n) {
+  ensure_threads();
+  g_num_threads.store(std::max(1, n));
+  openblas_set_num_threads(std::max(1, n));
+}
+
+void parallel_for_threads(int threads, const std::function<void(int, int)>& fn) {
+  if (threads <= 1 || t_in_worker) {
+    fn(0, 1);
+    return;
+  }
+  pool_for(threads)->run(threads, fn);
+}
+
+void parallel_for(std::size_t n, std::size_t grain, double cost_per_item,
+                  const std::function<void(std::size_t, std::size_t)>& fn) {
+  if (n == 0) return;
+  int threads = ensure_threads();
+  grain = std::max<std::size_t>(grain, 1);
+  std::size_t grains = (n + grain - 1) / grain;
+  if (threads <= 1 || t_in_worker || grains < 2 ||
+      static_cast<double>(n) * cost_per_item < kParallelThreshold) {
+    fn(0, n);
+    return;
+  }
+  int chunks = static_cast<int>(std::min<std::size_t>(threads, grains));
+  pool_for(threads)->run(chunks, [&](int k, int total) {
+    // contiguous, grain-aligned chunks
+    std::size_t g0 = grains * k / total, g1 = grains * (k + 1) / total;
+    std::size_t b = g0 * grain, e = std::min(n, g1 * grain);
+    if (b < e) fn(b, e);
+  });
+}
+
+}  // namespace llmk

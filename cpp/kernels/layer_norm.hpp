@@ -1,0 +1,66 @@
+// LayerNorm: out = (x - mean) / sqrt(var + eps) * weight + bias, biased variance, row by row.
+#pragma once
+
+#include "kernels/ops.hpp"
+#include "kernels/simd_common.hpp"
+
+namespace llmk {
+namespace {
+
+// Mean and 1/sqrt(var + eps) of one row. Two passes (mean, then squared deviations) for
+// accuracy; if a sum overflows, redo both on the row scaled by 1/max|x| (LayerNorm is
+// scale-invariant up to eps) and rebuild mean/var in double.
+template <class Arch, class T>
+inline void layer_norm_stats(const T* x, std::size_t n, double eps, T* mean_out, double* inv_out) {
+  const double dn = static_cast<double>(n);
+  T mean = static_cast<T>(static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), T(1))) / dn);
+  T var_sum = sum_sq_dev<Arch, T>(x, n, mean, T(1));
+  double var = static_cast<double>(var_sum) / dn;
+  if (!std::isnan(var_sum) && (std::isinf(var_sum) || std::isinf(mean))) {
+    T m = max_abs<Arch, T>(x, n);
+    if (m > T(0) && std::isfinite(m)) {
+      T scale = T(1) / m;
+      double s = static_cast<double>(scale);
+      T mean_s = static_cast<T>(static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), scale)) / dn);
+      // deviations of the scaled row around the scaled mean: (x*scale - mean_s)
+      // = (x - mean_s/scale) * scale
+      T shift = static_cast<T>(static_cast<double>(mean_s) / s);
+      double var_s = static_cast<double>(sum_sq_dev<Arch, T>(x, n, shift, scale)) / dn;
+      mean = shift;
+      var = var_s / (s * s);
+    }
+  }
+  *mean_out = mean;
+  *inv_out = 1.0 / std::sqrt(var + eps);
+}
+
+}  // namespace
+
+template <class Arch, class T>
+void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, const T* bias,
+                                   std::size_t rows, std::size_t n, double eps) const {
+  using B = vec<Arch, T>;
+  constexpr std::size_t N = B::size;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * n;  // (n,)
+    T* o = out + r * n;       // (n,) -- may alias xr
+    T mean;
+    double inv_d;
+    layer_norm_stats<Arch, T>(xr, n, eps, &mean, &inv_d);
+    const T inv = static_cast<T>(inv_d);
+    const B vmean(mean), vinv(inv), zero(T(0)), one(T(1));
+    std::size_t i = 0;
+    for (; i + N <= n; i += N) {
+      B y = (B::load_unaligned(xr + i) - vmean) * vinv;
+      B w = weight ? B::load_unaligned(weight + i) : one;
+      B b = bias ? B::load_unaligned(bias + i) : zero;
+      xsimd::fma(y, w, b).store_unaligned(o + i);
+    }
+    for (; i < n; ++i) {
+      T y = (xr[i] - mean) * inv;
+      o[i] = std::fma(y, weight ? weight[i] : T(1), bias ? bias[i] : T(0));
+    }
+  }
+}
+
+}  // namespace llmk

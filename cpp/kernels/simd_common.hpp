@@ -1,0 +1,149 @@
+// Helpers shared by the kernel headers. Internal linkage (unnamed namespace): each per-ISA
+// translation unit gets its own copy, compiled with its own flags — no ODR sharing across ISAs.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <limits>
+
+#include <xsimd/xsimd.hpp>
+
+namespace llmk {
+namespace {
+
+template <class Arch, class T>
+using vec = xsimd::batch<T, Arch>;
+
+// Sum of x[i]^2 * scale^2 over a row: four independent accumulators hide FMA latency.
+template <class Arch, class T>
+inline T sum_squares(const T* x, std::size_t n, T scale) {
+  using B = vec<Arch, T>;
+  constexpr std::size_t N = B::size;
+  const B s(scale);
+  B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+  std::size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    B x0 = B::load_unaligned(x + i) * s, x1 = B::load_unaligned(x + i + N) * s;
+    B x2 = B::load_unaligned(x + i + 2 * N) * s, x3 = B::load_unaligned(x + i + 3 * N) * s;
+    a0 = xsimd::fma(x0, x0, a0);
+    a1 = xsimd::fma(x1, x1, a1);
+    a2 = xsimd::fma(x2, x2, a2);
+    a3 = xsimd::fma(x3, x3, a3);
+  }
+  for (; i + N <= n; i += N) {
+    B x0 = B::load_unaligned(x + i) * s;
+    a0 = xsimd::fma(x0, x0, a0);
+  }
+  T total = xsimd::hadd((a0 + a1) + (a2 + a3));
+  for (; i < n; ++i) {  // scalar tail
+    T v = x[i] * scale;
+    total += v * v;
+  }
+  return total;
+}
+
+// Sum of (x[i] - shift) * scale over a row.
+template <class Arch, class T>
+inline T sum_shifted(const T* x, std::size_t n, T shift, T scale) {
+  using B = vec<Arch, T>;
+  constexpr std::size_t N = B::size;
+  const B sh(shift), s(scale);
+  B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+  std::size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    a0 += (B::load_unaligned(x + i) - sh) * s;
+    a1 += (B::load_unaligned(x + i + N) - sh) * s;
+    a2 += (B::load_unaligned(x + i + 2 * N) - sh) * s;
+    a3 += (B::load_unaligned(x + i + 3 * N) - sh) * s;
+  }
+  for (; i + N <= n; i += N) a0 += (B::load_unaligned(x + i) - sh) * s;
+  T total = xsimd::hadd((a0 + a1) + (a2 + a3));
+  for (; i < n; ++i) total += (x[i] - shift) * scale;
+  return total;
+}
+
+// Sum of ((x[i] - shift) * scale)^2 over a row.
+template <class Arch, class T>
+inline T sum_sq_dev(const T* x, std::size_t n, T shift, T scale) {
+  using B = vec<Arch, T>;
+  constexpr std::size_t N = B::size;
+  const B sh(shift), s(scale);
+  B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+  std::size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    B d0 = (B::load_unaligned(x + i) - sh) * s, d1 = (B::load_unaligned(x + i + N) - sh) * s;
+    B d2 = (B::load_unaligned(x + i + 2 * N) - sh) * s;
+    B d3 = (B::load_unaligned(x + i + 3 * N) - sh) * s;
+    a0 = xsimd::fma(d0, d0, a0);
+    a1 = xsimd::fma(d1, d1, a1);
+    a2 = xsimd::fma(d2, d2, a2);
+    a3 = xsimd::fma(d3, d3, a3);
+  }
+  for (; i + N <= n; i += N) {
+    B d0 = (B::load_unaligned(x + i) - sh) * s;
+    a0 = xsimd::fma(d0, d0, a0);
+  }
+  T total = xsimd::hadd((a0 + a1) + (a2 + a3));
+  for (; i < n; ++i) {
+    T v = (x[i] - shift) * scale;
+    total += v * v;
+  }
+  return total;
+}
+
+// max |x[i]| over a row (NaN-free rows; callers handle NaN separately).
+template <class Arch, class T>
+inline T max_abs(const T* x, std::size_t n) {
+  using B = vec<Arch, T>;
+  constexpr std::size_t N = B::size;
+  B m(T(0));
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) m = xsimd::max(m, xsimd::abs(B::load_unaligned(x + i)));
+  alignas(64) T lanes[N];
+  m.store_aligned(lanes);
+  T r = 0;
+  for (std::size_t k = 0; k < N; ++k) r = lanes[k] > r ? lanes[k] : r;
+  for (; i < n; ++i) r = std::fabs(x[i]) > r ? std::fabs(x[i]) : r;
+  return r;
+}
+
+// exp(x) with results that would be subnormal flushed to +0: subnormal arithmetic is slow on
+// many x86 cores and these values are far below anything that matters after normalisation.
+template <class Arch, class T>
+inline vec<Arch, T> exp_flush(const vec<Arch, T>& x) {
+  using B = vec<Arch, T>;
+  // ln of the smallest normal number: below it exp(x) is subnormal
+  const B lo(std::is_same<T, float>::value ? T(-87.33654) : T(-708.3964185322641));
+  B e = xsimd::exp(xsimd::max(x, lo));
+  return xsimd::select(x < lo, B(T(0)), e);
+}
+
+// sigmoid(x) = 1 / (1 + exp(-x)); exp overflow to +inf gives exactly 0 (no NaN).
+template <class Arch, class T>
+inline vec<Arch, T> sigmoid_vec(const vec<Arch, T>& x) {
+  using B = vec<Arch, T>;
+  const B one(T(1));
+  const B lo(std::is_same<T, float>::value ? T(-87.33654) : T(-708.3964185322641));
+  B r = one / (one + xsimd::exp(-x));
+  return xsimd::select(x < lo, B(T(0)), r);  // results below the normal range flush to 0
+}
+
+// Applies a batch function f to n elements, the partial last batch through a padded buffer so
+// every element goes through the same vector code (results do not depend on where an element
+// sits in the array or on how the array is split across threads).
+template <class Arch, class T, class F>
+inline void map_unary(T* out, const T* x, std::size_t n, F f) {
+  using B = vec<Arch, T>;
+  constexpr std::size_t N = B::size;
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) f(B::load_unaligned(x + i)).store_unaligned(out + i);
+  if (i < n) {
+    alignas(64) T buf[N] = {};
+    for (std::size_t k = 0; k < n - i; ++k) buf[k] = x[i + k];
+    f(B::load_aligned(buf)).store_aligned(buf);
+    for (std::size_t k = 0; k < n - i; ++k) out[i + k] = buf[k];
+  }
+}
+
+}  // namespace
+}  // namespace llmk

@@ -1,0 +1,82 @@
+"""llmkernels: SIMD (xsimd) C++ kernels for LLaMA-style transformer layers, on NumPy arrays.
+
+Ops (float32 and float64, any leading shape, any strides):
+
+- :func:`rms_norm`, :func:`layer_norm` — normalisation over the last axis
+- :func:`silu`, :func:`swiglu`, :func:`swiglu_ffn` — SwiGLU activations and feed-forward
+- :func:`rope`, :func:`rope_inv_freq`, :func:`rope_attention_factor` — rotary embeddings
+  with HF's scaling types (linear, dynamic, yarn, llama3, longrope) and p-RoPE
+
+Runtime: :func:`set_num_threads`, :func:`get_num_threads`, :func:`simd_arch`,
+:func:`set_simd_arch`, :func:`build_info`. The environment variable ``LLMKERNELS_ARCH``
+(``sse2``, ``avx2``, ``avx512``) forces a lower SIMD path at import; ``LLMKERNELS_NUM_THREADS``
+sets the initial thread count.
+
+NumPy reference formulas (the specification) live in :mod:`llmkernels.reference`, pure-Python
+versions in :mod:`llmkernels.pure`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _core
+from ._ops import layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn
+from ._rope_scaling import rope_attention_factor, rope_inv_freq
+
+__version__: str = _core.__version__
+
+__all__ = [
+    "__version__",
+    "build_info",
+    "get_num_threads",
+    "layer_norm",
+    "rms_norm",
+    "rope",
+    "rope_attention_factor",
+    "rope_inv_freq",
+    "set_num_threads",
+    "set_simd_arch",
+    "silu",
+    "simd_arch",
+    "swiglu",
+    "swiglu_ffn",
+]
+
+
+def set_num_threads(n: int) -> None:
+    """Set the number of threads the kernels (and the OpenBLAS matmuls) use; ``n >= 1``."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"[set_num_threads] n must be an int, got {type(n).__name__}")
+    _core.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    """Number of threads the kernels use (default: the machine's cores)."""
+    return _core.get_num_threads()
+
+
+def simd_arch() -> str:
+    """The SIMD path in use: ``"avx512"``, ``"avx2"`` (with FMA) or ``"sse2"``."""
+    return _core.simd_arch()
+
+
+def set_simd_arch(arch: str) -> None:
+    """Force a SIMD path (``"sse2"``, ``"avx2"``, ``"avx512"``) supported by this CPU."""
+    if not isinstance(arch, str):
+        raise TypeError(f"[set_simd_arch] arch must be a str, got {type(arch).__name__}")
+    _core.set_simd_arch(arch)
+
+
+def build_info() -> dict[str, Any]:
+    """Version, compiler, SIMD paths, threads and BLAS of this build."""
+    return {
+        "version": __version__,
+        "compiler": _core.compiler,
+        "xsimd": _core.xsimd_version,
+        "simd_arch": _core.simd_arch(),
+        "best_simd_arch": _core.best_simd_arch(),
+        "compiled_simd_archs": ["sse2", "avx2", "avx512"],
+        "num_threads": _core.get_num_threads(),
+        "blas": _core.openblas_config(),
+    }

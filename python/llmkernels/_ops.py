@@ -1,0 +1,422 @@
+"""Public ops: argument handling around the C++ kernels in ``llmkernels._core``.
+
+Each function here validates its arguments (errors start with ``[op]`` and name the argument),
+resolves the result dtype (float32 stays float32, float64 stays float64, integers/bools become
+float64, mixed float32/float64 promote to float64), makes C-contiguous copies only where needed,
+checks ``out=`` completely before anything is written, and then calls one C++ kernel with the
+GIL released.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._rope_scaling import rope_inv_freq
+
+__all__ = [
+    "rms_norm",
+    "layer_norm",
+    "silu",
+    "swiglu",
+    "swiglu_ffn",
+    "rope",
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# argument helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
+    """``np.asarray`` with a clear error for things that are not numeric arrays."""
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except Exception as exc:  # ragged lists and the like
+            raise TypeError(f"[{fn}] {name} could not be converted to an array: {exc}") from None
+    kind = arr.dtype.kind
+    if kind in "iub":
+        return arr
+    if kind == "f":
+        if arr.dtype.itemsize > 8:
+            raise TypeError(f"[{fn}] {name} has unsupported dtype {arr.dtype}; use float32 or float64")
+        return arr
+    raise TypeError(
+        f"[{fn}] {name} has unsupported dtype {arr.dtype}; expected a real floating-point, "
+        "integer or bool array"
+    )
+
+
+def _compute_dtype(*arrays: np.ndarray | None) -> np.dtype:
+    """float32 if every float input is float32 (or float16), else float64; ints/bools -> float64."""
+    result = None
+    for arr in arrays:
+        if arr is None:
+            continue
+        dt = np.dtype(np.float64) if arr.dtype.kind in "iub" else arr.dtype
+        if dt == np.float16:
+            dt = np.dtype(np.float32)
+        result = dt if result is None else np.promote_types(result, dt)
+    return np.dtype(np.float64) if result is None else result
+
+
+def _contiguous(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _check_out(fn: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"[{fn}] out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"[{fn}] out must have dtype {dtype}, got {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"[{fn}] out must have shape {tuple(shape)}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"[{fn}] out must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError(f"[{fn}] out must be writeable (got a read-only array)")
+    return out
+
+
+def _exact_alias(a: np.ndarray, b: np.ndarray) -> bool:
+    return (
+        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+        and a.shape == b.shape
+        and a.strides == b.strides
+        and a.dtype == b.dtype
+    )
+
+
+def _detach_from_out(arr: np.ndarray, out: np.ndarray, allow_exact: bool) -> np.ndarray:
+    """Copy ``arr`` if it overlaps ``out`` in a way the kernel cannot handle.
+
+    Kernels read each element (row, for row-wise ops) before writing the same position, so an
+    input that *is* ``out`` is fine; any other overlap would be read after being overwritten.
+    """
+    if np.may_share_memory(arr, out) and not (allow_exact and _exact_alias(arr, out)):
+        return arr.copy()
+    return arr
+
+
+def _check_eps(fn: str, eps: Any) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"[{fn}] eps must be a real number, got {type(eps).__name__}")
+    eps = float(eps)
+    if not (eps >= 0.0) or not np.isfinite(eps):
+        raise ValueError(f"[{fn}] eps must be a finite number >= 0, got {eps}")
+    return eps
+
+
+def _check_vector(fn: str, name: str, arr: np.ndarray, n: int) -> None:
+    if arr.shape != (n,):
+        raise ValueError(f"[{fn}] {name} must have shape ({n},), got {arr.shape}")
+
+
+def _finish(result: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return result.reshape(shape) if result.shape != shape else result
+
+
+# ----------------------------------------------------------------------------------------------
+# normalisation
+# ----------------------------------------------------------------------------------------------
+
+
+def rms_norm(
+    x: Any, weight: Any = None, eps: float = 1e-6, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """RMSNorm over the last axis: ``x / sqrt(mean(x**2, -1) + eps) * weight``.
+
+    Args:
+        x: array of shape ``(..., D)``; float32 or float64 (integers/bools become float64).
+        weight: optional scale of shape ``(D,)``.
+        eps: added to the mean square, ``>= 0``.
+        out: optional C-contiguous, writeable array of the result's shape and dtype; may be ``x``.
+
+    Rows with entries up to 1e30 (float32) are normalised correctly (no overflow).
+    """
+    fn = "rms_norm"
+    x = _as_array(fn, "x", x)
+    w = None if weight is None else _as_array(fn, "weight", weight)
+    eps = _check_eps(fn, eps)
+    if x.ndim < 1:
+        raise ValueError(f"[{fn}] x must have at least 1 dimension, got a 0-d array")
+    d = x.shape[-1]
+    if w is not None:
+        _check_vector(fn, "weight", w, d)
+    dtype = _compute_dtype(x, w)
+    if out is not None:
+        _check_out(fn, out, x.shape, dtype)
+    result = out if out is not None else np.empty(x.shape, dtype)
+    xc = _contiguous(x, dtype)
+    wc = None if w is None else _contiguous(w, dtype)
+    if out is not None:
+        xc = _detach_from_out(xc, out, allow_exact=True)
+        wc = None if wc is None else _detach_from_out(wc, out, allow_exact=False)
+    if x.size:
+        _core.rms_norm(xc, wc, eps, result)
+    return result
+
+
+def layer_norm(
+    x: Any,
+    weight: Any = None,
+    bias: Any = None,
+    eps: float = 1e-5,
+    *,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """LayerNorm over the last axis: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+
+    The variance is the biased one (divide by D), as in ``torch.nn.functional.layer_norm``.
+    ``weight`` and ``bias`` have shape ``(D,)``; ``out`` as in :func:`rms_norm`.
+    """
+    fn = "layer_norm"
+    x = _as_array(fn, "x", x)
+    w = None if weight is None else _as_array(fn, "weight", weight)
+    b = None if bias is None else _as_array(fn, "bias", bias)
+    eps = _check_eps(fn, eps)
+    if x.ndim < 1:
+        raise ValueError(f"[{fn}] x must have at least 1 dimension, got a 0-d array")
+    d = x.shape[-1]
+    if w is not None:
+        _check_vector(fn, "weight", w, d)
+    if b is not None:
+        _check_vector(fn, "bias", b, d)
+    dtype = _compute_dtype(x, w, b)
+    if out is not None:
+        _check_out(fn, out, x.shape, dtype)
+    result = out if out is not None else np.empty(x.shape, dtype)
+    xc = _contiguous(x, dtype)
+    wc = None if w is None else _contiguous(w, dtype)
+    bc = None if b is None else _contiguous(b, dtype)
+    if out is not None:
+        xc = _detach_from_out(xc, out, allow_exact=True)
+        wc = None if wc is None else _detach_from_out(wc, out, allow_exact=False)
+        bc = None if bc is None else _detach_from_out(bc, out, allow_exact=False)
+    if x.size:
+        _core.layer_norm(xc, wc, bc, eps, result)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# activations
+# ----------------------------------------------------------------------------------------------
+
+
+def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    """SiLU (swish): ``x * sigmoid(x)``, elementwise, any shape. ``out`` may be ``x``."""
+    fn = "silu"
+    x = _as_array(fn, "x", x)
+    dtype = _compute_dtype(x)
+    if out is not None:
+        _check_out(fn, out, x.shape, dtype)
+    result = out if out is not None else np.empty(x.shape, dtype)
+    xc = _contiguous(x, dtype)
+    if out is not None:
+        xc = _detach_from_out(xc, out, allow_exact=True)
+    if x.size:
+        _core.silu(xc.reshape(-1), result.reshape(-1))
+    return result
+
+
+def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    """SwiGLU gating: ``silu(gate) * up``, elementwise; ``gate`` and ``up`` have the same shape."""
+    fn = "swiglu"
+    g = _as_array(fn, "gate", gate)
+    u = _as_array(fn, "up", up)
+    if g.shape != u.shape:
+        raise ValueError(f"[{fn}] up must have the shape of gate {g.shape}, got {u.shape}")
+    dtype = _compute_dtype(g, u)
+    if out is not None:
+        _check_out(fn, out, g.shape, dtype)
+    result = out if out is not None else np.empty(g.shape, dtype)
+    gc = _contiguous(g, dtype)
+    uc = _contiguous(u, dtype)
+    if out is not None:
+        gc = _detach_from_out(gc, out, allow_exact=True)
+        uc = _detach_from_out(uc, out, allow_exact=True)
+    if g.size:
+        _core.swiglu(gc.reshape(-1), uc.reshape(-1), result.reshape(-1))
+    return result
+
+
+def swiglu_ffn(
+    x: Any,
+    w_gate: Any,
+    w_up: Any,
+    w_down: Any = None,
+    *,
+    b_gate: Any = None,
+    b_up: Any = None,
+    b_down: Any = None,
+) -> np.ndarray:
+    """SwiGLU feed-forward: ``(silu(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down``.
+
+    Weights are ``(in, out)`` so the formula reads like NumPy: ``w_gate``/``w_up`` are
+    ``(D, H)``, ``w_down`` is ``(H, D_out)``. ``x`` is ``(..., D)``. With ``w_down=None`` the
+    gated hidden activation ``(..., H)`` is returned. Matmuls run on OpenBLAS; bias adds and the
+    gating run in the package's kernels.
+    """
+    fn = "swiglu_ffn"
+    x = _as_array(fn, "x", x)
+    wg = _as_array(fn, "w_gate", w_gate)
+    wu = _as_array(fn, "w_up", w_up)
+    wd = None if w_down is None else _as_array(fn, "w_down", w_down)
+    bg = None if b_gate is None else _as_array(fn, "b_gate", b_gate)
+    bu = None if b_up is None else _as_array(fn, "b_up", b_up)
+    bd = None if b_down is None else _as_array(fn, "b_down", b_down)
+    if x.ndim < 1:
+        raise ValueError(f"[{fn}] x must have shape (..., in), got a 0-d array")
+    d = x.shape[-1]
+    if wg.ndim != 2 or wg.shape[0] != d:
+        raise ValueError(f"[{fn}] w_gate must have shape ({d}, hidden), got {wg.shape}")
+    h = wg.shape[1]
+    if wu.shape != wg.shape:
+        raise ValueError(f"[{fn}] w_up must have shape {wg.shape} like w_gate, got {wu.shape}")
+    if wd is not None and (wd.ndim != 2 or wd.shape[0] != h):
+        raise ValueError(f"[{fn}] w_down must have shape ({h}, out), got {wd.shape}")
+    if bg is not None:
+        _check_vector(fn, "b_gate", bg, h)
+    if bu is not None:
+        _check_vector(fn, "b_up", bu, h)
+    if bd is not None:
+        if wd is None:
+            raise ValueError(f"[{fn}] b_down was given but w_down is None")
+        _check_vector(fn, "b_down", bd, wd.shape[1])
+    dtype = _compute_dtype(x, wg, wu, wd, bg, bu, bd)
+
+    def c(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else _contiguous(a, dtype)
+
+    x2 = _contiguous(x, dtype).reshape(-1, d)
+    result = _core.swiglu_ffn(x2, c(wg), c(wu), c(wd), c(bg), c(bu), c(bd))
+    out_dim = h if wd is None else wd.shape[1]
+    return result.reshape(x.shape[:-1] + (out_dim,))
+
+
+# ----------------------------------------------------------------------------------------------
+# rotary position embedding
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_real(fn: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"[{fn}] {name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"[{fn}] {name} must be finite, got {value}")
+    return value
+
+
+def _rope_positions(fn: str, positions: Any, lead: tuple[int, ...]) -> np.ndarray:
+    """Validated int64 positions, broadcastable to ``lead`` (= x.shape[:-1])."""
+    pos = np.asarray(positions)
+    if pos.dtype.kind not in "iu":
+        raise TypeError(f"[{fn}] positions must be an integer array, got dtype {pos.dtype}")
+    try:
+        ok = np.broadcast_shapes(pos.shape, lead) == lead
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"[{fn}] positions must have shape (T,) or be broadcastable to x.shape[:-1] = {lead}, "
+            f"got {pos.shape} (per-batch positions for x of shape (B, H, T, D) are (B, 1, T))"
+        )
+    if pos.dtype == np.uint64 and pos.size and pos.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"[{fn}] positions must be < 2**63")
+    return pos.astype(np.int64, copy=False)
+
+
+def rope(
+    x: Any,
+    positions: Any = None,
+    *,
+    theta: float = 10000.0,
+    inv_freq: Any = None,
+    interleaved: bool = False,
+    rotary_dim: int | None = None,
+    attention_factor: float = 1.0,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Rotary position embedding of ``x`` of shape ``(..., T, D)``.
+
+    Args:
+        x: queries or keys, ``(..., T, D)``.
+        positions: integer positions of shape ``(T,)`` or broadcastable to ``x.shape[:-1]``
+            (e.g. ``(B, 1, T)`` for per-sequence positions of ``(B, H, T, D)``); default
+            ``arange(T)``. Large offsets (1e6 and beyond) are exact: angles are formed in float64.
+        theta: RoPE base, used when ``inv_freq`` is not given.
+        inv_freq: explicit frequencies ``(rotary_dim // 2,)`` (e.g. from :func:`rope_inv_freq`
+            with a scaling dict, or ``[0.1]`` for "0.1 rad/position").
+        interleaved: ``False`` pairs ``(x[i], x[i + r/2])`` (rotate_half: HF LLaMA, GPT-NeoX);
+            ``True`` pairs ``(x[2i], x[2i+1])`` (original Meta / RoFormer).
+        rotary_dim: rotate only the first ``rotary_dim`` features (even, default ``D``).
+        attention_factor: multiplies cos and sin (YaRN / longrope, see
+            :func:`rope_attention_factor`).
+        out: optional output array (may be ``x``).
+    """
+    fn = "rope"
+    x = _as_array(fn, "x", x)
+    if x.ndim < 2:
+        raise ValueError(f"[{fn}] x must have shape (..., T, D), got {x.shape}")
+    t, d = x.shape[-2], x.shape[-1]
+    if rotary_dim is None:
+        rdim = d
+    else:
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, numbers.Integral):
+            raise TypeError(f"[{fn}] rotary_dim must be an int, got {type(rotary_dim).__name__}")
+        rdim = int(rotary_dim)
+    if rdim % 2 != 0:
+        which = "rotary_dim" if rotary_dim is not None else f"rotary_dim (default D={d})"
+        raise ValueError(f"[{fn}] {which} must be even, got {rdim}")
+    if not 0 <= rdim <= d:
+        raise ValueError(f"[{fn}] rotary_dim must be in [0, D={d}], got {rdim}")
+    if not isinstance(interleaved, (bool, np.bool_)):
+        raise TypeError(f"[{fn}] interleaved must be a bool, got {type(interleaved).__name__}")
+    attention_factor = _check_real(fn, "attention_factor", attention_factor)
+    half = rdim // 2
+    if inv_freq is None:
+        theta = _check_real(fn, "theta", theta)
+        if theta <= 0:
+            raise ValueError(f"[{fn}] theta must be > 0, got {theta}")
+        freqs = rope_inv_freq(rdim, theta) if rdim else np.zeros(0)
+    else:
+        freqs = _as_array(fn, "inv_freq", inv_freq).astype(np.float64)
+        if freqs.shape != (half,):
+            raise ValueError(
+                f"[{fn}] inv_freq must have shape (rotary_dim/2,) = ({half},), got {freqs.shape}"
+            )
+        if not np.all(np.isfinite(freqs)):
+            raise ValueError(f"[{fn}] inv_freq must be finite")
+    lead = x.shape[:-1]
+    pos = np.arange(t, dtype=np.int64) if positions is None else _rope_positions(fn, positions, lead)
+    dtype = _compute_dtype(x)
+    if out is not None:
+        _check_out(fn, out, x.shape, dtype)
+    result = out if out is not None else np.empty(x.shape, dtype)
+    xc = _contiguous(x, dtype)
+    if out is not None:
+        xc = _detach_from_out(xc, out, allow_exact=True)
+    if x.size == 0:
+        return result
+    if rdim == 0:
+        if result is not xc:
+            np.copyto(result, xc)
+        return result
+    # one table row per distinct entry of the (unbroadcast) positions array; row r of x uses
+    # table row table_row[r]
+    cos_tab, sin_tab = _core.rope_tables(pos.reshape(-1), freqs, attention_factor, dtype)
+    if pos.shape == (t,):  # the common case: row r of x sits at position index r % T
+        table_row = np.tile(np.arange(t, dtype=np.int64), x.size // (t * d))
+    else:
+        index = np.arange(pos.size, dtype=np.int64).reshape(pos.shape)
+        table_row = np.ascontiguousarray(np.broadcast_to(index, lead)).reshape(-1)
+    _core.rope(xc, table_row, cos_tab, sin_tab, rdim, bool(interleaved), result)
+    return result
