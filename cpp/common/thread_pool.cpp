@@ -117,6 +117,9 @@ int ensure_threads() {
   if (n == 0) {
     static std::once_flag once;
     std::call_once(once, [] { pthread_atfork(nullptr, nullptr, after_fork_in_child); });
+    // OpenBLAS runs single-threaded inside our pool's blocks (cpp/ffn.cpp): its own threads
+    // would oversubscribe the cores and make results depend on the thread count.
+    openblas_set_num_threads(1);
     int expected = 0;
     g_num_threads.compare_exchange_strong(expected, default_threads());
     n = g_num_threads.load();
@@ -140,7 +143,6 @@ int get_num_threads() { return ensure_threads(); }
 void set_num_threads(int n) {
   ensure_threads();
   g_num_threads.store(std::max(1, n));
-  openblas_set_num_threads(std::max(1, n));
 }
 
 void parallel_for_threads(int threads, const std::function<void(int, int)>& fn) {

@@ -15,7 +15,7 @@
 namespace llmk {
 
 int get_num_threads();
-void set_num_threads(int n);  // n >= 1; also sets OpenBLAS's thread count (no oversubscription)
+void set_num_threads(int n);  // n >= 1 (OpenBLAS itself always runs single-threaded)
 
 // Runs fn(begin, end) over [0, n). Runs inline (one chunk) when n * cost_per_item is below
 // the parallel threshold, when one thread is configured, or when called from a pool worker.

@@ -8,26 +8,29 @@ namespace llmk {
 namespace {
 
 // Mean and 1/sqrt(var + eps) of one row. Two passes (mean, then squared deviations) for
-// accuracy; if a sum overflows, redo both on the row scaled by 1/max|x| (LayerNorm is
-// scale-invariant up to eps) and rebuild mean/var in double.
+// accuracy. If the sum overflows, the mean is rebuilt from the row scaled by 1/max|x|; if the
+// squared deviations overflow or underflow, they are rebuilt scaled by 1/max|x - mean|.
 template <class Arch, class T>
 inline void layer_norm_stats(const T* x, std::size_t n, double eps, T* mean_out, double* inv_out) {
   const double dn = static_cast<double>(n);
+  const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   T mean = static_cast<T>(static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), T(1))) / dn);
+  if (!std::isfinite(mean)) {  // overflow can also show as NaN (+inf and -inf partial sums)
+    T m = max_abs<Arch, T>(x, n);
+    if (std::isfinite(m)) {  // finite entries whose sum overflowed
+      T scale = T(1) / m;
+      double scaled = static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), scale));
+      mean = static_cast<T>(scaled / dn / static_cast<double>(scale));
+    }
+  }
   T var_sum = sum_sq_dev<Arch, T>(x, n, mean, T(1));
   double var = static_cast<double>(var_sum) / dn;
-  if (!std::isnan(var_sum) && (std::isinf(var_sum) || std::isinf(mean))) {
-    T m = max_abs<Arch, T>(x, n);
+  if (!std::isnan(var_sum) && (std::isinf(var_sum) || var_sum < tiny)) {
+    T m = max_abs<Arch, T>(x, n, mean);
     if (m > T(0) && std::isfinite(m)) {
       T scale = T(1) / m;
       double s = static_cast<double>(scale);
-      T mean_s = static_cast<T>(static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), scale)) / dn);
-      // deviations of the scaled row around the scaled mean: (x*scale - mean_s)
-      // = (x - mean_s/scale) * scale
-      T shift = static_cast<T>(static_cast<double>(mean_s) / s);
-      double var_s = static_cast<double>(sum_sq_dev<Arch, T>(x, n, shift, scale)) / dn;
-      mean = shift;
-      var = var_s / (s * s);
+      var = static_cast<double>(sum_sq_dev<Arch, T>(x, n, mean, scale)) / dn / (s * s);
     }
   }
   *mean_out = mean;

@@ -91,19 +91,20 @@ inline T sum_sq_dev(const T* x, std::size_t n, T shift, T scale) {
   return total;
 }
 
-// max |x[i]| over a row (NaN-free rows; callers handle NaN separately).
+// max |x[i] - shift| over a row (NaN-free rows; callers handle NaN separately).
 template <class Arch, class T>
-inline T max_abs(const T* x, std::size_t n) {
+inline T max_abs(const T* x, std::size_t n, T shift = T(0)) {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
+  const B sh(shift);
   B m(T(0));
   std::size_t i = 0;
-  for (; i + N <= n; i += N) m = xsimd::max(m, xsimd::abs(B::load_unaligned(x + i)));
+  for (; i + N <= n; i += N) m = xsimd::max(m, xsimd::abs(B::load_unaligned(x + i) - sh));
   alignas(64) T lanes[N];
   m.store_aligned(lanes);
   T r = 0;
   for (std::size_t k = 0; k < N; ++k) r = lanes[k] > r ? lanes[k] : r;
-  for (; i < n; ++i) r = std::fabs(x[i]) > r ? std::fabs(x[i]) : r;
+  for (; i < n; ++i) r = std::fabs(x[i] - shift) > r ? std::fabs(x[i] - shift) : r;
   return r;
 }
 

