@@ -1,0 +1,62 @@
+# llmkernels: `make demo`, `make test`, `make bench`. Each does its own set-up, idempotently:
+# Debian packages (xsimd, xtl, OpenBLAS) if missing, a virtual environment in .venv/, and an
+# editable install of the package (rebuilt when C++ sources or build files change).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+SYS_PACKAGES := libxsimd-dev xtl-dev libopenblas-dev g++
+BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=3.0" ninja "cmake>=3.18"
+SOURCES := $(shell find cpp -type f) CMakeLists.txt pyproject.toml
+
+.PHONY: demo test bench lint stubs clean sysdeps
+
+demo: $(VENV)/.installed-compare
+	$(PY) -m llmkernels demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed-compare
+	$(PY) benchmarks/run.py
+
+lint: $(VENV)/.installed-test
+	$(PIP) install -q ruff
+	$(VENV)/bin/ruff check python tests benchmarks
+
+# --- set-up ------------------------------------------------------------------------------------
+
+sysdeps:
+	@missing=""; for p in $(SYS_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    echo "Installing system packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else \
+	    echo "llmkernels needs these Debian packages:$$missing"; \
+	    echo "Install them with:  sudo apt-get update && sudo apt-get install -y$$missing"; \
+	    exit 1; \
+	  fi; \
+	fi
+
+$(VENV)/.venv-ready:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(BUILD_DEPS)
+	touch $@
+
+# editable install with the extras a target needs; rebuilt when the C++ or build files change
+$(VENV)/.installed-test: $(VENV)/.venv-ready $(SOURCES) | sysdeps
+	$(PIP) install -q --no-build-isolation -e ".[test]"
+	touch $@
+
+$(VENV)/.installed-compare: $(VENV)/.venv-ready $(SOURCES) | sysdeps
+	$(PIP) install -q --no-build-isolation -e ".[compare]"
+	touch $@
+
+clean:
+	rm -rf build $(VENV) .pytest_cache
