@@ -88,7 +88,7 @@ void swiglu_ffn(const T* x, std::size_t m, std::size_t k, const T* w_gate, const
   // hidden = silu(gate) * up, in place in gate
   std::size_t total = m * h;
   parallel_for(total, 64, 1.0, [&](std::size_t b, std::size_t e) {
-    dispatch(silu_kernel<true>{}, gate + b, gate + b, up + b, e - b);
+    dispatch(silu_kernel<true>{}, gate + b, gate + b, up + b, e - b, false);
   });
   if (w_down) {
     matmul<T>(gate, w_down, out, m, h, n);  // out: (m, n)

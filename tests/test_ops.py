@@ -353,3 +353,20 @@ def test_thread_control(threads):
         lk.set_num_threads(0)
     with pytest.raises(TypeError, match=r"\[set_num_threads\] n"):
         lk.set_num_threads(1.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_outputs_streaming_stores(dtype, isa, rng):
+    """Outputs >= 16 MiB that llmkernels allocates (64-byte aligned) are written with
+    non-temporal stores; the results must be the same as with regular stores."""
+    rows = (16 << 20) // (4096 * np.dtype(dtype).itemsize)
+    x = data(rng, (rows, 4096), dtype)
+    w = data(rng, (4096,), dtype)
+    check(lk.rms_norm(x, w), ref.rms_norm(x, w), dtype)
+    check(lk.layer_norm(x, w, w), ref.layer_norm(x, w, w), dtype)
+    check(lk.swiglu(x, x), ref.swiglu(x, x), dtype)
+    xr = x.reshape(1, 4, rows * 8, 128)
+    check(lk.rope(xr), ref.rope(xr), dtype)
+    out = np.empty_like(x)  # user-provided out: usually not 64-byte aligned -> regular stores
+    check(lk.silu(x, out=out), ref.silu(x), dtype)
+    check(lk.silu(x), out, dtype)

@@ -15,6 +15,17 @@ namespace {
 
 using opt_array = std::optional<py::array>;
 
+// Non-temporal stores pay off when the output is much larger than the caches (each output line
+// then skips its read-for-ownership); they need every streamed batch aligned, which holds when
+// `out` and each row start are 64-byte aligned. llmkernels allocates its outputs 64-byte aligned.
+constexpr std::size_t kStreamBytes = std::size_t(16) << 20;
+
+bool use_stream(const py::array& out, std::size_t row_bytes) {
+  auto addr = reinterpret_cast<std::uintptr_t>(out.data());
+  return static_cast<std::size_t>(out.nbytes()) >= kStreamBytes && addr % 64 == 0 &&
+         row_bytes % 64 == 0;
+}
+
 void rms_norm(py::array x, opt_array weight, double eps, py::array out) {
   const char* fn = "rms_norm";
   check_operand(fn, "x", x, nullptr, false);
@@ -33,9 +44,10 @@ void rms_norm(py::array x, opt_array weight, double eps, py::array out) {
     const T* xp = cptr<T>(x);
     const T* wp = cptr_or_null<T>(weight);
     T* op = ptr<T>(out);
+    const bool stream = use_stream(out, n * sizeof(T));
     py::gil_scoped_release nogil;
     parallel_for(rows, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
-      dispatch(rms_norm_kernel{}, op + b * n, xp + b * n, wp, e - b, n, eps);
+      dispatch(rms_norm_kernel{}, op + b * n, xp + b * n, wp, e - b, n, eps, stream);
     });
   };
   if (is_f32(x)) run(float{}); else run(double{});
@@ -64,9 +76,10 @@ void layer_norm(py::array x, opt_array weight, opt_array bias, double eps, py::a
     const T* wp = cptr_or_null<T>(weight);
     const T* bp = cptr_or_null<T>(bias);
     T* op = ptr<T>(out);
+    const bool stream = use_stream(out, n * sizeof(T));
     py::gil_scoped_release nogil;
     parallel_for(rows, 1, 2.0 * static_cast<double>(n), [&](std::size_t b, std::size_t e) {
-      dispatch(layer_norm_kernel{}, op + b * n, xp + b * n, wp, bp, e - b, n, eps);
+      dispatch(layer_norm_kernel{}, op + b * n, xp + b * n, wp, bp, e - b, n, eps, stream);
     });
   };
   if (is_f32(x)) run(float{}); else run(double{});
@@ -88,9 +101,10 @@ void elementwise(const char* fn, const Kernel& kernel, py::array x, opt_array up
     const T* xp = cptr<T>(x);
     const T* up_p = cptr_or_null<T>(up);
     T* op = ptr<T>(out);
+    const bool stream = use_stream(out, 64 * sizeof(T));  // chunks start on 64-element bounds
     py::gil_scoped_release nogil;
     parallel_for(n, 64, 4.0, [&](std::size_t b, std::size_t e) {
-      dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b);
+      dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b, stream);
     });
   };
   if (is_f32(x)) run(float{}); else run(double{});
@@ -100,7 +114,7 @@ void elementwise(const char* fn, const Kernel& kernel, py::array x, opt_array up
 template <class Kernel>
 struct unary_adapter {
   template <class Arch, class T>
-  void operator()(Arch a, T* out, const T* x, const T*, std::size_t n) const {
+  void operator()(Arch a, T* out, const T* x, const T*, std::size_t n, bool) const {
     Kernel{}(a, out, x, n);
   }
 };
@@ -169,10 +183,13 @@ void rope(py::array x, py::array_t<std::int64_t, py::array::c_style> table_row, 
     const T* cp = cptr<T>(cos_tab);
     const T* sp = cptr<T>(sin_tab);
     T* op = ptr<T>(out);
+    // streamed stores at o + i and o + half + i: both row starts and halves must be aligned
+    const bool stream = !interleaved && rotary_dim == d && use_stream(out, d * sizeof(T)) &&
+                        (rotary_dim / 2 * sizeof(T)) % 64 == 0;
     py::gil_scoped_release nogil;
     parallel_for(rows, 1, static_cast<double>(d), [&](std::size_t b, std::size_t e) {
       dispatch(rope_kernel{}, op + b * d, xp + b * d, tr + b, cp, sp, e - b, d, rotary_dim,
-               interleaved);
+               interleaved, stream);
     });
   };
   if (is_f32(x)) run(float{}); else run(double{});

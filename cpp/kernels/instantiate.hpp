@@ -10,20 +10,20 @@
 
 #define LLMK_INSTANTIATE_T(A, T)                                                               \
   template void llmk::rms_norm_kernel::operator()<A, T>(A, T*, const T*, const T*, std::size_t, \
-                                                        std::size_t, double) const;            \
+                                                        std::size_t, double, bool) const;      \
   template void llmk::layer_norm_kernel::operator()<A, T>(                                     \
-      A, T*, const T*, const T*, const T*, std::size_t, std::size_t, double) const;            \
+      A, T*, const T*, const T*, const T*, std::size_t, std::size_t, double, bool) const;      \
   template void llmk::silu_kernel<false>::operator()<A, T>(A, T*, const T*, const T*,          \
-                                                           std::size_t) const;                 \
+                                                           std::size_t, bool) const;           \
   template void llmk::silu_kernel<true>::operator()<A, T>(A, T*, const T*, const T*,           \
-                                                          std::size_t) const;                  \
+                                                          std::size_t, bool) const;            \
   template void llmk::exp_kernel::operator()<A, T>(A, T*, const T*, std::size_t) const;        \
   template void llmk::sigmoid_kernel::operator()<A, T>(A, T*, const T*, std::size_t) const;    \
   template void llmk::add_bias_kernel::operator()<A, T>(A, T*, const T*, std::size_t,          \
                                                         std::size_t) const;                    \
   template void llmk::rope_kernel::operator()<A, T>(A, T*, const T*, const std::int64_t*,      \
                                                     const T*, const T*, std::size_t,           \
-                                                    std::size_t, std::size_t, bool) const;
+                                                    std::size_t, std::size_t, bool, bool) const;
 
 #define LLMK_INSTANTIATE(A)                                                                  \
   LLMK_INSTANTIATE_T(A, float)                                                               \

@@ -41,7 +41,8 @@ inline void layer_norm_stats(const T* x, std::size_t n, double eps, T* mean_out,
 
 template <class Arch, class T>
 void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, const T* bias,
-                                   std::size_t rows, std::size_t n, double eps) const {
+                                   std::size_t rows, std::size_t n, double eps,
+                                   bool stream) const {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   for (std::size_t r = 0; r < rows; ++r) {
@@ -57,13 +58,14 @@ void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, co
       B y = (B::load_unaligned(xr + i) - vmean) * vinv;
       B w = weight ? B::load_unaligned(weight + i) : one;
       B b = bias ? B::load_unaligned(bias + i) : zero;
-      xsimd::fma(y, w, b).store_unaligned(o + i);
+      store_batch<Arch, T>(o + i, xsimd::fma(y, w, b), stream);
     }
     for (; i < n; ++i) {
       T y = (xr[i] - mean) * inv;
       o[i] = std::fma(y, weight ? weight[i] : T(1), bias ? bias[i] : T(0));
     }
   }
+  stream_fence(stream);
 }
 
 }  // namespace llmk

@@ -4,6 +4,9 @@
 //
 // Conventions (llama2.c style): out first, then inputs, then sizes. All pointers are to
 // C-contiguous buffers; `out` may alias `x` exactly (never partially). Kernels assume valid input.
+// `stream`: write `out` with non-temporal stores (for outputs far larger than the caches: saves
+// the read-for-ownership of every output line). Only passed as true when `out` and every row
+// start are aligned to the vector size (the binding checks).
 #pragma once
 
 #include <cstddef>
@@ -15,14 +18,14 @@ namespace llmk {
 struct rms_norm_kernel {
   template <class Arch, class T>
   void operator()(Arch, T* out, const T* x, const T* weight, std::size_t rows, std::size_t n,
-                  double eps) const;
+                  double eps, bool stream) const;
 };
 
 // out[r, :] = (x[r, :] - mean) / sqrt(var + eps) * weight + bias    x, out: (rows, n); weight, bias: (n,) or null
 struct layer_norm_kernel {
   template <class Arch, class T>
   void operator()(Arch, T* out, const T* x, const T* weight, const T* bias, std::size_t rows,
-                  std::size_t n, double eps) const;
+                  std::size_t n, double eps, bool stream) const;
 };
 
 // Gated = false: out = silu(x)              out, x: (n,)
@@ -31,7 +34,7 @@ struct layer_norm_kernel {
 template <bool Gated>
 struct silu_kernel {
   template <class Arch, class T>
-  void operator()(Arch, T* out, const T* x, const T* up, std::size_t n) const;
+  void operator()(Arch, T* out, const T* x, const T* up, std::size_t n, bool stream) const;
 };
 
 // Elementwise exp / sigmoid with the same vector code the activations use (for accuracy tests).
@@ -52,7 +55,7 @@ struct rope_kernel {
   template <class Arch, class T>
   void operator()(Arch, T* out, const T* x, const std::int64_t* table_row, const T* cos_tab,
                   const T* sin_tab, std::size_t rows, std::size_t d, std::size_t rotary_dim,
-                  bool interleaved) const;
+                  bool interleaved, bool stream) const;
 };
 
 // out[r, :] += bias      (rows, n) -- used to fold biases into the BLAS matmul outputs

@@ -31,7 +31,7 @@ inline double rms_inv(const T* x, std::size_t n, double eps) {
 
 template <class Arch, class T>
 void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std::size_t rows,
-                                 std::size_t n, double eps) const {
+                                 std::size_t n, double eps, bool stream) const {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   for (std::size_t r = 0; r < rows; ++r) {
@@ -42,13 +42,15 @@ void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std:
     std::size_t i = 0;
     if (weight) {
       for (; i + N <= n; i += N)
-        ((B::load_unaligned(xr + i) * vinv) * B::load_unaligned(weight + i)).store_unaligned(o + i);
+        store_batch<Arch, T>(o + i, (B::load_unaligned(xr + i) * vinv) * B::load_unaligned(weight + i),
+                             stream);
       for (; i < n; ++i) o[i] = (xr[i] * inv) * weight[i];
     } else {
-      for (; i + N <= n; i += N) (B::load_unaligned(xr + i) * vinv).store_unaligned(o + i);
+      for (; i + N <= n; i += N) store_batch<Arch, T>(o + i, B::load_unaligned(xr + i) * vinv, stream);
       for (; i < n; ++i) o[i] = xr[i] * inv;
     }
   }
+  stream_fence(stream);
 }
 
 }  // namespace llmk

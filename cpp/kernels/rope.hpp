@@ -11,7 +11,7 @@ namespace llmk {
 template <class Arch, class T>
 void rope_kernel::operator()(Arch, T* out, const T* x, const std::int64_t* table_row,
                              const T* cos_tab, const T* sin_tab, std::size_t rows, std::size_t d,
-                             std::size_t rotary_dim, bool interleaved) const {
+                             std::size_t rotary_dim, bool interleaved, bool stream) const {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   const std::size_t half = rotary_dim / 2;
@@ -28,8 +28,8 @@ void rope_kernel::operator()(Arch, T* out, const T* x, const std::int64_t* table
         B vc = B::load_unaligned(c + i), vs = B::load_unaligned(s + i);
         B o1 = xsimd::fms(x1, vc, x2 * vs);  // x1*cos - x2*sin
         B o2 = xsimd::fma(x2, vc, x1 * vs);  // x2*cos + x1*sin
-        o1.store_unaligned(o + i);
-        o2.store_unaligned(o + half + i);
+        store_batch<Arch, T>(o + i, o1, stream);
+        store_batch<Arch, T>(o + half + i, o2, stream);
       }
       for (; i < half; ++i) {
         T x1 = xr[i], x2 = xr[half + i];
@@ -44,8 +44,10 @@ void rope_kernel::operator()(Arch, T* out, const T* x, const std::int64_t* table
         o[2 * i + 1] = std::fma(x2, c[i], x1 * s[i]);
       }
     }
-    if (o != xr && rotary_dim < d) std::memcpy(o + rotary_dim, xr + rotary_dim, (d - rotary_dim) * sizeof(T));
+    if (o != xr && rotary_dim < d)
+      std::memcpy(o + rotary_dim, xr + rotary_dim, (d - rotary_dim) * sizeof(T));
   }
+  stream_fence(stream);
 }
 
 }  // namespace llmk

@@ -8,7 +8,8 @@ namespace llmk {
 
 template <bool Gated>
 template <class Arch, class T>
-void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::size_t n) const {
+void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::size_t n,
+                                    bool stream) const {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   const B one(T(1));
@@ -19,7 +20,7 @@ void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::
   for (; i + N <= n; i += N) {
     B y = silu(B::load_unaligned(x + i));
     if (Gated) y *= B::load_unaligned(up + i);
-    y.store_unaligned(out + i);
+    store_batch<Arch, T>(out + i, y, stream);
   }
   if (i < n) {  // partial batch through a padded buffer: same vector code for every element
     alignas(64) T bx[N] = {};
@@ -33,6 +34,7 @@ void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::
     y.store_aligned(bx);
     for (std::size_t k = 0; k < n - i; ++k) out[i + k] = bx[k];
   }
+  stream_fence(stream);
 }
 
 template <class Arch, class T>

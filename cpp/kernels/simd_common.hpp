@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <limits>
 
+#include <immintrin.h>
+
 #include <xsimd/xsimd.hpp>
 
 namespace llmk {
@@ -13,6 +15,43 @@ namespace {
 
 template <class Arch, class T>
 using vec = xsimd::batch<T, Arch>;
+
+// Non-temporal (streaming) store of a full batch to an address aligned to the batch size.
+// The generic version is a plain aligned store; the overloads below use the ISA's stream
+// instruction (each is only compiled in the translation unit whose flags provide it).
+template <class Arch, class T>
+inline void store_nt(T* p, const vec<Arch, T>& v) {
+  v.store_aligned(p);
+}
+inline void store_nt(float* p, const vec<xsimd::sse2, float>& v) { _mm_stream_ps(p, v); }
+inline void store_nt(double* p, const vec<xsimd::sse2, double>& v) { _mm_stream_pd(p, v); }
+#if defined(__AVX2__)
+inline void store_nt(float* p, const vec<xsimd::fma3<xsimd::avx2>, float>& v) {
+  _mm256_stream_ps(p, v);
+}
+inline void store_nt(double* p, const vec<xsimd::fma3<xsimd::avx2>, double>& v) {
+  _mm256_stream_pd(p, v);
+}
+#endif
+#if defined(__AVX512F__)
+inline void store_nt(float* p, const vec<xsimd::avx512bw, float>& v) { _mm512_stream_ps(p, v); }
+inline void store_nt(double* p, const vec<xsimd::avx512bw, double>& v) { _mm512_stream_pd(p, v); }
+#endif
+
+// Stores a full batch: streaming when asked (p is then aligned), else an unaligned store.
+template <class Arch, class T>
+inline void store_batch(T* p, const vec<Arch, T>& v, bool stream) {
+  if (stream) {
+    store_nt(p, v);
+  } else {
+    v.store_unaligned(p);
+  }
+}
+
+// Makes streamed stores globally visible before the kernel returns (other threads read them).
+inline void stream_fence(bool stream) {
+  if (stream) _mm_sfence();
+}
 
 // Sum of x[i]^2 * scale^2 over a row: four independent accumulators hide FMA latency.
 template <class Arch, class T>
