@@ -26,6 +26,12 @@ lint: $(VENV)/.installed-test
 	$(PIP) install -q ruff
 	$(VENV)/bin/ruff check python tests benchmarks
 
+# regenerate python/llmkernels/_core.pyi from the built extension (commit the result)
+stubs: $(VENV)/.installed-test
+	$(PIP) install -q pybind11-stubgen
+	$(VENV)/bin/pybind11-stubgen llmkernels._core -o build/stubs
+	cp build/stubs/llmkernels/_core.pyi python/llmkernels/_core.pyi
+
 # --- set-up ------------------------------------------------------------------------------------
 
 sysdeps:

@@ -153,3 +153,15 @@ def test_core_rejects_bad_operands_directly():
     with pytest.raises(ValueError, match=r"\[swiglu_ffn\] w_gate"):
         _core.swiglu_ffn(x, np.ones((3, 3), np.float32), np.ones((3, 3), np.float32), None, None,
                          None, None)
+
+
+def test_core_stub_is_current():
+    """python/llmkernels/_core.pyi is generated (make stubs): it lists every _core function."""
+    from pathlib import Path
+
+    from llmkernels import _core
+
+    stub = (Path(lk.__file__).parent / "_core.pyi").read_text()
+    for name in dir(_core):
+        if callable(getattr(_core, name)) and not name.startswith("__"):
+            assert f"def {name}(" in stub, f"_core.{name} missing from _core.pyi: run `make stubs`"

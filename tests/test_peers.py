@@ -268,11 +268,14 @@ def test_rope_hf_convention_exact(head, dtype, isa, rng):
 # --- Meta's interleaved RoPE (complex numbers) ------------------------------------------------
 
 
-def meta_precompute_freqs_cis(dim: int, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Meta LLaMA's precompute_freqs_cis, in float64 (Meta uses float32 angles)."""
+def meta_precompute_freqs_cis(
+    dim: int, positions: torch.Tensor, theta: float
+) -> tuple[torch.Tensor, np.ndarray]:
+    """Meta LLaMA's precompute_freqs_cis, in float64 (Meta uses float32 angles); also returns
+    the frequencies."""
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64)[: dim // 2] / dim))
     angles = torch.outer(positions.to(torch.float64), freqs)
-    return torch.polar(torch.ones_like(angles), angles)  # (T, dim/2) complex128
+    return torch.polar(torch.ones_like(angles), angles), freqs.numpy()  # (T, dim/2) complex128
 
 
 def meta_apply_rotary_emb(
@@ -296,18 +299,23 @@ def test_rope_interleaved_vs_meta_complex(d, start_pos, dtype, isa, rng):
     xq = data(rng, (b, tt, hq, d), dtype)  # Meta layout (B, T, H, D)
     xk = data(rng, (b, tt, hkv, d), dtype)
     positions = np.arange(start_pos, start_pos + tt)
-    freqs_cis = meta_precompute_freqs_cis(d, t(positions), theta)
+    freqs_cis, inv_freq = meta_precompute_freqs_cis(d, t(positions), theta)
     mq, mk = (a.numpy() for a in meta_apply_rotary_emb(t(xq), t(xk), freqs_cis))
+    # Both sides get the same float64 frequencies: at position 1e5 one ulp of a frequency (torch
+    # and NumPy pow may differ by one) moves the angle by ~1e-11, beyond the float64 tolerance.
     # llmkernels wants (..., T, D): move the heads in front of T
-    gq = lk.rope(xq.transpose(0, 2, 1, 3), positions, theta=theta, interleaved=True)
-    gk = lk.rope(xk.transpose(0, 2, 1, 3), positions, theta=theta, interleaved=True)
+    gq = lk.rope(xq.transpose(0, 2, 1, 3), positions, inv_freq=inv_freq, interleaved=True)
+    gk = lk.rope(xk.transpose(0, 2, 1, 3), positions, inv_freq=inv_freq, interleaved=True)
     check(gq.transpose(0, 2, 1, 3), mq, dtype)
     check(gk.transpose(0, 2, 1, 3), mk, dtype)
+    if start_pos == 0:  # theta= gives the same frequencies
+        by_theta = lk.rope(xq.transpose(0, 2, 1, 3), positions, theta=theta, interleaved=True)
+        check(by_theta.transpose(0, 2, 1, 3), mq, dtype)
     # and the two conventions really differ (a permutation of the features maps one to other)
     if d > 2:
-        assert not np.allclose(lk.rope(xq.transpose(0, 2, 1, 3), positions, theta=theta), gq)
+        assert not np.allclose(lk.rope(xq.transpose(0, 2, 1, 3), positions, inv_freq=inv_freq), gq)
     perm = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])  # interleaved -> half-split
-    half_split = lk.rope(xq.transpose(0, 2, 1, 3)[..., perm], positions, theta=theta)
+    half_split = lk.rope(xq.transpose(0, 2, 1, 3)[..., perm], positions, inv_freq=inv_freq)
     check(half_split[..., np.argsort(perm)], gq, dtype)
 
 

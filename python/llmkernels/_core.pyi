@@ -1,0 +1,73 @@
+"""
+llmkernels C++ core (xsimd kernels, pybind11 bindings)
+"""
+from __future__ import annotations
+import numpy
+import numpy.typing
+import typing
+__all__: list[str] = ['best_simd_arch', 'compiler', 'get_num_threads', 'layer_norm', 'openblas_config', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+def _exp(x: numpy.ndarray, out: numpy.ndarray) -> None:
+    """
+    The vectorized exp the kernels use (subnormal results flushed to 0).
+    """
+def _probe_fma_gflops(threads: typing.SupportsInt | typing.SupportsIndex, iterations: typing.SupportsInt | typing.SupportsIndex) -> float:
+    ...
+def _probe_triad_gbs(threads: typing.SupportsInt | typing.SupportsIndex, n: typing.SupportsInt | typing.SupportsIndex, repeats: typing.SupportsInt | typing.SupportsIndex) -> float:
+    ...
+def _sigmoid(x: numpy.ndarray, out: numpy.ndarray) -> None:
+    """
+    The vectorized sigmoid the kernels use.
+    """
+def best_simd_arch() -> str:
+    """
+    The best SIMD path this CPU supports.
+    """
+def get_num_threads() -> int:
+    """
+    Number of threads the kernels use.
+    """
+def layer_norm(x: numpy.ndarray, weight: numpy.ndarray | None, bias: numpy.ndarray | None, eps: typing.SupportsFloat | typing.SupportsIndex, out: numpy.ndarray) -> None:
+    """
+    LayerNorm (biased variance) over the last axis into `out`.
+    """
+def openblas_config() -> str:
+    ...
+def rms_norm(x: numpy.ndarray, weight: numpy.ndarray | None, eps: typing.SupportsFloat | typing.SupportsIndex, out: numpy.ndarray) -> None:
+    """
+    RMSNorm over the last axis into `out` (C-contiguous operands of one float dtype).
+    """
+def rope(x: numpy.ndarray, table_row: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], cos: numpy.ndarray, sin: numpy.ndarray, rotary_dim: typing.SupportsInt | typing.SupportsIndex, interleaved: bool, out: numpy.ndarray) -> None:
+    """
+    Rotate rows of x (..., D) using table row table_row[r] for row r.
+    """
+def rope_tables(positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64], attention_factor: typing.SupportsFloat | typing.SupportsIndex, dtype: numpy.dtype[typing.Any]) -> tuple:
+    """
+    cos/sin tables (P, len(inv_freq)) for int64 positions (P,), angles in float64.
+    """
+def set_num_threads(n: typing.SupportsInt | typing.SupportsIndex) -> None:
+    """
+    Set the number of threads the kernels (and OpenBLAS) use.
+    """
+def set_simd_arch(arch: str) -> None:
+    """
+    Force a SIMD path (must be supported by the CPU).
+    """
+def silu(x: numpy.ndarray, out: numpy.ndarray) -> None:
+    """
+    out = x * sigmoid(x), elementwise.
+    """
+def simd_arch() -> str:
+    """
+    The SIMD path in use: 'avx512', 'avx2' or 'sse2'.
+    """
+def swiglu(gate: numpy.ndarray, up: numpy.ndarray, out: numpy.ndarray) -> None:
+    """
+    out = silu(gate) * up, elementwise.
+    """
+def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_down: numpy.ndarray | None, b_gate: numpy.ndarray | None, b_up: numpy.ndarray | None, b_down: numpy.ndarray | None) -> numpy.ndarray:
+    """
+    SwiGLU feed-forward on 2-D x through BLAS.
+    """
+__version__: str = '0.1.0'
+compiler: str = 'GNU 12.2.0'
+xsimd_version: str = '8.1.0'
