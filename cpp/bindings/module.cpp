@@ -20,4 +20,5 @@ PYBIND11_MODULE(_core, m) {
                             std::to_string(XSIMD_VERSION_PATCH);
   llmk::bind::bind_elementwise(m);
   llmk::bind::bind_runtime(m);
+  llmk::bind::bind_attention(m);
 }

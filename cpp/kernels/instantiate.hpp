@@ -2,6 +2,7 @@
 // explicitly instantiates every kernel functor for that architecture and both dtypes.
 #pragma once
 
+#include "kernels/attention.hpp"
 #include "kernels/layer_norm.hpp"
 #include "kernels/probe.hpp"
 #include "kernels/rms_norm.hpp"
@@ -23,7 +24,9 @@
                                                         std::size_t) const;                    \
   template void llmk::rope_kernel::operator()<A, T>(A, T*, const T*, const std::int64_t*,      \
                                                     const T*, const T*, std::size_t,           \
-                                                    std::size_t, std::size_t, bool, bool) const;
+                                                    std::size_t, std::size_t, bool, bool) const; \
+  template void llmk::attention_tile_kernel::operator()<A, T>(                                 \
+      A, const llmk::attn_params<T>&, const llmk::attn_item&, T*, T*, T*, T*) const;
 
 #define LLMK_INSTANTIATE(A)                                                                  \
   LLMK_INSTANTIATE_T(A, float)                                                               \

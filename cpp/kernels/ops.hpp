@@ -58,6 +58,56 @@ struct rope_kernel {
                   bool interleaved, bool stream) const;
 };
 
+// --- attention -----------------------------------------------------------------------------
+// Tiles: up to kAttnRowTile query rows (of one KV head's group) against kAttnKeyTile keys.
+constexpr std::size_t kAttnRowTile = 64;
+constexpr std::size_t kAttnKeyTile = 64;
+
+// Dv rounded up to a multiple of 64 bytes' worth of elements (a whole number of vectors on
+// every ISA).
+template <class T>
+constexpr std::size_t attn_dv_pad_t(std::size_t dv) {
+  constexpr std::size_t e = 64 / sizeof(T);
+  return (dv + e - 1) / e * e;
+}
+
+template <class T>
+struct attn_params {
+  const T* q;  // (B, Hq, Tq, D)
+  const T* k;  // (B, Hkv, Tk, D)
+  const T* v;  // (B, Hkv, Tk, Dv)
+  T* out;      // (B, Hq, Tq, Dv)
+  T* weights;  // (B, Hq, Tq, Tk) or null
+  std::size_t b, hq, hkv, tq, tk, d, dv;
+  T scale;
+  bool causal;             // bottom-right aligned: query i sees key j iff j <= i + Tk - Tq
+  int mask_kind;           // 0 none, 1 bool (uint8, nonzero = may attend), 2 additive (T)
+  const void* mask;        // broadcast view of (B, Hq, Tq, Tk)
+  std::int64_t mask_strides[4];  // in elements; 0 on broadcast axes
+};
+
+// One work item: rows [row0, row0 + nrows) of KV head g's group (rows are (h, i) pairs,
+// h-major) in batch b, against keys [k0, k1).
+struct attn_item {
+  std::size_t b, g, row0, nrows, k0, k1;
+};
+
+// Elements of scratch one item needs (per thread).
+template <class T>
+constexpr std::size_t attn_workspace_size(std::size_t d, std::size_t dv) {
+  return d * kAttnRowTile + kAttnKeyTile * kAttnRowTile +
+         (kAttnRowTile + kAttnKeyTile) * attn_dv_pad_t<T>(dv) + 3 * kAttnRowTile;
+}
+
+// Runs one item. part_o == null: writes the normalised rows to p.out (and p.weights);
+// otherwise writes the unnormalised running state (m, l: (nrows,), O: (nrows, dv_pad)) for a
+// later merge of key splits.
+struct attention_tile_kernel {
+  template <class Arch, class T>
+  void operator()(Arch, const attn_params<T>& p, const attn_item& it, T* workspace, T* part_m,
+                  T* part_l, T* part_o) const;
+};
+
 // out[r, :] += bias      (rows, n) -- used to fold biases into the BLAS matmul outputs
 struct add_bias_kernel {
   template <class Arch, class T>

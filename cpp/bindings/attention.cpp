@@ -1,0 +1,85 @@
+// Binding of the fused attention kernel. The Python layer (llmkernels/_ops.py) validates shapes,
+// broadcasts the mask (as a strided view) and prepares C-contiguous q, k, v.
+#include "attention.hpp"
+
+#include "bindings/common.hpp"
+
+namespace llmk::bind {
+namespace {
+
+// q (B, Hq, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv), out (B, Hq, Tq, Dv),
+// weights (B, Hq, Tq, Tk) or None; mask: None or a 4-D view broadcast to (B, Hq, Tq, Tk),
+// uint8 (bool) or of q's dtype (additive).
+void attention(py::array q, py::array k, py::array v, double scale, bool causal,
+               std::optional<py::array> mask, py::array out, std::optional<py::array> weights) {
+  const char* fn = "attention";
+  check_operand(fn, "q", q, nullptr, false);
+  check_operand(fn, "k", k, &q, false);
+  check_operand(fn, "v", v, &q, false);
+  check_operand(fn, "out", out, &q, true);
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || out.ndim() != 4)
+    fail(fn, "q, k, v and out must be 4-D");
+  const auto B = q.shape(0), Hq = q.shape(1), Tq = q.shape(2), D = q.shape(3);
+  const auto Hkv = k.shape(1), Tk = k.shape(2), Dv = v.shape(3);
+  if (k.shape(0) != B || v.shape(0) != B) fail(fn, "k and v must have q's batch size");
+  if (Hkv == 0 || Hq % Hkv != 0) fail(fn, "Hq must be a multiple of Hkv");
+  if (k.shape(3) != D) fail(fn, "k must have q's head dimension");
+  if (v.shape(1) != Hkv || v.shape(2) != Tk) fail(fn, "v must have k's heads and length");
+  if (out.shape(0) != B || out.shape(1) != Hq || out.shape(2) != Tq || out.shape(3) != Dv)
+    fail(fn, "out must have shape (B, Hq, Tq, Dv)");
+  if (weights) {
+    check_operand(fn, "weights", *weights, &q, true);
+    if (weights->ndim() != 4 || weights->shape(0) != B || weights->shape(1) != Hq ||
+        weights->shape(2) != Tq || weights->shape(3) != Tk)
+      fail(fn, "weights must have shape (B, Hq, Tq, Tk)");
+  }
+  int mask_kind = 0;
+  std::int64_t strides[4] = {0, 0, 0, 0};
+  if (mask) {
+    const py::array& m = *mask;
+    if (m.ndim() != 4 || m.shape(0) != B || m.shape(1) != Hq || m.shape(2) != Tq ||
+        m.shape(3) != Tk)
+      fail(fn, "mask must be a (B, Hq, Tq, Tk) view");
+    if (m.dtype().is(py::dtype::of<std::uint8_t>()) || m.dtype().is(py::dtype::of<bool>())) {
+      mask_kind = 1;
+    } else if (m.dtype().is(q.dtype())) {
+      mask_kind = 2;
+    } else {
+      throw py::type_error("[attention] mask must be bool or of q's dtype");
+    }
+    for (int a = 0; a < 4; ++a) {
+      if (m.strides(a) % static_cast<py::ssize_t>(m.itemsize()) != 0)
+        fail(fn, "mask strides must be multiples of its item size");
+      strides[a] = m.strides(a) / static_cast<py::ssize_t>(m.itemsize());
+    }
+  }
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    attn_params<T> p{};
+    p.q = cptr<T>(q);
+    p.k = cptr<T>(k);
+    p.v = cptr<T>(v);
+    p.out = ptr<T>(out);
+    p.weights = weights ? ptr<T>(*weights) : nullptr;
+    p.b = B, p.hq = Hq, p.hkv = Hkv, p.tq = Tq, p.tk = Tk, p.d = D, p.dv = Dv;
+    p.scale = static_cast<T>(scale);
+    p.causal = causal;
+    p.mask_kind = mask_kind;
+    p.mask = mask ? mask->data() : nullptr;
+    for (int a = 0; a < 4; ++a) p.mask_strides[a] = strides[a];
+    py::gil_scoped_release nogil;
+    llmk::attention<T>(p);
+  };
+  if (is_f32(q)) run(float{}); else run(double{});
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  using namespace pybind11::literals;
+  m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a, "mask"_a, "out"_a,
+        "weights"_a,
+        "Fused streaming attention on C-contiguous 4-D operands (see llmkernels.attention).");
+}
+
+}  // namespace llmk::bind

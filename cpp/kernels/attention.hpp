@@ -1,0 +1,276 @@
+// Fused, streaming (online-softmax, flash-style) scaled dot-product attention for one work item:
+// a tile of up to kAttnRowTile query rows that share one KV head, against a range of keys.
+//
+// Layout of the tile (GQA-aware): the rows of a KV head's group are (query head h in the group,
+// query index i), h-major. All of them read the same K/V, so K/V are read once per tile and are
+// never tiled per query head in memory.
+//
+// Per key tile of kAttnKeyTile keys:
+//   S^T (keys x rows) = K_tile . (scale * Q_tile)^T       micro-GEMM, vectors over query rows
+//   causal / mask -> -inf or additive                      vectorized causal, scalar mask
+//   m_new = max(m, max_j S^T[j, :]); alpha = exp(m - m_new)  vectorized over query rows
+//   P = exp(S^T - m_new); l = l * alpha + sum_j P
+//   O = O * alpha + P^T . V_tile                           micro-GEMM, vectors over Dv
+// Memory per thread: Q^T (D x 64), S^T (64 x 64), O (64 x Dv) -- never Tq x Tk.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "kernels/ops.hpp"
+#include "kernels/simd_common.hpp"
+
+namespace llmk {
+namespace {
+
+// C[r, c*N + lane] (+)= sum_k A[r * a_rs + k * a_ks] * B[k * ldb + c*N + lane]
+// for r < R, c < C: R x C accumulators stay in registers for the whole k loop.
+template <class Arch, class T, int R, int C>
+inline void micro_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
+                       std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t k_len,
+                       bool accumulate) {
+  using V = vec<Arch, T>;
+  constexpr std::size_t N = V::size;
+  V acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j)
+      acc[r][j] = accumulate ? V::load_unaligned(c + r * ldc + j * N) : V(T(0));
+  for (std::size_t k = 0; k < k_len; ++k) {
+    V bv[C];
+    for (int j = 0; j < C; ++j) bv[j] = V::load_unaligned(b + k * ldb + j * N);
+    for (int r = 0; r < R; ++r) {
+      V av(a[r * a_rs + static_cast<std::ptrdiff_t>(k) * a_ks]);
+      for (int j = 0; j < C; ++j) acc[r][j] = xsimd::fma(av, bv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) acc[r][j].store_unaligned(c + r * ldc + j * N);
+}
+
+// Registers: AVX-512 has 32 vector registers (6 x 4 accumulators + 4 B + 1 A), AVX2/SSE2 16.
+template <class Arch>
+constexpr int gemm_rows() {
+  return std::is_base_of<xsimd::avx512f, Arch>::value ? 6 : 3;
+}
+
+// C (m x n_vec*N) (+)= A (m x k, strides a_rs/a_ks) . B (k x n_vec*N, row stride ldb).
+template <class Arch, class T>
+inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
+                       std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t m,
+                       std::size_t n_vec, std::size_t k_len, bool accumulate) {
+  constexpr int R = gemm_rows<Arch>();
+  constexpr std::size_t N = vec<Arch, T>::size;
+  std::size_t r = 0;
+  for (; r + R <= m; r += R) {
+    std::size_t j = 0;
+    for (; j + 4 <= n_vec; j += 4)
+      micro_gemm<Arch, T, R, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                ldc, k_len, accumulate);
+    for (; j < n_vec; ++j)
+      micro_gemm<Arch, T, R, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                ldc, k_len, accumulate);
+  }
+  for (; r < m; ++r) {  // row tail
+    std::size_t j = 0;
+    for (; j + 4 <= n_vec; j += 4)
+      micro_gemm<Arch, T, 1, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                ldc, k_len, accumulate);
+    for (; j < n_vec; ++j)
+      micro_gemm<Arch, T, 1, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                ldc, k_len, accumulate);
+  }
+}
+
+template <class T>
+struct attn_tile_state {
+  T* qt;    // (D, BQ)      scale * Q^T of the tile, zero-padded columns
+  T* st;    // (BK, BQ)     scores / probabilities of the current key tile, transposed
+  T* o;     // (BQ, dv_pad) running output
+  T* vpad;  // (BK, dv_pad) V tile copy when Dv is not a multiple of the vector width
+  T* lim;   // (BQ,)        causal limit per row: last key index it may see (as T)
+  T* m;     // (BQ,)        running max
+  T* l;     // (BQ,)        running sum
+};
+
+}  // namespace
+
+template <class Arch, class T>
+void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn_item& it,
+                                       T* workspace, T* part_m, T* part_l, T* part_o) const {
+  using V = vec<Arch, T>;
+  constexpr std::size_t N = V::size;
+  constexpr std::size_t BQ = kAttnRowTile, BK = kAttnKeyTile;
+  const std::size_t D = p.d, Dv = p.dv, dv_pad = attn_dv_pad_t<T>(Dv);
+  const std::size_t group = p.hq / p.hkv;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+
+  attn_tile_state<T> s;
+  s.qt = workspace;
+  s.st = s.qt + D * BQ;
+  s.o = s.st + BK * BQ;
+  s.vpad = s.o + BQ * dv_pad;
+  s.lim = s.vpad + BK * dv_pad;
+  s.m = s.lim + BQ;
+  s.l = s.m + BQ;
+
+  const std::size_t nrows = it.nrows;
+  // rows of the tile: r -> (query head h, query index i)
+  auto row_head = [&](std::size_t r) { return it.g * group + (it.row0 + r) / p.tq; };
+  auto row_query = [&](std::size_t r) { return (it.row0 + r) % p.tq; };
+
+  // --- pack scale * Q^T (D x BQ), padded rows with zeros; causal limits --------------------
+  std::memset(s.qt, 0, D * BQ * sizeof(T));
+  std::int64_t max_lim = -1;
+  const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
+  for (std::size_t r = 0; r < BQ; ++r) {
+    if (r < nrows) {
+      const T* qrow = p.q + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * D;  // (D,)
+      for (std::size_t d = 0; d < D; ++d) s.qt[d * BQ + r] = qrow[d] * p.scale;
+      std::int64_t lim = p.causal ? static_cast<std::int64_t>(row_query(r)) + offset
+                                  : static_cast<std::int64_t>(p.tk) - 1;
+      max_lim = std::max(max_lim, lim);
+      s.lim[r] = static_cast<T>(lim);
+    } else {
+      s.lim[r] = T(-1);  // padding rows see nothing
+    }
+    s.m[r] = neg_inf;
+    s.l[r] = T(0);
+  }
+  std::memset(s.o, 0, BQ * dv_pad * sizeof(T));
+
+  const T* kbase = p.k + (it.b * p.hkv + it.g) * p.tk * D;   // (Tk, D)
+  const T* vbase = p.v + (it.b * p.hkv + it.g) * p.tk * Dv;  // (Tk, Dv)
+  // keys this item covers; causal: no row sees beyond max_lim
+  const std::size_t k_end =
+      std::min<std::size_t>(it.k1, static_cast<std::size_t>(std::max<std::int64_t>(max_lim + 1, 0)));
+
+  // Scores of key tile [k0, k0 + nk) into S^T with causal and mask applied.
+  auto scores = [&](std::size_t k0, std::size_t nk) {
+    small_gemm<Arch, T>(kbase + k0 * D, static_cast<std::ptrdiff_t>(D), 1, s.qt,
+                        static_cast<std::ptrdiff_t>(BQ), s.st, static_cast<std::ptrdiff_t>(BQ), nk,
+                        BQ / N, D, false);
+    if (p.causal || nrows < BQ) {
+      for (std::size_t j = 0; j < nk; ++j) {
+        const V kj(static_cast<T>(k0 + j));
+        T* row = s.st + j * BQ;
+        for (std::size_t c = 0; c < BQ; c += N) {
+          V lim = V::load_unaligned(s.lim + c);
+          xsimd::select(lim < kj, V(neg_inf), V::load_unaligned(row + c)).store_unaligned(row + c);
+        }
+      }
+    }
+    if (p.mask_kind != 0) {
+      for (std::size_t r = 0; r < nrows; ++r) {
+        const std::int64_t base = static_cast<std::int64_t>(it.b) * p.mask_strides[0] +
+                                  static_cast<std::int64_t>(row_head(r)) * p.mask_strides[1] +
+                                  static_cast<std::int64_t>(row_query(r)) * p.mask_strides[2];
+        const std::int64_t sj = p.mask_strides[3];
+        if (p.mask_kind == 1) {
+          const std::uint8_t* mrow = static_cast<const std::uint8_t*>(p.mask) + base;
+          for (std::size_t j = 0; j < nk; ++j)
+            if (!mrow[static_cast<std::int64_t>(k0 + j) * sj]) s.st[j * BQ + r] = neg_inf;
+        } else {
+          const T* mrow = static_cast<const T*>(p.mask) + base;
+          for (std::size_t j = 0; j < nk; ++j)
+            s.st[j * BQ + r] += mrow[static_cast<std::int64_t>(k0 + j) * sj];
+        }
+      }
+    }
+  };
+
+  // V tile with a row stride that is a whole number of vectors
+  auto v_tile = [&](std::size_t k0, std::size_t nk, std::ptrdiff_t* ldv) -> const T* {
+    if (Dv % N == 0) {
+      *ldv = static_cast<std::ptrdiff_t>(Dv);
+      return vbase + k0 * Dv;
+    }
+    for (std::size_t j = 0; j < nk; ++j) {
+      std::memcpy(s.vpad + j * dv_pad, vbase + (k0 + j) * Dv, Dv * sizeof(T));
+      std::memset(s.vpad + j * dv_pad + Dv, 0, (dv_pad - Dv) * sizeof(T));
+    }
+    *ldv = static_cast<std::ptrdiff_t>(dv_pad);
+    return s.vpad;
+  };
+
+  // --- stream over key tiles: online softmax ------------------------------------------------
+  for (std::size_t k0 = it.k0; k0 < k_end; k0 += BK) {
+    const std::size_t nk = std::min(BK, k_end - k0);
+    scores(k0, nk);
+    for (std::size_t c = 0; c < BQ; c += N) {
+      V mt(neg_inf);
+      for (std::size_t j = 0; j < nk; ++j) mt = xsimd::max(mt, V::load_unaligned(s.st + j * BQ + c));
+      V m_old = V::load_unaligned(s.m + c);
+      V m_new = xsimd::max(m_old, mt);
+      // rows that have seen no allowed key yet keep m = -inf; subtract 0 instead (no NaN)
+      V m_safe = xsimd::select(m_new == V(neg_inf), V(T(0)), m_new);
+      V alpha = exp_flush<Arch, T>(m_old - m_safe);
+      V lsum = V::load_unaligned(s.l + c) * alpha;
+      for (std::size_t j = 0; j < nk; ++j) {
+        V e = exp_flush<Arch, T>(V::load_unaligned(s.st + j * BQ + c) - m_safe);
+        e.store_unaligned(s.st + j * BQ + c);
+        lsum += e;
+      }
+      m_new.store_unaligned(s.m + c);
+      lsum.store_unaligned(s.l + c);
+      // rescale the running output rows by alpha
+      alignas(64) T a[N];
+      alpha.store_aligned(a);
+      for (std::size_t r = 0; r < N; ++r) {
+        if (a[r] == T(1)) continue;
+        T* orow = s.o + (c + r) * dv_pad;
+        const V av(a[r]);
+        for (std::size_t d = 0; d < dv_pad; d += N)
+          (V::load_unaligned(orow + d) * av).store_unaligned(orow + d);
+      }
+    }
+    // O (rows x Dv) += P (rows x nk) . V (nk x Dv), with P[r][j] = S^T[j][r]
+    std::ptrdiff_t ldv;
+    const T* vt = v_tile(k0, nk, &ldv);
+    small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(BQ), vt, ldv, s.o,
+                        static_cast<std::ptrdiff_t>(dv_pad), nrows, dv_pad / N, nk, true);
+  }
+
+  // --- results -------------------------------------------------------------------------------
+  if (part_o) {  // a key split: hand back unnormalised (m, l, O) for the merge
+    for (std::size_t r = 0; r < nrows; ++r) {
+      part_m[r] = s.m[r];
+      part_l[r] = s.l[r];
+      std::memcpy(part_o + r * dv_pad, s.o + r * dv_pad, dv_pad * sizeof(T));
+    }
+    return;
+  }
+  for (std::size_t r = 0; r < nrows; ++r) {
+    T* orow = p.out + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * Dv;  // (Dv,)
+    const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : T(0);  // nothing to attend: zeros
+    for (std::size_t d = 0; d < Dv; ++d) orow[d] = s.o[r * dv_pad + d] * inv;
+  }
+  if (p.weights) {  // second sweep: the normalised probabilities, for plots
+    for (std::size_t r = 0; r < nrows; ++r) {
+      T* wrow = p.weights + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * p.tk;
+      std::memset(wrow, 0, p.tk * sizeof(T));
+    }
+    for (std::size_t r = 0; r < BQ; ++r) {
+      const bool seen = r < nrows && s.l[r] > T(0);
+      s.l[r] = seen ? T(1) / s.l[r] : T(0);
+      if (s.m[r] == neg_inf) s.m[r] = T(0);
+    }
+    for (std::size_t k0 = it.k0; k0 < k_end; k0 += BK) {
+      const std::size_t nk = std::min(BK, k_end - k0);
+      scores(k0, nk);
+      for (std::size_t c = 0; c < BQ; c += N) {
+        V m = V::load_unaligned(s.m + c), inv_l = V::load_unaligned(s.l + c);
+        for (std::size_t j = 0; j < nk; ++j) {
+          V e = exp_flush<Arch, T>(V::load_unaligned(s.st + j * BQ + c) - m) * inv_l;
+          e.store_unaligned(s.st + j * BQ + c);
+        }
+      }
+      for (std::size_t r = 0; r < nrows; ++r) {
+        T* wrow = p.weights + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * p.tk;
+        for (std::size_t j = 0; j < nk; ++j) wrow[k0 + j] = s.st[j * BQ + r];
+      }
+    }
+  }
+}
+
+}  // namespace llmk
