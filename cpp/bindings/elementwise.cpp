@@ -16,14 +16,20 @@ namespace {
 using opt_array = std::optional<py::array>;
 
 // Non-temporal stores pay off when the output is much larger than the caches (each output line
-// then skips its read-for-ownership); they need every streamed batch aligned, which holds when
-// `out` and each row start are 64-byte aligned. llmkernels allocates its outputs 64-byte aligned.
+// then skips its read-for-ownership). The row kernels peel a scalar head to reach vector
+// alignment; rope streams only when rows and halves are 64-byte aligned (row_bytes), which holds
+// for the usual head sizes since llmkernels allocates its outputs 64-byte aligned.
 constexpr std::size_t kStreamBytes = std::size_t(16) << 20;
 
-bool use_stream(const py::array& out, std::size_t row_bytes) {
+bool use_stream(const py::array& out) {
   auto addr = reinterpret_cast<std::uintptr_t>(out.data());
-  return static_cast<std::size_t>(out.nbytes()) >= kStreamBytes && addr % 64 == 0 &&
-         row_bytes % 64 == 0;
+  return static_cast<std::size_t>(out.nbytes()) >= kStreamBytes &&
+         addr % static_cast<std::uintptr_t>(out.itemsize()) == 0;
+}
+
+bool use_stream_aligned_rows(const py::array& out, std::size_t row_bytes) {
+  auto addr = reinterpret_cast<std::uintptr_t>(out.data());
+  return use_stream(out) && addr % 64 == 0 && row_bytes % 64 == 0;
 }
 
 void rms_norm(py::array x, opt_array weight, double eps, py::array out) {
@@ -44,7 +50,7 @@ void rms_norm(py::array x, opt_array weight, double eps, py::array out) {
     const T* xp = cptr<T>(x);
     const T* wp = cptr_or_null<T>(weight);
     T* op = ptr<T>(out);
-    const bool stream = use_stream(out, n * sizeof(T));
+    const bool stream = use_stream(out);
     py::gil_scoped_release nogil;
     parallel_for(rows, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
       dispatch(rms_norm_kernel{}, op + b * n, xp + b * n, wp, e - b, n, eps, stream);
@@ -76,7 +82,7 @@ void layer_norm(py::array x, opt_array weight, opt_array bias, double eps, py::a
     const T* wp = cptr_or_null<T>(weight);
     const T* bp = cptr_or_null<T>(bias);
     T* op = ptr<T>(out);
-    const bool stream = use_stream(out, n * sizeof(T));
+    const bool stream = use_stream(out);
     py::gil_scoped_release nogil;
     parallel_for(rows, 1, 2.0 * static_cast<double>(n), [&](std::size_t b, std::size_t e) {
       dispatch(layer_norm_kernel{}, op + b * n, xp + b * n, wp, bp, e - b, n, eps, stream);
@@ -101,7 +107,7 @@ void elementwise(const char* fn, const Kernel& kernel, py::array x, opt_array up
     const T* xp = cptr<T>(x);
     const T* up_p = cptr_or_null<T>(up);
     T* op = ptr<T>(out);
-    const bool stream = use_stream(out, 64 * sizeof(T));  // chunks start on 64-element bounds
+    const bool stream = use_stream(out);
     py::gil_scoped_release nogil;
     parallel_for(n, 64, 4.0, [&](std::size_t b, std::size_t e) {
       dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b, stream);
@@ -184,7 +190,7 @@ void rope(py::array x, py::array_t<std::int64_t, py::array::c_style> table_row, 
     const T* sp = cptr<T>(sin_tab);
     T* op = ptr<T>(out);
     // streamed stores at o + i and o + half + i: both row starts and halves must be aligned
-    const bool stream = !interleaved && rotary_dim == d && use_stream(out, d * sizeof(T)) &&
+    const bool stream = !interleaved && rotary_dim == d && use_stream_aligned_rows(out, d * sizeof(T)) &&
                         (rotary_dim / 2 * sizeof(T)) % 64 == 0;
     py::gil_scoped_release nogil;
     parallel_for(rows, 1, static_cast<double>(d), [&](std::size_t b, std::size_t e) {

@@ -53,17 +53,20 @@ void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, co
     layer_norm_stats<Arch, T>(xr, n, eps, &mean, &inv_d);
     const T inv = static_cast<T>(inv_d);
     const B vmean(mean), vinv(inv), zero(T(0)), one(T(1));
+    auto scalar = [&](std::size_t k) {
+      T y = (xr[k] - mean) * inv;
+      o[k] = std::fma(y, weight ? weight[k] : T(1), bias ? bias[k] : T(0));
+    };
+    const std::size_t head = stream ? align_head<Arch, T>(o, n) : 0;  // see rms_norm
     std::size_t i = 0;
+    for (; i < head; ++i) scalar(i);
     for (; i + N <= n; i += N) {
       B y = (B::load_unaligned(xr + i) - vmean) * vinv;
       B w = weight ? B::load_unaligned(weight + i) : one;
       B b = bias ? B::load_unaligned(bias + i) : zero;
       store_batch<Arch, T>(o + i, xsimd::fma(y, w, b), stream);
     }
-    for (; i < n; ++i) {
-      T y = (xr[i] - mean) * inv;
-      o[i] = std::fma(y, weight ? weight[i] : T(1), bias ? bias[i] : T(0));
-    }
+    for (; i < n; ++i) scalar(i);
   }
   stream_fence(stream);
 }

@@ -39,13 +39,17 @@ void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std:
     T* o = out + r * n;       // (n,) -- may be xr itself: each element is read before written
     const T inv = static_cast<T>(rms_inv<Arch, T>(xr, n, eps));
     const B vinv(inv);
+    // with streamed stores, a scalar head brings o + i to vector alignment (same arithmetic)
+    const std::size_t head = stream ? align_head<Arch, T>(o, n) : 0;
     std::size_t i = 0;
     if (weight) {
+      for (; i < head; ++i) o[i] = (xr[i] * inv) * weight[i];
       for (; i + N <= n; i += N)
         store_batch<Arch, T>(o + i, (B::load_unaligned(xr + i) * vinv) * B::load_unaligned(weight + i),
                              stream);
       for (; i < n; ++i) o[i] = (xr[i] * inv) * weight[i];
     } else {
+      for (; i < head; ++i) o[i] = xr[i] * inv;
       for (; i + N <= n; i += N) store_batch<Arch, T>(o + i, B::load_unaligned(xr + i) * vinv, stream);
       for (; i < n; ++i) o[i] = xr[i] * inv;
     }

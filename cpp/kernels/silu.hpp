@@ -16,24 +16,28 @@ void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::
   // silu(x) = x / (1 + exp(-x)): for x -> -inf, exp(-x) overflows to +inf and the quotient is
   // -0, never NaN (x = -inf itself gives NaN, as IEEE inf/inf and torch do).
   auto silu = [&](const B& g) { return g / (one + xsimd::exp(-g)); };
-  std::size_t i = 0;
-  for (; i + N <= n; i += N) {
-    B y = silu(B::load_unaligned(x + i));
-    if (Gated) y *= B::load_unaligned(up + i);
-    store_batch<Arch, T>(out + i, y, stream);
-  }
-  if (i < n) {  // partial batch through a padded buffer: same vector code for every element
+  // a partial batch of cnt < N elements at i goes through a padded buffer: the same vector code
+  // for every element, wherever it sits
+  auto partial = [&](std::size_t i, std::size_t cnt) {
     alignas(64) T bx[N] = {};
     alignas(64) T bu[N] = {};
-    for (std::size_t k = 0; k < n - i; ++k) {
+    for (std::size_t k = 0; k < cnt; ++k) {
       bx[k] = x[i + k];
       if (Gated) bu[k] = up[i + k];
     }
     B y = silu(B::load_aligned(bx));
     if (Gated) y *= B::load_aligned(bu);
     y.store_aligned(bx);
-    for (std::size_t k = 0; k < n - i; ++k) out[i + k] = bx[k];
+    for (std::size_t k = 0; k < cnt; ++k) out[i + k] = bx[k];
+  };
+  std::size_t i = stream ? align_head<Arch, T>(out, n) : 0;  // streamed stores need alignment
+  if (i > 0) partial(0, i);
+  for (; i + N <= n; i += N) {
+    B y = silu(B::load_unaligned(x + i));
+    if (Gated) y *= B::load_unaligned(up + i);
+    store_batch<Arch, T>(out + i, y, stream);
   }
+  if (i < n) partial(i, n - i);
   stream_fence(stream);
 }
 

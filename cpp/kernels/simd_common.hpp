@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <cstddef>
 #include <limits>
 
@@ -46,6 +47,15 @@ inline void store_batch(T* p, const vec<Arch, T>& v, bool stream) {
   } else {
     v.store_unaligned(p);
   }
+}
+
+// Elements to process before `p` is aligned to the vector size (streamed stores need it).
+template <class Arch, class T>
+inline std::size_t align_head(const T* p, std::size_t n) {
+  constexpr std::size_t vb = vec<Arch, T>::size * sizeof(T);
+  std::size_t mis = reinterpret_cast<std::uintptr_t>(p) % vb;
+  std::size_t head = mis == 0 ? 0 : (vb - mis) / sizeof(T);
+  return head < n ? head : n;
 }
 
 // Makes streamed stores globally visible before the kernel returns (other threads read them).

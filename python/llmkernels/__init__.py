@@ -6,6 +6,8 @@ Ops (float32 and float64, any leading shape, any strides):
 - :func:`silu`, :func:`swiglu`, :func:`swiglu_ffn` — SwiGLU activations and feed-forward
 - :func:`rope`, :func:`rope_inv_freq`, :func:`rope_attention_factor` — rotary embeddings
   with HF's scaling types (linear, dynamic, yarn, llama3, longrope) and p-RoPE
+- :func:`attention` — fused streaming (flash-style) scaled dot-product attention with GQA,
+  bottom-right causal masking for KV caches, boolean/additive masks and optional weights
 
 Runtime: :func:`set_num_threads`, :func:`get_num_threads`, :func:`simd_arch`,
 :func:`set_simd_arch`, :func:`build_info`. The environment variable ``LLMKERNELS_ARCH``
@@ -21,13 +23,14 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
-from ._ops import layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn
+from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn
 from ._rope_scaling import rope_attention_factor, rope_inv_freq
 
 __version__: str = _core.__version__
 
 __all__ = [
     "__version__",
+    "attention",
     "build_info",
     "get_num_threads",
     "layer_norm",

@@ -19,6 +19,7 @@ from . import _core
 from ._rope_scaling import rope_inv_freq
 
 __all__ = [
+    "attention",
     "rms_norm",
     "layer_norm",
     "silu",
@@ -456,4 +457,131 @@ def rope(
         index = np.arange(pos.size, dtype=np.int64).reshape(pos.shape)
         table_row = np.ascontiguousarray(np.broadcast_to(index, lead)).reshape(-1)
     _core.rope(xc, table_row, cos_tab, sin_tab, rdim, bool(interleaved), result)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# attention
+# ----------------------------------------------------------------------------------------------
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    mask: Any = None,
+    scale: float | None = None,
+    return_weights: bool = False,
+    out: np.ndarray | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Scaled dot-product attention ``softmax(q @ k^T * scale + mask) @ v``, fused and streaming.
+
+    Args:
+        q: queries ``(B, Hq, Tq, D)`` or ``(Hq, Tq, D)``.
+        k: keys ``(B, Hkv, Tk, D)`` / ``(Hkv, Tk, D)``; ``Hq % Hkv == 0`` (grouped-query /
+            multi-query attention: query head ``h`` reads KV head ``h // (Hq // Hkv)``, without
+            copying K/V per query head).
+        v: values ``(B, Hkv, Tk, Dv)`` / ``(Hkv, Tk, Dv)``; ``Dv`` may differ from ``D``.
+        causal: bottom-right aligned: query ``i`` may attend key ``j`` iff
+            ``j <= i + (Tk - Tq)``, so one decode step against a KV cache is
+            ``attention(q[:, :, -1:], k, v, causal=True)``. (PyTorch's ``is_causal`` is
+            top-left aligned; the two agree when ``Tq == Tk``.)
+        mask: boolean (True = may attend) or additive float mask, broadcastable to
+            ``(..., Hq, Tq, Tk)`` — e.g. a key-padding mask ``(B, 1, 1, Tk)``. Combined with
+            ``causal``. A query row with nothing to attend gets zeros.
+        scale: score multiplier, default ``1 / sqrt(D)``.
+        return_weights: also return the softmax probabilities ``(..., Hq, Tq, Tk)`` (the only
+            case that stores a score matrix; for plots).
+        out: optional C-contiguous output ``(..., Hq, Tq, Dv)``.
+
+    The kernel never materialises the ``Tq x Tk`` scores: tiles of 64 query rows stream over
+    tiles of 64 keys with a running max and sum (online softmax); memory is O((Tq + Tk) * D).
+    """
+    fn = "attention"
+    q = _as_array(fn, "q", q)
+    k = _as_array(fn, "k", k)
+    v = _as_array(fn, "v", v)
+    if q.ndim not in (3, 4):
+        raise ValueError(f"[{fn}] q must have shape (B, Hq, Tq, D) or (Hq, Tq, D), got {q.shape}")
+    if k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            f"[{fn}] q, k and v must have the same number of dimensions, got q {q.shape}, "
+            f"k {k.shape}, v {v.shape}"
+        )
+    if q.shape[:-3] != k.shape[:-3] or q.shape[:-3] != v.shape[:-3]:
+        raise ValueError(
+            f"[{fn}] leading (batch) dimensions must match, got q {q.shape}, k {k.shape}, "
+            f"v {v.shape}"
+        )
+    hq, tq, d = q.shape[-3:]
+    hkv, tk, dk = k.shape[-3:]
+    if dk != d:
+        raise ValueError(f"[{fn}] k must have q's head dimension D={d}, got {dk} (k {k.shape})")
+    if v.shape[-3] != hkv or v.shape[-2] != tk:
+        raise ValueError(
+            f"[{fn}] v must have k's heads and length (Hkv={hkv}, Tk={tk}), got v {v.shape}"
+        )
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"[{fn}] Hq % Hkv must be 0 (grouped-query), got Hq={hq}, Hkv={hkv}")
+    if d == 0:
+        raise ValueError(f"[{fn}] the head dimension D must be >= 1")
+    dv = v.shape[-1]
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"[{fn}] causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(return_weights, (bool, np.bool_)):
+        raise TypeError(f"[{fn}] return_weights must be a bool, got {type(return_weights).__name__}")
+    scale_value = 1.0 / np.sqrt(d) if scale is None else _check_real(fn, "scale", scale)
+    dtype = _compute_dtype(q, k, v)
+    batch_shape = q.shape[:-3]
+    out_shape = batch_shape + (hq, tq, dv)
+    scores_shape = batch_shape + (hq, tq, tk)
+
+    mask_view = None
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.dtype.kind == "b":
+            m = m.view(np.uint8)
+        elif m.dtype.kind == "f":
+            m = m.astype(dtype, copy=False)
+        else:
+            raise TypeError(
+                f"[{fn}] mask must be boolean (True = may attend) or additive float, "
+                f"got dtype {m.dtype}"
+            )
+        try:
+            m = np.broadcast_to(m, scores_shape)
+        except ValueError:
+            raise ValueError(
+                f"[{fn}] mask of shape {np.shape(mask)} is not broadcastable to "
+                f"(..., Hq, Tq, Tk) = {scores_shape}"
+            ) from None
+        mask_view = m if m.ndim == 4 else m[None]
+
+    if out is not None:
+        _check_out(fn, out, out_shape, dtype)
+    result = out if out is not None else _empty(out_shape, dtype)
+    weights = np.zeros(scores_shape, dtype) if return_weights else None
+
+    def four_d(a: np.ndarray) -> np.ndarray:
+        a = _contiguous(a, dtype)
+        return a if a.ndim == 4 else a[None]
+
+    qc, kc, vc = four_d(q), four_d(k), four_d(v)
+    if out is not None:  # the kernel reads q/k/v after writing out rows: never let them overlap
+        qc, kc, vc = (_detach_from_out(a, out, allow_exact=False) for a in (qc, kc, vc))
+    if result.size:
+        _core.attention(
+            qc,
+            kc,
+            vc,
+            scale_value,
+            bool(causal),
+            mask_view,
+            result if result.ndim == 4 else result[None],
+            None if weights is None else (weights if weights.ndim == 4 else weights[None]),
+        )
+    if return_weights:
+        return result, weights
     return result
