@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import json
 import math
@@ -45,17 +46,10 @@ import llmkernels as lk
 import numpy as np
 from llmkernels import pure
 
-try:
-    import torch
-    import torch.nn.functional as F  # noqa: N812 (the usual torch alias)
-except ImportError:  # torch is an optional peer (extra "bench")
-    torch = None  # type: ignore[assignment]
-    F = None  # type: ignore[assignment]
-
-try:
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-except ImportError:  # transformers is an optional peer as well
-    apply_rotary_pos_emb = None
+# Optional peers (extra "bench"), imported by import_peers() once the options are known.
+torch: Any = None
+F: Any = None
+apply_rotary_pos_emb: Any = None
 
 LK = "llmkernels"
 LK_ALLOC = "llmkernels (no out=)"
@@ -94,6 +88,14 @@ class Config:
     pure_len: int  # toy row length for the pure-Python elementwise ops
     pure_rope_shape: tuple[int, int, int, int]
     pure_ffn_shape: tuple[int, int, int]
+    attn_prefill_shape: tuple[int, int, int, int]  # (B, H, T, D), Tq = Tk = T
+    attn_prefill_repeats: int
+    attn_decode_shape: tuple[int, int, int, int, int]  # (B, Hq, Hkv, Tk, D), Tq = 1
+    attn_decode_repeats: int
+    attn_scaling_shape: tuple[int, int]  # (H, D) of the T sweep, B = 1, non-causal
+    attn_scaling_lengths: tuple[int, ...]
+    attn_scaling_numpy_max_t: int  # NumPy's peak memory is measured up to this T
+    quiet_wait: float  # max seconds to wait for other processes to go idle before timing
 
 
 FULL = Config(
@@ -116,6 +118,14 @@ FULL = Config(
     pure_len=4096,
     pure_rope_shape=(1, 1, 16, 128),
     pure_ffn_shape=(1, 256, 688),
+    attn_prefill_shape=(1, 32, 2048, 128),
+    attn_prefill_repeats=6,
+    attn_decode_shape=(1, 32, 8, 4096, 128),
+    attn_decode_repeats=200,
+    attn_scaling_shape=(8, 128),
+    attn_scaling_lengths=(256, 512, 1024, 2048, 4096, 8192),
+    attn_scaling_numpy_max_t=4096,
+    quiet_wait=60.0,
 )
 
 QUICK = Config(
@@ -138,7 +148,40 @@ QUICK = Config(
     pure_len=1024,
     pure_rope_shape=(1, 1, 8, 64),
     pure_ffn_shape=(1, 64, 172),
+    attn_prefill_shape=(1, 8, 512, 128),
+    attn_prefill_repeats=3,
+    attn_decode_shape=(1, 32, 8, 1024, 128),
+    attn_decode_repeats=30,
+    attn_scaling_shape=(8, 64),
+    attn_scaling_lengths=(128, 256, 512, 1024),
+    attn_scaling_numpy_max_t=512,
+    quiet_wait=0.0,
 )
+
+
+def import_peers(torch_thp: bool) -> None:
+    """Import torch and transformers when installed.
+
+    ``torch_thp`` sets ``THP_MEM_ALLOC_ENABLE=1`` first: torch then asks for transparent huge
+    pages for its large allocations (NumPy does so by default). Off by default, to time torch
+    as users get it.
+    """
+    global torch, F, apply_rotary_pos_emb
+    if torch_thp:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
+    try:
+        import torch as _torch
+        import torch.nn.functional as _functional
+
+        torch, F = _torch, _functional
+    except ImportError:
+        return
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as _apply
+
+        apply_rotary_pos_emb = _apply
+    except ImportError:
+        pass
 
 
 # --------------------------------------------------------------------------------------
@@ -243,18 +286,55 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def measure(impls: Impls, cfg: Config, repeats: int | None = None) -> dict[str, list[float]]:
-    """Time every peer: ``cfg.rounds`` rounds, each peer's block of calls in turn.
+def wait_for_quiet(max_wait: float, threshold: float = 0.25, window: float = 0.5) -> float:
+    """Wait (at most ``max_wait`` s) until other processes use under ``threshold`` CPUs.
+
+    Returns the seconds waited. The machines are shared; a busy second core spoils
+    2-thread timings (and OpenMP-based peers suffer far more than the others).
+    """
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_wait:
+        with OtherLoad() as load:
+            time.sleep(window)
+        if load.cpus is None or load.cpus < threshold:
+            break
+    return time.perf_counter() - t0
+
+
+def measure_quietly(
+    impls: Impls, cfg: Config, repeats: int | None = None, rounds: int | None = None
+) -> tuple[dict[str, list[float]], float | None]:
+    """:func:`measure` after :func:`wait_for_quiet`; measured again (once) if other processes
+    kept more than half a CPU busy meanwhile. Returns the samples of the quieter attempt and
+    the CPUs other processes used during it."""
+    best: tuple[dict[str, list[float]], float | None] | None = None
+    for _ in range(2 if cfg.quiet_wait > 0 else 1):
+        wait_for_quiet(cfg.quiet_wait)
+        with OtherLoad() as load:
+            samples = measure(impls, cfg, repeats, rounds)
+        if best is None or (load.cpus or 0.0) < (best[1] or 0.0):
+            best = (samples, load.cpus)
+        if (load.cpus or 0.0) <= 0.5:
+            break
+    assert best is not None
+    return best
+
+
+def measure(
+    impls: Impls, cfg: Config, repeats: int | None = None, rounds: int | None = None
+) -> dict[str, list[float]]:
+    """Time every peer: ``rounds`` (default ``cfg.rounds``) rounds, each peer's block in turn.
 
     Each block starts with ``cfg.warmup`` untimed calls (which also lets the previous peer's
     spinning worker threads go to sleep), then times its share of ``repeats`` calls. Rounds
     spread slow drift of a shared machine over all peers alike. Returns seconds per call.
     """
     repeats = cfg.repeats if repeats is None else repeats
-    per_round = max(1, math.ceil(repeats / cfg.rounds))
+    rounds = cfg.rounds if rounds is None else rounds
+    per_round = max(1, math.ceil(repeats / rounds))
     samples: dict[str, list[float]] = {name: [] for name in impls}
     with no_gc():
-        for _ in range(cfg.rounds):
+        for _ in range(rounds):
             for name, fn in impls.items():
                 for _ in range(cfg.warmup):
                     fn()
@@ -293,6 +373,7 @@ def roofline_probe(cfg: Config) -> dict[str, Any]:
     core._probe_fma_gflops(1, cfg.fma_iters)  # let the clock ramp up
     fma: dict[int, list[float]] = {t: [] for t in cfg.threads}
     triad: dict[int, list[float]] = {t: [] for t in cfg.threads}
+    wait_for_quiet(cfg.quiet_wait)
     with OtherLoad() as load:
         for _ in range(cfg.probe_repeats):
             for t in cfg.threads:
@@ -397,6 +478,7 @@ class OpCase:
     work: float  # bytes moved or FLOPs per call
     impls: Impls
     repeats: int | None = None
+    rounds: int | None = None
 
 
 def run_case(case: OpCase, cfg: Config, probe: dict[str, Any]) -> dict[str, Any]:
@@ -415,9 +497,7 @@ def run_case(case: OpCase, cfg: Config, probe: dict[str, Any]) -> dict[str, Any]
     other_load: dict[str, float | None] = {}
     for t in cfg.threads:
         set_threads(t)
-        with OtherLoad() as load:
-            samples = measure(case.impls, cfg, case.repeats)
-        other_load[str(t)] = load.cpus
+        samples, other_load[str(t)] = measure_quietly(case.impls, cfg, case.repeats, case.rounds)
         lk_median = statistics.median(samples[LK])
         for name, s in samples.items():
             median = statistics.median(s)
@@ -711,7 +791,8 @@ def run_row_scaling(cfg: Config, rng: np.random.Generator, probe: dict) -> list[
         entry: dict[str, Any] = {"d": d, "rows": rows}
         for t in cfg.threads:
             set_threads(t)
-            samples = measure(impls, cfg, repeats)
+            samples, others = measure_quietly(impls, cfg, repeats)
+            entry.setdefault("other_processes_cpus", {})[str(t)] = others
             for name, s in samples.items():
                 gbs = 8.0 * x.size / statistics.median(s) / 1e9
                 entry.setdefault(name, {})[str(t)] = {
@@ -721,6 +802,252 @@ def run_row_scaling(cfg: Config, rng: np.random.Generator, probe: dict) -> list[
                 }
         rows_out.append(entry)
     return rows_out
+
+
+# --------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------
+
+TORCH_SDPA = "torch SDPA"
+
+
+def attention_flops(h: int, tq: int, tk: int, d: int, dv: int, causal: bool) -> float:
+    """DESIGN.md §5: ``2·H·Tq·Tk·(D + Dv)`` (Q·K^T and P·V), halved when causal."""
+    flops = 2.0 * h * tq * tk * (d + dv)
+    return flops / 2 if causal else flops
+
+
+def attention_workspace_bytes(threads: int, d: int, dv: int, itemsize: int = 4) -> int:
+    """The fused kernel's scratch memory (``attn_workspace_size`` in ``cpp/kernels/ops.hpp``).
+
+    Per thread: the scaled Q^T tile (64·D), a 64×64 score tile, the output accumulator and a
+    padded V tile (64·Dv each, Dv rounded up to 64 bytes) and 3×64 row values (causal limit,
+    running max, running sum). Independent of T; the prefill work list (one 48-byte item per
+    64-row tile) and, for decode-like shapes, the key-split partials come on top.
+    """
+    per_elem = 64 // itemsize
+    dv_pad = -(-dv // per_elem) * per_elem
+    return threads * (64 * d + 64 * 64 + 128 * dv_pad + 192) * itemsize
+
+
+def numpy_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, mask: np.ndarray | None = None
+) -> np.ndarray:
+    """The float32 NumPy formula: two BLAS matmuls around a materialised softmax.
+
+    ``mask`` is additive (``np.triu`` of -inf for causal). Grouped-query heads are handled by
+    viewing q as ``(B, Hkv, Hq/Hkv·Tq, D)`` (no copy of K/V; valid for Tq = 1 or no mask).
+    """
+    b, hq, tq, d = q.shape
+    hkv = k.shape[1]
+    if hkv != hq:
+        q = q.reshape(b, hkv, hq // hkv * tq, d)
+    s = q @ k.transpose(0, 1, 3, 2) * np.float32(scale)
+    if mask is not None:
+        s += mask
+    s -= s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    o = p @ v
+    return o.reshape(b, hq, tq, v.shape[-1])
+
+
+def case_attention_prefill(cfg: Config, rng: np.random.Generator, causal: bool) -> OpCase:
+    """Prefill self-attention (Tq = Tk = T): llmkernels (out=) vs torch SDPA vs NumPy; GFLOP/s."""
+    b, h, t, d = cfg.attn_prefill_shape
+    q, k, v = (rng_f32(rng, b, h, t, d) for _ in range(3))
+    out = np.empty_like(q)
+    scale = d**-0.5
+    impls: Impls = {LK: lambda: lk.attention(q, k, v, causal=causal, out=out)}
+    if torch is not None:
+        qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
+        impls[TORCH_SDPA] = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    mask = np.triu(np.full((t, t), -np.inf, dtype=np.float32), 1) if causal else None
+    impls[NUMPY] = lambda: numpy_attention(q, k, v, scale, mask)
+    return OpCase(
+        f"attention prefill{', causal' if causal else ''}",
+        f"q, k, v ({b}, {h}, {t}, {d})",
+        "GFLOP/s",
+        b * attention_flops(h, t, t, d, d, causal),
+        impls,
+        repeats=cfg.attn_prefill_repeats,
+    )
+
+
+def llc_bytes() -> int:
+    """Size of the largest CPU cache (sysfs), 32 MiB if unknown."""
+    best = 0
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+            mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1], 1)
+            best = max(best, int(text.rstrip("KMG")) * mult)
+        except (OSError, ValueError, IndexError):
+            continue
+    return best or 32 * 1024**2
+
+
+def case_attention_decode(cfg: Config, rng: np.random.Generator, cold: bool) -> OpCase:
+    """One decode step (Tq = 1) against a GQA KV cache: llmkernels vs torch SDPA
+    (``enable_gqa=True``) vs NumPy; GB/s of K and V read (``2·Hkv·Tk·D·4`` bytes).
+
+    ``cold``: every call reads the next of several KV caches (together over 4× the last-level
+    cache), as a model's layers do; otherwise the same K/V every call (partly cache-resident
+    when K+V are about the cache's size).
+    """
+    b, hq, hkv, tk, d = cfg.attn_decode_shape
+    kv_bytes = 2 * b * hkv * tk * d * 4
+    copies = max(2, math.ceil(4 * llc_bytes() / kv_bytes)) if cold else 1
+    q = rng_f32(rng, b, hq, 1, d)
+    ks = [rng_f32(rng, b, hkv, tk, d) for _ in range(copies)]
+    vs = [rng_f32(rng, b, hkv, tk, d) for _ in range(copies)]
+    out = np.empty((b, hq, 1, d), dtype=np.float32)
+    scale = d**-0.5
+
+    def cycling(call: Callable[[int], Any]) -> Callable[[], Any]:
+        state = [0]
+
+        def fn() -> Any:
+            i = state[0]
+            state[0] = (i + 1) % copies
+            return call(i)
+
+        return fn
+
+    impls: Impls = {LK: cycling(lambda i: lk.attention(q, ks[i], vs[i], out=out))}
+    if torch is not None:
+        qt = torch.from_numpy(q)
+        kts, vts = [torch.from_numpy(a) for a in ks], [torch.from_numpy(a) for a in vs]
+        impls[TORCH_SDPA] = cycling(
+            lambda i: F.scaled_dot_product_attention(qt, kts[i], vts[i], enable_gqa=True)
+        )
+    impls[NUMPY] = cycling(lambda i: numpy_attention(q, ks[i], vs[i], scale))
+    where = f"cold: {copies} KV caches in turn" if cold else "same K/V each call"
+    return OpCase(
+        f"attention decode ({where})",
+        f"q ({b}, {hq}, 1, {d}), k, v ({b}, {hkv}, {tk}, {d})",
+        "GB/s",
+        float(kv_bytes),
+        impls,
+        repeats=cfg.attn_decode_repeats,
+    )
+
+
+ATTENTION_CASES: tuple[Callable[[Config, np.random.Generator], OpCase], ...] = (
+    lambda cfg, rng: case_attention_prefill(cfg, rng, causal=False),
+    lambda cfg, rng: case_attention_prefill(cfg, rng, causal=True),
+    lambda cfg, rng: case_attention_decode(cfg, rng, cold=False),
+    lambda cfg, rng: case_attention_decode(cfg, rng, cold=True),
+)
+
+# Run in a fresh interpreter per size: the peak resident set (VmHWM, what ru_maxrss reports)
+# over one llmkernels call, then over one NumPy-formula call, above the RSS before the call.
+# ru_maxrss itself is useless in a child: Linux carries the parent's high-water mark over
+# fork + exec. The peak is reset through /proc/self/clear_refs ("5") before each call.
+_MEMORY_PROBE = r"""
+import json, re, sys
+import numpy as np
+import llmkernels as lk
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return int(re.search(key + r":\s+(\d+)", f.read()).group(1)) * 1024
+
+def extra(fn):
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = status("VmRSS")
+    except OSError:
+        before = status("VmHWM")
+    fn()
+    return status("VmHWM") - before
+
+h, t, d, threads, with_numpy = (int(a) for a in sys.argv[1:])
+lk.set_num_threads(threads)
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((1, h, t, d), dtype=np.float32) for _ in range(3))
+out = np.zeros_like(q)
+res = {"llmkernels": extra(lambda: lk.attention(q, k, v, out=out))}
+if with_numpy:
+    sc = np.float32(d ** -0.5)
+
+    def formula():
+        s = q @ k.transpose(0, 1, 3, 2) * sc
+        s -= s.max(-1, keepdims=True)
+        p = np.exp(s)
+        p /= p.sum(-1, keepdims=True)
+        return p @ v
+
+    res["numpy"] = extra(formula)
+print(json.dumps(res))
+"""
+
+
+def attention_peak_memory(h: int, t: int, d: int, threads: int, with_numpy: bool) -> dict:
+    """Peak extra resident bytes of one call (peak RSS over RSS before, fresh subprocess)."""
+    import subprocess
+
+    args = [str(a) for a in (h, t, d, threads, int(with_numpy))]
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE, *args], capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        print(f"WARNING: attention memory probe T={t} failed: {proc.stderr.strip()[-300:]}")
+        return {}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_attention_scaling(cfg: Config, rng: np.random.Generator, probe: dict) -> dict:
+    """llmkernels attention time against T (B = 1, non-causal): O(T²) time, O(1)-in-T memory.
+
+    Each T is timed at every thread count (median of up to ``cfg.repeats`` calls, about a
+    second's worth, after a warm-up call), then its peak extra memory is measured in a
+    subprocess, next to the NumPy formula's (up to ``attn_scaling_numpy_max_t``).
+    """
+    h, d = cfg.attn_scaling_shape
+    hi = max(cfg.threads)
+    rows: list[dict[str, Any]] = []
+    for t in cfg.attn_scaling_lengths:
+        q, k, v = (rng_f32(rng, 1, h, t, d) for _ in range(3))
+        out = np.empty_like(q)
+        impls: Impls = {LK: lambda q=q, k=k, v=v, out=out: lk.attention(q, k, v, out=out)}
+        flops = attention_flops(h, t, t, d, d, causal=False)
+        entry: dict[str, Any] = {"T": t, "H": h, "D": d, "flops": flops}
+        for n in cfg.threads:
+            set_threads(n)
+            t0 = time.perf_counter()
+            impls[LK]()
+            once = time.perf_counter() - t0
+            repeats = max(3, min(cfg.repeats, math.ceil(1.0 / max(once, 1e-6))))
+            samples, others = measure_quietly(impls, cfg, repeats, rounds=1)
+            median = statistics.median(samples[LK])
+            gflops = flops / median / 1e9
+            entry[str(n)] = {
+                "median_s": median,
+                "min_s": min(samples[LK]),
+                "samples_s": samples[LK],
+                "gflops": gflops,
+                "fraction_of_fma_peak": gflops / roof(probe, "GFLOP/s", n),
+                "other_processes_cpus": others,
+            }
+        if rows:
+            entry["time_vs_previous_T"] = {
+                str(n): entry[str(n)]["median_s"] / rows[-1][str(n)]["median_s"]
+                for n in cfg.threads
+            }
+        del q, k, v, out, impls
+        gc.collect()
+        measured = attention_peak_memory(h, t, d, hi, t <= cfg.attn_scaling_numpy_max_t)
+        entry["memory"] = {
+            "threads": hi,
+            "llmkernels_peak_extra_bytes": measured.get("llmkernels"),
+            "llmkernels_workspace_bytes": attention_workspace_bytes(hi, d, d),
+            "numpy_peak_extra_bytes": measured.get("numpy"),
+            "score_matrix_bytes": h * t * t * 4,
+        }
+        rows.append(entry)
+    return {"H": h, "D": d, "B": 1, "causal": False, "rows": rows}
 
 
 # --------------------------------------------------------------------------------------
@@ -745,6 +1072,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "numpy_blas_threads_controlled": NUMPY_BLAS_THREADS.controlled,
         "torch": torch.__version__ if torch is not None else None,
+        "torch_THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE"),
         "load_average_at_start": os.getloadavg(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -781,6 +1109,114 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
+def op_table(ops: list[dict[str, Any]], cfg: Config) -> list[str]:
+    """The per-op table: each peer's time, rate and roofline fraction per thread count,
+    its time over llmkernels', its own thread speedup next to the probe's, other load."""
+    lo, hi = str(min(cfg.threads)), str(max(cfg.threads))
+    rows = []
+    for op in ops:
+        first = True
+        for name, st in op["impls"].items():
+            label = f"**{op['op']}** {op['shape']} [{op['metric']}]" if first else ""
+            row = [label, name]
+            for t in cfg.threads:
+                s = st[str(t)]
+                row += [
+                    fmt_time(s["median_s"]),
+                    fmt(s["rate"], 1),
+                    f"{100 * s['fraction_of_roof']:.0f}%",
+                ]
+            row += [fmt(st[t]["time_vs_llmkernels"]) for t in (lo, hi)]
+            row += [fmt(st["thread_speedup"]), fmt(op["roof_scaling"]) if first else ""]
+            others = op["other_processes_cpus"]
+            cpus = [others[str(t)] for t in cfg.threads]
+            row += [" / ".join("-" if c is None else f"{c:.1f}" for c in cpus) if first else ""]
+            rows.append(row)
+            first = False
+    header = ["op", "impl"]
+    for t in cfg.threads:
+        header += [f"{t}T time", f"{t}T rate", f"{t}T roof"]
+    header += [f"x lk {lo}T", f"x lk {hi}T", f"{lo}T/{hi}T", "probe", "others"]
+    return md_table(header, rows)
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes as B/KiB/MiB/GiB with three significant digits (``-`` when absent)."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def render_attention(report: dict[str, Any], cfg: Config) -> list[str]:
+    """The attention sections: prefill/decode peers, then llmkernels against T."""
+    att = report["attention"]
+    out = [
+        "",
+        "## Attention (float32; median after warm-up; "
+        f"prefill {cfg.attn_prefill_repeats} runs, decode {cfg.attn_decode_repeats})",
+        "",
+        "Prefill: `rate` is GFLOP/s with FLOPs = 2·H·Tq·Tk·(D+Dv), halved when causal (the "
+        "same count for every peer, although NumPy computes the full masked square); `roof` is "
+        "the fraction of the FMA peak at that thread count. torch is "
+        "`F.scaled_dot_product_attention` (is_causal), NumPy the two-matmul formula with a "
+        "materialised softmax (and an `np.triu` -inf mask). Decode (Tq = 1, GQA): `rate` is "
+        "GB/s of K and V read (2·Hkv·Tk·D·4 bytes), `roof` the fraction of the triad bandwidth; "
+        "torch uses `enable_gqa=True`, NumPy views q as (B, Hkv, Hq/Hkv, D). *Same K/V* "
+        f"reuses one cache ({fmt_bytes(att.get('decode_kv_bytes'))}, last-level cache "
+        f"{fmt_bytes(att.get('llc_bytes'))}), so part of it may come from the cache; *cold* "
+        "cycles through several caches as a model's layers would. `x lk` is the peer's time "
+        "over llmkernels'.",
+        "",
+    ]
+    out += op_table(att["cases"], cfg)
+    sc = att.get("scaling")
+    if sc:
+        h, d = sc["H"], sc["D"]
+        mem_threads = sc["rows"][0]["memory"]["threads"] if sc["rows"] else max(cfg.threads)
+        out += [
+            "",
+            f"### llmkernels attention vs sequence length (B = 1, H = {h}, D = {d}, "
+            "non-causal, out=)",
+            "",
+            "Time grows as T² (×4 per doubling) at a constant GFLOP/s; memory does not grow "
+            "with T beyond the inputs. `peak extra` is the process's peak RSS during one call "
+            "(VmHWM, reset before it) over its RSS before, in a fresh subprocess per size at "
+            f"{mem_threads} threads (thread start-up included); `workspace` the kernel's "
+            f"scratch, {mem_threads} × (64·D + 64·64 + 128·Dv + 192) × 4 bytes; `scores` the "
+            "H·T²·4-byte matrix the NumPy formula materialises (its measured peak holds about "
+            "two: the scaled scores and their exponentials).",
+            "",
+        ]
+        header = ["T", "GFLOP"]
+        for t in cfg.threads:
+            header += [f"{t}T time", f"{t}T GFLOP/s (peak)", f"{t}T × prev"]
+        header += ["lk peak extra", "lk workspace", "NumPy peak extra", "scores H·T²·4"]
+        rows = []
+        for e in sc["rows"]:
+            row = [str(e["T"]), fmt(e["flops"] / 1e9, 1)]
+            for t in cfg.threads:
+                c = e[str(t)]
+                prev = e.get("time_vs_previous_T", {}).get(str(t))
+                row += [
+                    fmt_time(c["median_s"]),
+                    f"{c['gflops']:.1f} ({100 * c['fraction_of_fma_peak']:.0f}%)",
+                    fmt(prev),
+                ]
+            m = e["memory"]
+            row += [
+                fmt_bytes(m["llmkernels_peak_extra_bytes"]),
+                fmt_bytes(m["llmkernels_workspace_bytes"]),
+                fmt_bytes(m["numpy_peak_extra_bytes"]),
+                fmt_bytes(m["score_matrix_bytes"]),
+            ]
+            rows.append(row)
+        out += md_table(header, rows)
+    return out
+
+
 def render(report: dict[str, Any], cfg: Config) -> str:
     """The markdown report: machine, probe, per-op table, pure Python gap, row-length table."""
     m, p = report["machine"], report["probe"]
@@ -794,7 +1230,8 @@ def render(report: dict[str, Any], cfg: Config) -> str:
         f"- llmkernels {bi['version']} ({bi['simd_arch']}, {bi['compiler']}, xsimd {bi['xsimd']}, "
         f"{bi['blas']})",
         f"- Python {m['python']}, NumPy {m['numpy']}, torch {m['torch']}, "
-        f"transformers {m['transformers']}",
+        f"transformers {m['transformers']}"
+        + (" (torch with THP_MEM_ALLOC_ENABLE=1)" if m["torch_THP_MEM_ALLOC_ENABLE"] else ""),
         "",
         "## Roofline probe",
         "",
@@ -816,73 +1253,52 @@ def render(report: dict[str, Any], cfg: Config) -> str:
     )
     if p.get("other_processes_cpus") is not None:
         out += ["", f"Other processes kept {p['other_processes_cpus']:.1f} CPUs busy meanwhile."]
-    out += [
-        "",
-        f"## Ops (float32; median of {cfg.repeats} runs, FFN {cfg.ffn_repeats}, after warm-up)",
-        "",
-        "`rate` is GB/s (memory-bound ops) or GFLOP/s (FFN); `roof` is the fraction of the "
-        "triad bandwidth (or FMA peak) at the same thread count; `x lk` is the peer's time over "
-        f"llmkernels' time; `{lo}T/{hi}T` is the peer's own thread speedup, next to the "
-        "probe's (the most a memory-bound op can gain from the second thread); `others` is "
-        "how many CPUs other processes kept busy meanwhile (1T / 2T): this machine is shared, "
-        "and a busy second core spoils 2-thread timings.",
-        "",
-    ]
-    rows = []
-    for op in report["ops"]:
-        first = True
-        for name, st in op["impls"].items():
-            label = f"**{op['op']}** {op['shape']} [{op['metric']}]" if first else ""
-            row = [label, name]
-            for t in cfg.threads:
-                s = st[str(t)]
-                row += [
-                    fmt_time(s["median_s"]),
-                    fmt(s["rate"], 1),
-                    f"{100 * s['fraction_of_roof']:.0f}%",
-                ]
-            row += [fmt(st[t]["time_vs_llmkernels"]) for t in (lo, hi)]
-            row += [fmt(st["thread_speedup"]), fmt(op["roof_scaling"]) if first else ""]
-            others = op["other_processes_cpus"]
-            row += [" / ".join(fmt(others[str(t)], 1) for t in cfg.threads) if first else ""]
-            rows.append(row)
-            first = False
-    header = ["op", "impl"]
-    for t in cfg.threads:
-        header += [f"{t}T time", f"{t}T rate", f"{t}T roof"]
-    header += [f"x lk {lo}T", f"x lk {hi}T", f"{lo}T/{hi}T", "probe", "others"]
-    out += md_table(header, rows)
+    if report.get("ops"):
+        out += [
+            "",
+            f"## Ops (float32; median of {cfg.repeats} runs, FFN {cfg.ffn_repeats}, after warm-up)",
+            "",
+            "`rate` is GB/s (memory-bound ops) or GFLOP/s (FFN); `roof` is the fraction of "
+            "the triad bandwidth (or FMA peak) at the same thread count; `x lk` is the peer's "
+            f"time over llmkernels' time; `{lo}T/{hi}T` is the peer's own thread speedup, next "
+            "to the probe's (the most a memory-bound op can gain from the second thread); "
+            "`others` is how many CPUs other processes kept busy meanwhile (1T / 2T): this "
+            "machine is shared, and a busy second core spoils 2-thread timings.",
+            "",
+        ]
+        out += op_table(report["ops"], cfg)
 
-    out += ["", "## Pure Python at toy sizes (1 thread, per element; FFN per FLOP)", ""]
-    rows = []
-    for r in report["pure"]:
-        spu = r["seconds_per_unit"]
-        full = r["llmkernels_full_size_1T_seconds_per_unit"]
-        rows.append(
+    if report.get("pure"):
+        out += ["", "## Pure Python at toy sizes (1 thread, per element; FFN per FLOP)", ""]
+        rows = []
+        for r in report["pure"]:
+            spu = r["seconds_per_unit"]
+            full = r["llmkernels_full_size_1T_seconds_per_unit"]
+            rows.append(
+                [
+                    r["op"],
+                    r["toy_shape"],
+                    fmt_time(r["seconds_per_call"]["pure"]),
+                    f"{spu['pure'] * 1e9:.3g}",
+                    f"{spu[NUMPY] * 1e9:.3g}",
+                    f"{spu[LK] * 1e9:.3g}",
+                    f"{full * 1e9:.3g}" if full is not None else "-",
+                    f"{r['pure_vs_llmkernels_toy']:.0f}x",
+                ]
+            )
+        out += md_table(
             [
-                r["op"],
-                r["toy_shape"],
-                fmt_time(r["seconds_per_call"]["pure"]),
-                f"{spu['pure'] * 1e9:.3g}",
-                f"{spu[NUMPY] * 1e9:.3g}",
-                f"{spu[LK] * 1e9:.3g}",
-                f"{full * 1e9:.3g}" if full is not None else "-",
-                f"{r['pure_vs_llmkernels_toy']:.0f}x",
-            ]
+                "op",
+                "toy shape",
+                "pure / call",
+                "pure ns/unit",
+                "NumPy ns/unit",
+                "lk ns/unit",
+                "lk ns/unit (full size, 1T)",
+                "pure / lk (toy)",
+            ],
+            rows,
         )
-    out += md_table(
-        [
-            "op",
-            "toy shape",
-            "pure / call",
-            "pure ns/unit",
-            "NumPy ns/unit",
-            "lk ns/unit",
-            "lk ns/unit (full size, 1T)",
-            "pure / lk (toy)",
-        ],
-        rows,
-    )
 
     if report.get("rms_norm_row_scaling"):
         out += [
@@ -891,7 +1307,8 @@ def render(report: dict[str, Any], cfg: Config) -> str:
             "llmkernels; GB/s and fraction of triad)",
             "",
         ]
-        names = [k for k in report["rms_norm_row_scaling"][0] if k not in ("d", "rows")]
+        skip = ("d", "rows", "other_processes_cpus")
+        names = [k for k in report["rms_norm_row_scaling"][0] if k not in skip]
         header = ["D", "rows"]
         for t in cfg.threads:
             header += [f"{n} {t}T" for n in names]
@@ -904,12 +1321,17 @@ def render(report: dict[str, Any], cfg: Config) -> str:
             rows.append(row)
         out += md_table(header, rows)
 
+    if report.get("attention"):
+        out += render_attention(report, cfg)
+
     out += [
         "",
         "Notes: NumPy's elementwise ops are single-threaded (only its matmuls use threads: "
         f"NumPy BLAS threads {'set' if m['numpy_blas_threads_controlled'] else 'NOT set'} per "
         "column). `llmkernels (no out=)` allocates its result each call, as torch and NumPy do; "
         "the difference to `llmkernels` is the cost of a fresh (page-faulted) output buffer. "
+        "torch allocates its result and every temporary with 4 KiB pages unless "
+        "`THP_MEM_ALLOC_ENABLE=1` (`--torch-thp`); NumPy asks for huge pages by default. "
         "Absolute times drift on shared machines; compare ratios within one run.",
         "",
     ]
@@ -932,16 +1354,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="output directory (default: benchmarks/results)",
     )
     parser.add_argument(
+        "--torch-thp",
+        action="store_true",
+        help="set THP_MEM_ALLOC_ENABLE=1 for torch (huge pages for its allocations)",
+    )
+    parser.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=None,
+        help="max seconds to wait for other processes to go idle before each measurement "
+        "(default: 60, 0 with --quick)",
+    )
+    parser.add_argument(
         "--no-row-scaling", action="store_true", help="skip the rms_norm vs row length table"
     )
-    args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    cfg = Config(
-        **{
-            **cfg.__dict__,
-            "threads": tuple(t for t in cfg.threads if t <= (os.cpu_count() or 1)) or (1,),
-        }
+    parser.add_argument("--no-attention", action="store_true", help="skip the attention benchmarks")
+    parser.add_argument(
+        "--attention-only",
+        action="store_true",
+        help="only the roofline probe and the attention benchmarks",
     )
+    args = parser.parse_args(argv)
+    import_peers(args.torch_thp)
+    cfg = QUICK if args.quick else FULL
+    threads = tuple(t for t in cfg.threads if t <= (os.cpu_count() or 1)) or (1,)
+    quiet_wait = cfg.quiet_wait if args.quiet_wait is None else args.quiet_wait
+    cfg = dataclasses.replace(cfg, threads=threads, quiet_wait=quiet_wait)
     start = time.perf_counter()
     rng = np.random.default_rng(0)
 
@@ -949,22 +1387,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.perf_counter() - start:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
     threads_before = lk.get_num_threads()
-    report: dict[str, Any] = {"machine": machine_info(), "config": dict(cfg.__dict__)}
+    report: dict[str, Any] = {"machine": machine_info(), "config": dataclasses.asdict(cfg)}
     log("roofline probe")
     probe = roofline_probe(cfg)
     report["probe"] = probe
-    report["ops"] = []
-    for make in CASES:
-        case = make(cfg, rng)
-        log(f"{case.name} {case.shape}")
-        report["ops"].append(run_case(case, cfg, probe))
-        del case
-        gc.collect()
-    log("pure Python")
-    report["pure"] = run_pure(cfg, rng, report["ops"])
-    if not args.no_row_scaling:
-        log("rms_norm vs row length")
-        report["rms_norm_row_scaling"] = run_row_scaling(cfg, rng, probe)
+    if not args.attention_only:
+        report["ops"] = []
+        for make in CASES:
+            case = make(cfg, rng)
+            log(f"{case.name} {case.shape}")
+            report["ops"].append(run_case(case, cfg, probe))
+            del case
+            gc.collect()
+        log("pure Python")
+        report["pure"] = run_pure(cfg, rng, report["ops"])
+        if not args.no_row_scaling:
+            log("rms_norm vs row length")
+            report["rms_norm_row_scaling"] = run_row_scaling(cfg, rng, probe)
+    if not args.no_attention:
+        b, hq, hkv, tk, d = cfg.attn_decode_shape
+        attention: dict[str, Any] = {
+            "llc_bytes": llc_bytes(),
+            "decode_kv_bytes": 2 * b * hkv * tk * d * 4,
+            "cases": [],
+        }
+        for make in ATTENTION_CASES:
+            case = make(cfg, rng)
+            log(f"{case.name} {case.shape}")
+            attention["cases"].append(run_case(case, cfg, probe))
+            del case
+            gc.collect()
+        log("attention vs sequence length")
+        attention["scaling"] = run_attention_scaling(cfg, rng, probe)
+        report["attention"] = attention
     set_threads(threads_before)
     report["elapsed_s"] = time.perf_counter() - start
     log("done")

@@ -145,20 +145,20 @@ SCALINGS = {
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
     "yarn_mscale": {
         "rope_type": "yarn",
-        "factor": 40.0,
+        "factor": 16.0,
         "mscale": 1.0,
         "mscale_all_dim": 0.5,
         "beta_fast": 32,
         "beta_slow": 1,
-        "original_max_position_embeddings": 4096,
+        "original_max_position_embeddings": 1024,  # 16384 / 16: consistent for HF
     },
 }
 HEADS = [(64, 10000.0), (128, 500000.0), (34, 10000.0)]  # (head_dim, rope_theta); 34: half = 17
 
 # per batch row: from 0, a strided run, a large offset (HF's float32 angles lose ~1e-2 rad there)
-POSITION_IDS = np.stack(
-    [np.arange(6), 17 + 3 * np.arange(6), 10**5 + np.arange(6)]
-).astype(np.int64)
+POSITION_IDS = np.stack([np.arange(6), 17 + 3 * np.arange(6), 10**5 + np.arange(6)]).astype(
+    np.int64
+)
 
 
 def hf_rotary(head_dim: int, theta: float, scaling: dict | None, hq: int) -> LlamaRotaryEmbedding:
@@ -220,7 +220,8 @@ def test_rope_vs_hf_llama(head, scaling, dtype, isa, rng):
 
     # HF's angles and amplitude, read back from its cos/sin tables, against the exact ones
     half = d // 2
-    c64, s64 = cos.numpy()[..., :half].astype(np.float64), sin.numpy()[..., :half].astype(np.float64)
+    c64 = cos.numpy()[..., :half].astype(np.float64)
+    s64 = sin.numpy()[..., :half].astype(np.float64)
     exact = POSITION_IDS[..., None].astype(np.float64) * inv_freq  # (B, T, half)
     dtheta = np.angle(np.exp(1j * (np.arctan2(s64, c64) - exact)))  # wrapped to (-pi, pi]
     damp = np.abs(np.hypot(c64, s64) - factor)
@@ -322,6 +323,33 @@ def test_rope_interleaved_vs_meta_complex(d, start_pos, dtype, isa, rng):
 # --- HF LlamaMLP ------------------------------------------------------------------------------
 
 
+def ffn_rounding_scale(x, wg, wu, wd, bg=None, bu=None, bd=None) -> np.ndarray:
+    """Per output element, the sum of |terms| its dot products add up (gate/up errors carried
+    through |w_down|): float32 matmuls are accurate to a few eps times this, not to the size of
+    the result, which cancellation can make far smaller (D=1025, hidden=2053: errors of ~1.3e-6
+    on outputs of ~1e-3, for both llmkernels and torch)."""
+    x = np.asarray(x, np.float64)
+    wg, wu, wd = (np.asarray(w, np.float64) for w in (wg, wu, wd))
+    bg, bu, bd = (np.zeros(1) if b is None else np.asarray(b, np.float64) for b in (bg, bu, bd))
+    g, u = x @ wg + bg, x @ wu + bu
+    dg = np.abs(x) @ np.abs(wg) + np.abs(bg)  # rounding scales of the gate/up dot products
+    du = np.abs(x) @ np.abs(wu) + np.abs(bu)
+    h = np.abs(ref.swiglu(g, u)) + dg * np.abs(u) + np.abs(ref.silu(g)) * du
+    return h @ np.abs(wd) + np.abs(bd)
+
+
+def check_ffn(actual: np.ndarray, expected: np.ndarray, dtype: type, scale: np.ndarray) -> None:
+    """|actual - expected| <= rtol |expected| + eps * scale (measured: <= 0.3 eps * scale for
+    llmkernels and torch, D up to 4096)."""
+    dt = np.dtype(dtype)
+    assert actual.dtype == dt
+    assert actual.shape == expected.shape
+    err = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    bound = TOL[dt]["rtol"] * np.abs(expected) + EPS[dt] * scale
+    worst = np.max(err / bound)
+    assert worst <= 1.0, f"error {worst:.3g}x the bound (max abs error {err.max():.3g})"
+
+
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", SIZES)
@@ -357,6 +385,9 @@ def test_swiglu_ffn_vs_hf_llama_mlp(n, dtype, bias, isa, rng):
     biases = {"b_gate": bg, "b_up": bu, "b_down": bd} if bias else {}
     got = lk.swiglu_ffn(x, wg.T, wu.T, wd.T, **biases)
     expected = ref.swiglu_ffn(x, wg.T, wu.T, wd.T, **biases)
-    check(got, expected, dtype)
-    check(hf, expected, dtype)  # the peer meets the same bound: the mapping (.T) is right
-    check(got, hf, dtype)
+    sc = ffn_rounding_scale(
+        x, wg.T, wu.T, wd.T, bg if bias else None, bu if bias else None, bd if bias else None
+    )
+    check_ffn(got, expected, dtype, sc)
+    check_ffn(hf, expected, dtype, sc)  # the peer meets the same bound: the mapping (.T) is right
+    check_ffn(got, hf, dtype, 2 * sc)

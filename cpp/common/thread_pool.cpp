@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -103,12 +104,16 @@ int default_threads() {
 
 std::mutex g_config_mutex;
 std::atomic<int> g_num_threads{0};  // 0 = not yet initialised
-Pool* g_pool = nullptr;             // created lazily; leaked on purpose in a forked child
+// Created lazily; shared with every running job, so replacing it (set_num_threads) never
+// destroys a pool another thread is still using: the last user releases it.
+std::shared_ptr<Pool> g_pool;
 
 void after_fork_in_child() {
-  // The workers do not exist in the child. Forget the pool (its mutexes may be in any state)
+  // The workers do not exist in the child. Forget the pool without destroying it (joining
+  // threads that do not exist would hang; its mutexes may be in any state): leak it on purpose,
   // and build a new one on first use.
-  g_pool = nullptr;
+  new std::shared_ptr<Pool>(std::move(g_pool));
+  g_pool.reset();
   new (&g_config_mutex) std::mutex();
 }
 
@@ -127,12 +132,9 @@ int ensure_threads() {
   return n;
 }
 
-Pool* pool_for(int threads) {
+std::shared_ptr<Pool> pool_for(int threads) {
   std::lock_guard<std::mutex> lk(g_config_mutex);
-  if (g_pool == nullptr || g_pool->workers() != threads - 1) {
-    delete g_pool;
-    g_pool = new Pool(threads - 1);
-  }
+  if (!g_pool || g_pool->workers() != threads - 1) g_pool = std::make_shared<Pool>(threads - 1);
   return g_pool;
 }
 

@@ -15,7 +15,7 @@ void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::
   const B one(T(1));
   // silu(x) = x / (1 + exp(-x)): for x -> -inf, exp(-x) overflows to +inf and the quotient is
   // -0, never NaN (x = -inf itself gives NaN, as IEEE inf/inf and torch do).
-  auto silu = [&](const B& g) { return g / (one + xsimd::exp(-g)); };
+  auto silu = [&](const B& g) { return g / (one + exp_wide<Arch, T>(-g)); };
   // a partial batch of cnt < N elements at i goes through a padded buffer: the same vector code
   // for every element, wherever it sits
   auto partial = [&](std::size_t i, std::size_t cnt) {

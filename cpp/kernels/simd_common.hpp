@@ -157,25 +157,50 @@ inline T max_abs(const T* x, std::size_t n, T shift = T(0)) {
   return r;
 }
 
+// exp(x) over the whole range where the result is finite. xsimd 8.1's exp returns +inf from its
+// cephes cut-off (88.376 in float32, 709.436 in float64), a little below ln(max) (88.7228,
+// 709.7827); above the cut-off we use exp(x) = exp(x - c) * exp(c) with c = 0.6875, for which
+// x - c is exact (rare path: taken only when a lane needs it).
+template <class Arch, class T>
+inline vec<Arch, T> exp_wide(const vec<Arch, T>& x) {
+  using B = vec<Arch, T>;
+  const bool f32 = std::is_same<T, float>::value;
+  const B cutoff(f32 ? T(88.0) : T(709.0));
+  B e = xsimd::exp(x);
+  if (xsimd::any(x > cutoff)) {
+    const B c(T(0.6875)), exp_c(T(1.9887374695822919));  // exp(0.6875)
+    e = xsimd::select(x > cutoff, xsimd::exp(x - c) * exp_c, e);
+  }
+  return e;
+}
+
+// ln of the smallest normal number: below it exp(x) is subnormal
+template <class T>
+constexpr T exp_subnormal_below() {
+  return std::is_same<T, float>::value ? T(-87.33654) : T(-708.3964185322641);
+}
+
 // exp(x) with results that would be subnormal flushed to +0: subnormal arithmetic is slow on
 // many x86 cores and these values are far below anything that matters after normalisation.
+// NaN stays NaN (max() would have replaced it by the clamp bound).
 template <class Arch, class T>
 inline vec<Arch, T> exp_flush(const vec<Arch, T>& x) {
   using B = vec<Arch, T>;
-  // ln of the smallest normal number: below it exp(x) is subnormal
-  const B lo(std::is_same<T, float>::value ? T(-87.33654) : T(-708.3964185322641));
-  B e = xsimd::exp(xsimd::max(x, lo));
-  return xsimd::select(x < lo, B(T(0)), e);
+  const B lo(exp_subnormal_below<T>());
+  B e = exp_wide<Arch, T>(xsimd::max(x, lo));
+  e = xsimd::select(x < lo, B(T(0)), e);
+  return xsimd::select(xsimd::isnan(x), x, e);
 }
 
-// sigmoid(x) = 1 / (1 + exp(-x)); exp overflow to +inf gives exactly 0 (no NaN).
+// sigmoid(x) = 1 / (1 + exp(-x)); exp overflow to +inf gives exactly 0 (no NaN); results below
+// the normal range flush to 0.
 template <class Arch, class T>
 inline vec<Arch, T> sigmoid_vec(const vec<Arch, T>& x) {
   using B = vec<Arch, T>;
   const B one(T(1));
-  const B lo(std::is_same<T, float>::value ? T(-87.33654) : T(-708.3964185322641));
-  B r = one / (one + xsimd::exp(-x));
-  return xsimd::select(x < lo, B(T(0)), r);  // results below the normal range flush to 0
+  const B lo(exp_subnormal_below<T>());
+  B r = one / (one + exp_wide<Arch, T>(-x));
+  return xsimd::select(x < lo, B(T(0)), r);
 }
 
 // Applies a batch function f to n elements, the partial last batch through a padded buffer so

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['best_simd_arch', 'compiler', 'get_num_threads', 'layer_norm', 'openblas_config', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['attention', 'best_simd_arch', 'compiler', 'get_num_threads', 'layer_norm', 'openblas_config', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 def _exp(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
     The vectorized exp the kernels use (subnormal results flushed to 0).
@@ -17,6 +17,10 @@ def _probe_triad_gbs(threads: typing.SupportsInt | typing.SupportsIndex, n: typi
 def _sigmoid(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
     The vectorized sigmoid the kernels use.
+    """
+def attention(q: numpy.ndarray, k: numpy.ndarray, v: numpy.ndarray, scale: typing.SupportsFloat | typing.SupportsIndex, causal: bool, mask: numpy.ndarray | None, out: numpy.ndarray, weights: numpy.ndarray | None) -> None:
+    """
+    Fused streaming attention on C-contiguous 4-D operands (see llmkernels.attention).
     """
 def best_simd_arch() -> str:
     """
