@@ -72,9 +72,13 @@ void attention(const attn_params<T>& p) {
       for (std::size_t t = t0; t < t1; ++t) {
         const attn_item& it = items[t * splits];
         for (std::size_t r = 0; r < it.nrows; ++r) {
+          // running max over the splits; a NaN max (NaN scores) must reach the result
           T m = -std::numeric_limits<T>::infinity();
-          for (std::size_t s = 0; s < splits; ++s)
-            m = std::max(m, parts[(t * splits + s) * part_stride + r]);
+          for (std::size_t s = 0; s < splits; ++s) {
+            const T pm = parts[(t * splits + s) * part_stride + r];
+            m = std::isnan(pm) || std::isnan(m) ? std::numeric_limits<T>::quiet_NaN()
+                                                : std::max(m, pm);
+          }
           const T m_safe = std::isinf(m) && m < 0 ? T(0) : m;
           T l = 0;
           T* orow = p.out + ((it.b * p.hq + it.g * group + (it.row0 + r) / p.tq) * p.tq +
@@ -82,13 +86,13 @@ void attention(const attn_params<T>& p) {
           std::fill(orow, orow + p.dv, T(0));
           for (std::size_t s = 0; s < splits; ++s) {
             const T* part = parts.data() + (t * splits + s) * part_stride;
-            const T w = std::exp(part[r] - m_safe);
-            if (!(w > T(0))) continue;  // split saw no allowed key (m = -inf)
+            if (std::isinf(part[r]) && part[r] < 0) continue;  // split saw no allowed key
+            const T w = std::exp(part[r] - m_safe);  // NaN/Inf propagate from here
             l += part[kAttnRowTile + r] * w;
             const T* o = part + 2 * kAttnRowTile + r * dv_pad;
             for (std::size_t d = 0; d < p.dv; ++d) orow[d] += o[d] * w;
           }
-          const T inv = l > T(0) ? T(1) / l : T(0);
+          const T inv = l > T(0) ? T(1) / l : (std::isnan(l) ? l : T(0));
           for (std::size_t d = 0; d < p.dv; ++d) orow[d] *= inv;
         }
       }

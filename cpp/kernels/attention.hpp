@@ -242,7 +242,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   }
   for (std::size_t r = 0; r < nrows; ++r) {
     T* orow = p.out + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * Dv;  // (Dv,)
-    const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : T(0);  // nothing to attend: zeros
+    // nothing to attend (l = 0): zeros; NaN scores (l = NaN) propagate
+    const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));
     for (std::size_t d = 0; d < Dv; ++d) orow[d] = s.o[r * dv_pad + d] * inv;
   }
   if (p.weights) {  // second sweep: the normalised probabilities, for plots
