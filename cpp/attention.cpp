@@ -81,8 +81,8 @@ void attention(const attn_params<T>& p) {
           }
           const T m_safe = std::isinf(m) && m < 0 ? T(0) : m;
           T l = 0;
-          T* orow = p.out + ((it.b * p.hq + it.g * group + (it.row0 + r) / p.tq) * p.tq +
-                             (it.row0 + r) % p.tq) * p.dv;
+          T* orow = p.out + it.b * p.os[0] + (it.g * group + (it.row0 + r) / p.tq) * p.os[1] +
+                    ((it.row0 + r) % p.tq) * p.os[2];
           std::fill(orow, orow + p.dv, T(0));
           for (std::size_t s = 0; s < splits; ++s) {
             const T* part = parts.data() + (t * splits + s) * part_stride;

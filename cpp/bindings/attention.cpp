@@ -62,6 +62,13 @@ void attention(py::array q, py::array k, py::array v, double scale, bool causal,
     p.out = ptr<T>(out);
     p.weights = weights ? ptr<T>(*weights) : nullptr;
     p.b = B, p.hq = Hq, p.hkv = Hkv, p.tq = Tq, p.tk = Tk, p.d = D, p.dv = Dv;
+    auto contiguous = [](std::size_t* s, std::size_t heads, std::size_t rows, std::size_t cols) {
+      s[2] = cols, s[1] = rows * cols, s[0] = heads * rows * cols;
+    };
+    contiguous(p.qs, Hq, Tq, D);
+    contiguous(p.ks, Hkv, Tk, D);
+    contiguous(p.vs, Hkv, Tk, Dv);
+    contiguous(p.os, Hq, Tq, Dv);
     p.scale = static_cast<T>(scale);
     p.causal = causal;
     p.mask_kind = mask_kind;

@@ -81,5 +81,6 @@ inline const T* cptr_or_null(const std::optional<py::array>& a) {
 void bind_elementwise(py::module_& m);
 void bind_runtime(py::module_& m);
 void bind_attention(py::module_& m);
+void bind_modules(py::module_& m);
 
 }  // namespace llmk::bind

@@ -21,4 +21,5 @@ PYBIND11_MODULE(_core, m) {
   llmk::bind::bind_elementwise(m);
   llmk::bind::bind_runtime(m);
   llmk::bind::bind_attention(m);
+  llmk::bind::bind_modules(m);
 }

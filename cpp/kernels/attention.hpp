@@ -125,7 +125,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
   for (std::size_t r = 0; r < BQ; ++r) {
     if (r < nrows) {
-      const T* qrow = p.q + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * D;  // (D,)
+      const T* qrow = p.q + it.b * p.qs[0] + row_head(r) * p.qs[1] + row_query(r) * p.qs[2];
       for (std::size_t d = 0; d < D; ++d) s.qt[d * BQ + r] = qrow[d] * p.scale;
       std::int64_t lim = p.causal ? static_cast<std::int64_t>(row_query(r)) + offset
                                   : static_cast<std::int64_t>(p.tk) - 1;
@@ -139,15 +139,16 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   }
   std::memset(s.o, 0, BQ * dv_pad * sizeof(T));
 
-  const T* kbase = p.k + (it.b * p.hkv + it.g) * p.tk * D;   // (Tk, D)
-  const T* vbase = p.v + (it.b * p.hkv + it.g) * p.tk * Dv;  // (Tk, Dv)
+  const T* kbase = p.k + it.b * p.ks[0] + it.g * p.ks[1];  // (Tk, D), row stride ks[2]
+  const T* vbase = p.v + it.b * p.vs[0] + it.g * p.vs[1];  // (Tk, Dv), row stride vs[2]
+  const std::size_t kr = p.ks[2], vr = p.vs[2];
   // keys this item covers; causal: no row sees beyond max_lim
   const std::size_t k_end =
       std::min<std::size_t>(it.k1, static_cast<std::size_t>(std::max<std::int64_t>(max_lim + 1, 0)));
 
   // Scores of key tile [k0, k0 + nk) into S^T with causal and mask applied.
   auto scores = [&](std::size_t k0, std::size_t nk) {
-    small_gemm<Arch, T>(kbase + k0 * D, static_cast<std::ptrdiff_t>(D), 1, s.qt,
+    small_gemm<Arch, T>(kbase + k0 * kr, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
                         static_cast<std::ptrdiff_t>(BQ), s.st, static_cast<std::ptrdiff_t>(BQ), nk,
                         BQ / N, D, false);
     if (p.causal || nrows < BQ) {
@@ -182,11 +183,11 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // V tile with a row stride that is a whole number of vectors
   auto v_tile = [&](std::size_t k0, std::size_t nk, std::ptrdiff_t* ldv) -> const T* {
     if (Dv % N == 0) {
-      *ldv = static_cast<std::ptrdiff_t>(Dv);
-      return vbase + k0 * Dv;
+      *ldv = static_cast<std::ptrdiff_t>(vr);
+      return vbase + k0 * vr;
     }
     for (std::size_t j = 0; j < nk; ++j) {
-      std::memcpy(s.vpad + j * dv_pad, vbase + (k0 + j) * Dv, Dv * sizeof(T));
+      std::memcpy(s.vpad + j * dv_pad, vbase + (k0 + j) * vr, Dv * sizeof(T));
       std::memset(s.vpad + j * dv_pad + Dv, 0, (dv_pad - Dv) * sizeof(T));
     }
     *ldv = static_cast<std::ptrdiff_t>(dv_pad);
@@ -241,7 +242,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     return;
   }
   for (std::size_t r = 0; r < nrows; ++r) {
-    T* orow = p.out + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * Dv;  // (Dv,)
+    T* orow = p.out + it.b * p.os[0] + row_head(r) * p.os[1] + row_query(r) * p.os[2];  // (Dv,)
     // nothing to attend (l = 0): zeros; NaN scores (l = NaN) propagate
     const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));
     for (std::size_t d = 0; d < Dv; ++d) orow[d] = s.o[r * dv_pad + d] * inv;

@@ -73,12 +73,15 @@ constexpr std::size_t attn_dv_pad_t(std::size_t dv) {
 
 template <class T>
 struct attn_params {
-  const T* q;  // (B, Hq, Tq, D)
-  const T* k;  // (B, Hkv, Tk, D)
-  const T* v;  // (B, Hkv, Tk, Dv)
-  T* out;      // (B, Hq, Tq, Dv)
-  T* weights;  // (B, Hq, Tq, Tk) or null
+  const T* q;  // (B, Hq, Tq, D)   element (b, h, i, :) at q + b*qs[0] + h*qs[1] + i*qs[2]
+  const T* k;  // (B, Hkv, Tk, D)  likewise with ks
+  const T* v;  // (B, Hkv, Tk, Dv) likewise with vs
+  T* out;      // (B, Hq, Tq, Dv)  likewise with os
+  T* weights;  // (B, Hq, Tq, Tk) C-contiguous, or null
   std::size_t b, hq, hkv, tq, tk, d, dv;
+  // (batch, head, row) strides in elements; the last axis is contiguous. They let a module read
+  // q/k/v straight from a fused projection output or a KV cache and write (B, T, H*Dv) rows.
+  std::size_t qs[3], ks[3], vs[3], os[3];
   T scale;
   bool causal;             // bottom-right aligned: query i sees key j iff j <= i + Tk - Tq
   int mask_kind;           // 0 none, 1 bool (uint8, nonzero = may attend), 2 additive (T)

@@ -1,0 +1,245 @@
+// Bindings of the C++ module classes (cpp/modules). The public classes are the Python wrappers in
+// llmkernels/modules.py (configuration, state dicts, caches, generation); these bindings check
+// operands, release the GIL and run one whole forward in C++.
+#include "modules/modules.hpp"
+
+#include "bindings/common.hpp"
+
+namespace llmk::bind {
+namespace {
+
+using f32_array = py::array_t<float, py::array::c_style>;
+using i64_array = py::array_t<std::int64_t, py::array::c_style>;
+using u8_array = py::array_t<std::uint8_t, py::array::c_style>;
+
+void expect(bool ok, const char* fn, const std::string& msg) {
+  if (!ok) fail(fn, msg);
+}
+
+// name -> zero-copy float32 view of each parameter; `owner` keeps the module alive
+py::dict param_views(std::vector<Param> params, py::handle owner) {
+  py::dict d;
+  for (auto& p : params) {
+    std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
+    d[py::str(p.name)] = py::array_t<float>(shape, p.data, owner);
+  }
+  return d;
+}
+
+f32_array run_norm(const Norm& norm, f32_array x) {
+  expect(x.ndim() >= 1 && static_cast<std::size_t>(x.shape(x.ndim() - 1)) == norm.dim(), "Norm",
+         "x must have shape (..., " + std::to_string(norm.dim()) + ")");
+  f32_array out(std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+  std::size_t rows = norm.dim() ? static_cast<std::size_t>(x.size()) / norm.dim() : 0;
+  const float* xp = x.data();
+  float* op = out.mutable_data();
+  py::gil_scoped_release nogil;
+  norm.forward(xp, op, rows);
+  return out;
+}
+
+// (B, T) int64 positions and optional (B, T) uint8 key mask, checked against x's (B, T)
+void check_bt(const char* fn, const i64_array& positions, const std::optional<u8_array>& mask,
+              py::ssize_t b, py::ssize_t t) {
+  expect(positions.ndim() == 2 && positions.shape(0) == b && positions.shape(1) == t, fn,
+         "positions must have shape (B, T)");
+  if (mask)
+    expect(mask->ndim() == 2 && mask->shape(0) == b && mask->shape(1) == t, fn,
+           "key mask must have shape (B, T)");
+}
+
+void check_cache(const char* fn, const KVCache* cache, std::size_t b, std::size_t t,
+                 std::size_t hkv, std::size_t hd) {
+  if (!cache) return;
+  expect(cache->batch == b, fn, "cache batch size differs from the input's");
+  expect(cache->n_kv_heads == hkv && cache->head_dim == hd, fn,
+         "cache was made for another attention shape");
+  expect(cache->length + t <= cache->max_len, fn,
+         "KV cache is full: " + std::to_string(cache->length) + " + " + std::to_string(t) +
+             " tokens > max_seq_len " + std::to_string(cache->max_len));
+}
+
+}  // namespace
+
+void bind_modules(py::module_& m) {
+  using namespace pybind11::literals;
+
+  py::class_<Norm, std::shared_ptr<Norm>>(m, "NormImpl")
+      .def("forward", &run_norm, "x"_a)
+      .def("params", [](py::object self) {
+        return param_views(self.cast<Norm&>().params(), self);
+      })
+      .def_property_readonly("dim", &Norm::dim)
+      .def_property_readonly("kind", &Norm::kind);
+  py::class_<RMSNormModule, Norm, std::shared_ptr<RMSNormModule>>(m, "RMSNormImpl")
+      .def(py::init<std::size_t, double>(), "dim"_a, "eps"_a)
+      .def_property_readonly("eps", &RMSNormModule::eps);
+  py::class_<LayerNormModule, Norm, std::shared_ptr<LayerNormModule>>(m, "LayerNormImpl")
+      .def(py::init<std::size_t, double, bool>(), "dim"_a, "eps"_a, "bias"_a)
+      .def_property_readonly("eps", &LayerNormModule::eps)
+      .def_property_readonly("has_bias", &LayerNormModule::has_bias);
+
+  py::class_<FeedForwardModule, std::shared_ptr<FeedForwardModule>>(m, "FeedForwardImpl")
+      .def(py::init<std::size_t, std::size_t, bool>(), "dim"_a, "hidden"_a, "bias"_a)
+      .def(
+          "forward",
+          [](const FeedForwardModule& self, f32_array x) {
+            expect(x.ndim() == 2 && static_cast<std::size_t>(x.shape(1)) == self.dim(),
+                   "FeedForward", "x must have shape (m, dim)");
+            f32_array out({x.shape(0), x.shape(1)});
+            const float* xp = x.data();
+            float* op = out.mutable_data();
+            std::size_t rows = static_cast<std::size_t>(x.shape(0));
+            py::gil_scoped_release nogil;
+            self.forward(xp, rows, op, nullptr);
+            return out;
+          },
+          "x"_a)
+      .def("params", [](py::object self) {
+        return param_views(self.cast<FeedForwardModule&>().params(), self);
+      })
+      .def_property_readonly("dim", &FeedForwardModule::dim)
+      .def_property_readonly("hidden", &FeedForwardModule::hidden)
+      .def_property_readonly("has_bias", &FeedForwardModule::has_bias);
+
+  py::class_<KVCache, std::shared_ptr<KVCache>>(m, "KVCacheImpl")
+      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t>(), "batch"_a,
+           "max_len"_a, "n_kv_heads"_a, "head_dim"_a)
+      .def_readonly("batch", &KVCache::batch)
+      .def_readonly("max_len", &KVCache::max_len)
+      .def_readonly("n_kv_heads", &KVCache::n_kv_heads)
+      .def_readonly("head_dim", &KVCache::head_dim)
+      .def_readonly("length", &KVCache::length)
+      .def("reset", &KVCache::reset)
+      .def("keys", [](py::object self) {  // (B, Hkv, length, hd) view
+        auto& c = self.cast<KVCache&>();
+        return py::array_t<float>(
+            {c.batch, c.n_kv_heads, c.length, c.head_dim},
+            {c.n_kv_heads * c.max_len * c.head_dim * 4, c.max_len * c.head_dim * 4,
+             c.head_dim * 4, std::size_t(4)},
+            c.k.data(), self);
+      })
+      .def("values", [](py::object self) {
+        auto& c = self.cast<KVCache&>();
+        return py::array_t<float>(
+            {c.batch, c.n_kv_heads, c.length, c.head_dim},
+            {c.n_kv_heads * c.max_len * c.head_dim * 4, c.max_len * c.head_dim * 4,
+             c.head_dim * 4, std::size_t(4)},
+            c.v.data(), self);
+      });
+
+  py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>>(
+      m, "MultiHeadAttentionImpl")
+      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t, std::vector<double>,
+                    double, bool, bool, bool>(),
+           "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "inv_freq"_a,
+           "attention_factor"_a, "qkv_bias"_a, "o_bias"_a, "causal"_a)
+      .def(
+          "forward",
+          [](const MultiHeadAttentionModule& self, f32_array x, i64_array positions,
+             std::optional<u8_array> key_mask, KVCache* cache) {
+            const char* fn = "MultiHeadAttention";
+            expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == self.dim, fn,
+                   "x must have shape (B, T, dim)");
+            check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
+            const std::size_t b = x.shape(0), t = x.shape(1);
+            check_cache(fn, cache, b, t, self.n_kv_heads, self.head_dim);
+            f32_array out({x.shape(0), x.shape(1), x.shape(2)});
+            const float* xp = x.data();
+            const std::int64_t* pp = positions.data();
+            const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
+            float* op = out.mutable_data();
+            py::gil_scoped_release nogil;
+            if (b * t) self.forward(xp, b, t, pp, mp, cache, op, nullptr);
+            return out;
+          },
+          "x"_a, "positions"_a, "key_mask"_a, "cache"_a)
+      .def("params", [](py::object self) {
+        return param_views(self.cast<MultiHeadAttentionModule&>().params(), self);
+      })
+      .def_readonly("dim", &MultiHeadAttentionModule::dim)
+      .def_readonly("n_heads", &MultiHeadAttentionModule::n_heads)
+      .def_readonly("n_kv_heads", &MultiHeadAttentionModule::n_kv_heads)
+      .def_readonly("head_dim", &MultiHeadAttentionModule::head_dim)
+      .def_readonly("qkv_bias", &MultiHeadAttentionModule::qkv_bias)
+      .def_readonly("o_bias", &MultiHeadAttentionModule::o_bias)
+      .def_readonly("causal", &MultiHeadAttentionModule::causal)
+      .def_readonly("attention_factor", &MultiHeadAttentionModule::attention_factor)
+      .def_readonly("inv_freq", &MultiHeadAttentionModule::inv_freq);
+
+  py::class_<TransformerBlockModule, std::shared_ptr<TransformerBlockModule>>(
+      m, "TransformerBlockImpl")
+      .def(py::init<std::shared_ptr<MultiHeadAttentionModule>, std::shared_ptr<FeedForwardModule>,
+                    std::shared_ptr<Norm>, std::shared_ptr<Norm>, bool>(),
+           "attention"_a, "feed_forward"_a, "attention_norm"_a, "ffn_norm"_a, "pre_norm"_a)
+      .def(
+          "forward",
+          [](const TransformerBlockModule& self, f32_array x, i64_array positions,
+             std::optional<u8_array> key_mask, KVCache* cache) {
+            const char* fn = "TransformerBlock";
+            const std::size_t dim = self.attention->dim;
+            expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == dim, fn,
+                   "x must have shape (B, T, dim)");
+            check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
+            const std::size_t b = x.shape(0), t = x.shape(1);
+            check_cache(fn, cache, b, t, self.attention->n_kv_heads, self.attention->head_dim);
+            f32_array out({x.shape(0), x.shape(1), x.shape(2)});
+            const float* xp = x.data();
+            const std::int64_t* pp = positions.data();
+            const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
+            float* op = out.mutable_data();
+            py::gil_scoped_release nogil;
+            if (b * t) self.forward(xp, b, t, pp, mp, cache, op);
+            return out;
+          },
+          "x"_a, "positions"_a, "key_mask"_a, "cache"_a)
+      .def_readonly("attention", &TransformerBlockModule::attention)
+      .def_readonly("feed_forward", &TransformerBlockModule::feed_forward)
+      .def_readonly("attention_norm", &TransformerBlockModule::attention_norm)
+      .def_readonly("ffn_norm", &TransformerBlockModule::ffn_norm)
+      .def_readonly("pre_norm", &TransformerBlockModule::pre_norm);
+
+  py::class_<TransformerModule, std::shared_ptr<TransformerModule>>(m, "TransformerImpl")
+      .def(py::init<std::size_t, std::size_t, std::vector<std::shared_ptr<TransformerBlockModule>>,
+                    std::shared_ptr<Norm>, bool>(),
+           "vocab"_a, "dim"_a, "blocks"_a, "final_norm"_a, "tie_embeddings"_a)
+      .def(
+          "forward",
+          [](const TransformerModule& self, i64_array ids, i64_array positions,
+             std::optional<u8_array> key_mask, std::vector<KVCache*> caches, bool last_only) {
+            const char* fn = "Transformer";
+            expect(ids.ndim() == 2, fn, "ids must have shape (B, T)");
+            check_bt(fn, positions, key_mask, ids.shape(0), ids.shape(1));
+            const std::size_t b = ids.shape(0), t = ids.shape(1);
+            expect(caches.empty() || caches.size() == self.blocks.size(), fn,
+                   "one cache per block is needed");
+            for (std::size_t i = 0; i < caches.size(); ++i)
+              check_cache(fn, caches[i], b, t, self.blocks[i]->attention->n_kv_heads,
+                          self.blocks[i]->attention->head_dim);
+            const std::int64_t* ip = ids.data();
+            for (std::size_t r = 0; r < b * t; ++r)
+              expect(ip[r] >= 0 && static_cast<std::size_t>(ip[r]) < self.vocab, fn,
+                     "token id " + std::to_string(ip[r]) + " out of range [0, " +
+                         std::to_string(self.vocab) + ")");
+            f32_array logits({static_cast<py::ssize_t>(b),
+                              static_cast<py::ssize_t>(last_only ? 1 : t),
+                              static_cast<py::ssize_t>(self.vocab)});
+            const std::int64_t* pp = positions.data();
+            const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
+            float* lp = logits.mutable_data();
+            py::gil_scoped_release nogil;
+            if (b * t) self.forward(ip, b, t, pp, mp, caches, last_only, lp);
+            return logits;
+          },
+          "ids"_a, "positions"_a, "key_mask"_a, "caches"_a, "last_only"_a)
+      .def("params", [](py::object self) {
+        return param_views(self.cast<TransformerModule&>().params(), self);
+      })
+      .def_readonly("vocab", &TransformerModule::vocab)
+      .def_readonly("dim", &TransformerModule::dim)
+      .def_readonly("blocks", &TransformerModule::blocks)
+      .def_readonly("final_norm", &TransformerModule::final_norm)
+      .def_readonly("tie_embeddings", &TransformerModule::tie_embeddings);
+}
+
+}  // namespace llmk::bind

@@ -1,0 +1,353 @@
+#include "modules/modules.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "attention.hpp"
+#include "common/isa.hpp"
+#include "common/thread_pool.hpp"
+#include "kernels/ops.hpp"
+
+namespace llmk {
+namespace {
+
+// Thread-local, grow-only scratch buffers, one slot per purpose: no allocation per call in
+// steady state, and no sharing between threads that use the same module.
+enum Slot { kNormOut, kResidual, kQKV, kAttnOut, kGateUp, kHidden, kRope, kBlockTmp, kSlots };
+
+float* scratch(Slot slot, std::size_t n) {
+  thread_local std::vector<std::vector<float>> slots(kSlots);
+  auto& buf = slots[slot];
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+constexpr std::size_t kRowBlock = 256;  // rows per BLAS call when m is large (prefill)
+constexpr std::size_t kColBlock = 256;  // output features per BLAS call otherwise (decode)
+
+void add_bias(float* y, const float* bias, std::size_t m, std::size_t n) {
+  if (!bias) return;
+  parallel_for(m, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
+    dispatch(add_bias_kernel{}, y + b * n, bias, e - b, n);
+  });
+}
+
+}  // namespace
+
+void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
+            const float* bias, float* y, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  const float beta = accumulate ? 1.f : 0.f;
+  if (k == 0) {
+    if (!accumulate) std::memset(y, 0, m * n * sizeof(float));
+  } else if (m >= 2 * kRowBlock) {
+    const std::size_t blocks = (m + kRowBlock - 1) / kRowBlock;
+    parallel_for(blocks, 1, 2.0 * kRowBlock * k * n, [&](std::size_t b0, std::size_t b1) {
+      for (std::size_t blk = b0; blk < b1; ++blk) {
+        std::size_t r0 = blk * kRowBlock, rows = std::min(m, r0 + kRowBlock) - r0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n, (int)k, 1.f,
+                    x + r0 * k, (int)k, w, (int)k, beta, y + r0 * n, (int)n);
+      }
+    });
+  } else {
+    const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
+    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
+      for (std::size_t blk = b0; blk < b1; ++blk) {
+        std::size_t c0 = blk * kColBlock, cols = std::min(n, c0 + kColBlock) - c0;
+        if (m == 1) {  // decode: a matrix-vector product reads the weights once
+          cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)k, 1.f, w + c0 * k, (int)k, x,
+                      1, beta, y + c0, 1);
+        } else {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)cols, (int)k, 1.f, x,
+                      (int)k, w + c0 * k, (int)k, beta, y + c0, (int)n);
+        }
+      }
+    });
+  }
+  add_bias(y, bias, m, n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// norms
+
+RMSNormModule::RMSNormModule(std::size_t dim, double eps) : dim_(dim), eps_(eps), weight_(dim, 1.f) {}
+
+void RMSNormModule::forward(const float* x, float* out, std::size_t rows) const {
+  const std::size_t n = dim_;
+  const float* w = weight_.data();
+  parallel_for(rows, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
+    dispatch(rms_norm_kernel{}, out + b * n, x + b * n, w, e - b, n, eps_, false);
+  });
+}
+
+std::vector<Param> RMSNormModule::params() { return {{"weight", {dim_}, weight_.data()}}; }
+
+LayerNormModule::LayerNormModule(std::size_t dim, double eps, bool bias)
+    : dim_(dim), eps_(eps), has_bias_(bias), weight_(dim, 1.f), bias_(bias ? dim : 0, 0.f) {}
+
+void LayerNormModule::forward(const float* x, float* out, std::size_t rows) const {
+  const std::size_t n = dim_;
+  const float* w = weight_.data();
+  const float* b = has_bias_ ? bias_.data() : nullptr;
+  parallel_for(rows, 1, 2.0 * n, [&](std::size_t r0, std::size_t r1) {
+    dispatch(layer_norm_kernel{}, out + r0 * n, x + r0 * n, w, b, r1 - r0, n, eps_, false);
+  });
+}
+
+std::vector<Param> LayerNormModule::params() {
+  std::vector<Param> p{{"weight", {dim_}, weight_.data()}};
+  if (has_bias_) p.push_back({"bias", {dim_}, bias_.data()});
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// feed-forward
+
+FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias)
+    : dim_(dim),
+      hidden_(hidden),
+      bias_(bias),
+      w_gate_up_(2 * hidden * dim, 0.f),
+      b_gate_up_(bias ? 2 * hidden : 0, 0.f),
+      w_down_(dim * hidden, 0.f),
+      b_down_(bias ? dim : 0, 0.f) {}
+
+void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
+                                const float* residual) const {
+  const std::size_t h = hidden_;
+  float* gu = scratch(kGateUp, m * 2 * h);  // (m, 2h): [gate | up]
+  float* act = scratch(kHidden, m * h);     // (m, h)
+  linear(x, m, dim_, w_gate_up_.data(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
+  parallel_for(m, 1, 4.0 * h, [&](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; ++r)
+      dispatch(silu_kernel<true>{}, act + r * h, gu + r * 2 * h, gu + r * 2 * h + h, h, false);
+  });
+  if (residual && residual != out) std::memcpy(out, residual, m * dim_ * sizeof(float));
+  linear(act, m, h, w_down_.data(), dim_, bias_ ? b_down_.data() : nullptr, out,
+         residual != nullptr);
+}
+
+std::vector<Param> FeedForwardModule::params() {
+  std::vector<Param> p{{"gate_proj.weight", {hidden_, dim_}, w_gate_up_.data()},
+                       {"up_proj.weight", {hidden_, dim_}, w_gate_up_.data() + hidden_ * dim_},
+                       {"down_proj.weight", {dim_, hidden_}, w_down_.data()}};
+  if (bias_) {
+    p.push_back({"gate_proj.bias", {hidden_}, b_gate_up_.data()});
+    p.push_back({"up_proj.bias", {hidden_}, b_gate_up_.data() + hidden_});
+    p.push_back({"down_proj.bias", {dim_}, b_down_.data()});
+  }
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention
+
+KVCache::KVCache(std::size_t b, std::size_t l, std::size_t hkv, std::size_t hd)
+    : batch(b),
+      max_len(l),
+      n_kv_heads(hkv),
+      head_dim(hd),
+      k(b * hkv * l * hd, 0.f),
+      v(b * hkv * l * hd, 0.f),
+      valid(b * l, 0) {}
+
+MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t n_heads_,
+                                                   std::size_t n_kv_heads_, std::size_t head_dim_,
+                                                   std::vector<double> inv_freq_,
+                                                   double attention_factor_, bool qkv_bias_,
+                                                   bool o_bias_, bool causal_)
+    : dim(dim_),
+      n_heads(n_heads_),
+      n_kv_heads(n_kv_heads_),
+      head_dim(head_dim_),
+      qkv_bias(qkv_bias_),
+      o_bias(o_bias_),
+      causal(causal_),
+      inv_freq(std::move(inv_freq_)),
+      attention_factor(attention_factor_),
+      w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_, 0.f),
+      b_qkv_(qkv_bias_ ? (n_heads_ + 2 * n_kv_heads_) * head_dim_ : 0, 0.f),
+      w_o_(dim_ * n_heads_ * head_dim_, 0.f),
+      b_o_(o_bias_ ? dim_ : 0, 0.f) {}
+
+std::vector<Param> MultiHeadAttentionModule::params() {
+  const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
+  std::vector<Param> p{{"q_proj.weight", {q, dim}, w_qkv_.data()},
+                       {"k_proj.weight", {kv, dim}, w_qkv_.data() + q * dim},
+                       {"v_proj.weight", {kv, dim}, w_qkv_.data() + (q + kv) * dim},
+                       {"o_proj.weight", {dim, q}, w_o_.data()}};
+  if (qkv_bias) {
+    p.push_back({"q_proj.bias", {q}, b_qkv_.data()});
+    p.push_back({"k_proj.bias", {kv}, b_qkv_.data() + q});
+    p.push_back({"v_proj.bias", {kv}, b_qkv_.data() + q + kv});
+  }
+  if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
+  return p;
+}
+
+void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
+                                       const std::int64_t* positions,
+                                       const std::uint8_t* key_mask, KVCache* cache, float* out,
+                                       const float* residual) const {
+  const std::size_t m = batch * seq, hd = head_dim, half = hd / 2;
+  const std::size_t hq = n_heads, hkv = n_kv_heads;
+  const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
+  float* qkv = scratch(kQKV, m * width);            // (B*T, width)
+  linear(x, m, dim, w_qkv_.data(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
+
+  // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
+  float* rope_tab = scratch(kRope, m * hd);  // (B*T, [cos half | sin half])
+  static const std::vector<std::int64_t> zeros(4096, 0);
+  parallel_for(m, 1, 40.0 * half + 4.0 * width, [&](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; ++r) {
+      float* c = rope_tab + r * hd;
+      float* s = c + half;
+      const double pos = static_cast<double>(positions[r]);
+      for (std::size_t j = 0; j < half; ++j) {
+        const double angle = pos * inv_freq[j];
+        c[j] = static_cast<float>(std::cos(angle) * attention_factor);
+        s[j] = static_cast<float>(std::sin(angle) * attention_factor);
+      }
+      float* q = qkv + r * width;
+      // heads of one token share the table row: table_row = 0 with the table at this token
+      for (std::size_t h0 = 0; h0 < hq + hkv; h0 += zeros.size()) {
+        std::size_t rows = std::min(zeros.size(), hq + hkv - h0);
+        dispatch(rope_kernel{}, q + h0 * hd, static_cast<const float*>(q + h0 * hd),
+                 zeros.data(), static_cast<const float*>(c), static_cast<const float*>(s), rows,
+                 hd, hd, false, false);
+      }
+    }
+  });
+
+  attn_params<float> p{};
+  p.b = batch, p.hq = hq, p.hkv = hkv, p.tq = seq, p.d = hd, p.dv = hd;
+  p.q = qkv;
+  p.qs[0] = seq * width, p.qs[1] = hd, p.qs[2] = width;
+  float* attn = scratch(kAttnOut, m * hq * hd);  // (B*T, Hq*hd)
+  p.out = attn;
+  p.os[0] = seq * hq * hd, p.os[1] = hd, p.os[2] = hq * hd;
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  p.causal = causal;
+  if (cache) {
+    const std::size_t L = cache->max_len, len = cache->length;
+    // append the new (rotated) keys and values
+    parallel_for(m, 1, 2.0 * hkv * hd, [&](std::size_t b0, std::size_t b1) {
+      for (std::size_t r = b0; r < b1; ++r) {
+        const std::size_t b = r / seq, t = r % seq;
+        const float* kr = qkv + r * width + hq * hd;
+        const float* vr = kr + hkv * hd;
+        for (std::size_t g = 0; g < hkv; ++g) {
+          std::size_t off = ((b * hkv + g) * L + len + t) * hd;
+          std::memcpy(cache->k.data() + off, kr + g * hd, hd * sizeof(float));
+          std::memcpy(cache->v.data() + off, vr + g * hd, hd * sizeof(float));
+        }
+        cache->valid[b * L + len + t] = key_mask ? (key_mask[r] ? 1 : 0) : 1;
+      }
+    });
+    p.tk = len + seq;
+    p.k = cache->k.data();
+    p.v = cache->v.data();
+    p.ks[0] = p.vs[0] = hkv * L * hd, p.ks[1] = p.vs[1] = L * hd, p.ks[2] = p.vs[2] = hd;
+    p.mask_kind = 1;
+    p.mask = cache->valid.data();
+    p.mask_strides[0] = static_cast<std::int64_t>(L), p.mask_strides[3] = 1;
+  } else {
+    p.tk = seq;
+    p.k = qkv + hq * hd;
+    p.v = qkv + (hq + hkv) * hd;
+    p.ks[0] = p.vs[0] = seq * width, p.ks[1] = p.vs[1] = hd, p.ks[2] = p.vs[2] = width;
+    if (key_mask) {
+      p.mask_kind = 1;
+      p.mask = key_mask;
+      p.mask_strides[0] = static_cast<std::int64_t>(seq), p.mask_strides[3] = 1;
+    }
+  }
+  attention<float>(p);
+  if (cache) cache->length += seq;
+
+  if (residual && residual != out) std::memcpy(out, residual, m * dim * sizeof(float));
+  linear(attn, m, hq * hd, w_o_.data(), dim, o_bias ? b_o_.data() : nullptr, out,
+         residual != nullptr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// block and model
+
+TransformerBlockModule::TransformerBlockModule(std::shared_ptr<MultiHeadAttentionModule> a,
+                                               std::shared_ptr<FeedForwardModule> f,
+                                               std::shared_ptr<Norm> n1, std::shared_ptr<Norm> n2,
+                                               bool pre)
+    : attention(std::move(a)),
+      feed_forward(std::move(f)),
+      attention_norm(std::move(n1)),
+      ffn_norm(std::move(n2)),
+      pre_norm(pre) {}
+
+void TransformerBlockModule::forward(const float* x, std::size_t batch, std::size_t seq,
+                                     const std::int64_t* positions, const std::uint8_t* key_mask,
+                                     KVCache* cache, float* out) const {
+  const std::size_t m = batch * seq, dim = attention->dim;
+  float* tmp = scratch(kNormOut, m * dim);
+  if (pre_norm) {
+    // h = x + attn(norm1(x)); y = h + ffn(norm2(h))    (h lives in out)
+    attention_norm->forward(x, tmp, m);
+    attention->forward(tmp, batch, seq, positions, key_mask, cache, out, x);
+    ffn_norm->forward(out, tmp, m);
+    feed_forward->forward(tmp, m, out, out);
+  } else {
+    // h = norm1(x + attn(x)); y = norm2(h + ffn(h))
+    attention->forward(x, batch, seq, positions, key_mask, cache, tmp, x);
+    attention_norm->forward(tmp, out, m);
+    feed_forward->forward(out, m, tmp, out);
+    ffn_norm->forward(tmp, out, m);
+  }
+}
+
+TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
+                                     std::vector<std::shared_ptr<TransformerBlockModule>> b,
+                                     std::shared_ptr<Norm> n, bool tie)
+    : vocab(vocab_),
+      dim(dim_),
+      blocks(std::move(b)),
+      final_norm(std::move(n)),
+      tie_embeddings(tie),
+      embed_(vocab_ * dim_, 0.f),
+      lm_head_(tie ? 0 : vocab_ * dim_, 0.f) {}
+
+std::vector<Param> TransformerModule::params() {
+  std::vector<Param> p{{"model.embed_tokens.weight", {vocab, dim}, embed_.data()}};
+  if (!tie_embeddings) p.push_back({"lm_head.weight", {vocab, dim}, lm_head_.data()});
+  return p;
+}
+
+void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
+                                const std::int64_t* positions, const std::uint8_t* key_mask,
+                                std::vector<KVCache*> caches, bool last_only,
+                                float* logits) const {
+  const std::size_t m = batch * seq;
+  float* x = scratch(kResidual, m * dim);  // (B*T, dim)
+  float* y = scratch(kBlockTmp, m * dim);
+  for (std::size_t r = 0; r < m; ++r)
+    std::memcpy(x + r * dim, embed_.data() + ids[r] * dim, dim * sizeof(float));
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i],
+                       y);
+    std::swap(x, y);
+  }
+  const float* head = tie_embeddings ? embed_.data() : lm_head_.data();
+  if (last_only) {  // gather the last position of each sequence, normalise only those rows
+    for (std::size_t b = 0; b < batch; ++b)
+      std::memcpy(y + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));
+    final_norm->forward(y, y, batch);
+    linear(y, batch, dim, head, vocab, nullptr, logits, false);
+  } else {
+    final_norm->forward(x, x, m);
+    linear(x, m, dim, head, vocab, nullptr, logits, false);
+  }
+}
+
+}  // namespace llmk

@@ -1,0 +1,162 @@
+// C++ module classes: the layers of a LLaMA-style decoder, holding float32 weights in HF LLaMA
+// layout ((out, in) for projections). Each forward is one C++ call (the GIL is released by the
+// binding) that strings BLAS projections and the package's kernels together; scratch buffers are
+// thread-local and grow-only, so a steady-state call allocates nothing and one module can be
+// shared by several threads (each with its own KV cache).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace llmk {
+
+// A named float32 parameter owned by its module (views are handed to Python without copies).
+struct Param {
+  std::string name;
+  std::vector<std::size_t> shape;
+  float* data;  // points into the module's storage
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+};
+
+// y (m, n) [+]= x (m, k) . w^T (w: (n, k), HF layout) [+ bias (n)]. Fixed row/column blocks
+// (chosen from the shape only) run as single-threaded BLAS calls on the pool: results do not
+// depend on the thread count.
+void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
+            const float* bias, float* y, bool accumulate);
+
+class Norm {
+ public:
+  virtual ~Norm() = default;
+  // out (rows, dim) = norm(x (rows, dim)); out may be x
+  virtual void forward(const float* x, float* out, std::size_t rows) const = 0;
+  virtual std::vector<Param> params() = 0;
+  virtual std::size_t dim() const = 0;
+  virtual std::string kind() const = 0;
+};
+
+class RMSNormModule : public Norm {
+ public:
+  RMSNormModule(std::size_t dim, double eps);
+  void forward(const float* x, float* out, std::size_t rows) const override;
+  std::vector<Param> params() override;
+  std::size_t dim() const override { return dim_; }
+  std::string kind() const override { return "rms"; }
+  double eps() const { return eps_; }
+
+ private:
+  std::size_t dim_;
+  double eps_;
+  std::vector<float> weight_;  // (dim,)
+};
+
+class LayerNormModule : public Norm {
+ public:
+  LayerNormModule(std::size_t dim, double eps, bool bias);
+  void forward(const float* x, float* out, std::size_t rows) const override;
+  std::vector<Param> params() override;
+  std::size_t dim() const override { return dim_; }
+  std::string kind() const override { return "layer"; }
+  double eps() const { return eps_; }
+  bool has_bias() const { return has_bias_; }
+
+ private:
+  std::size_t dim_;
+  double eps_;
+  bool has_bias_;
+  std::vector<float> weight_, bias_;  // (dim,)
+};
+
+// SwiGLU MLP: down(silu(gate(x)) * up(x)). gate and up are stored as one (2*hidden, dim)
+// matrix so both projections are a single GEMM; gate_proj/up_proj are views of its halves.
+class FeedForwardModule {
+ public:
+  FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias);
+  // out (m, dim) = [residual +] ffn(x (m, dim)); residual may be out (in-place accumulate)
+  void forward(const float* x, std::size_t m, float* out, const float* residual) const;
+  std::vector<Param> params();
+  std::size_t dim() const { return dim_; }
+  std::size_t hidden() const { return hidden_; }
+  bool has_bias() const { return bias_; }
+
+ private:
+  std::size_t dim_, hidden_;
+  bool bias_;
+  std::vector<float> w_gate_up_, b_gate_up_;  // (2*hidden, dim), (2*hidden,)
+  std::vector<float> w_down_, b_down_;        // (dim, hidden), (dim,)
+};
+
+// K/V of past tokens for one layer: k, v (B, Hkv, max_len, head_dim), key validity (B, max_len).
+class KVCache {
+ public:
+  KVCache(std::size_t batch, std::size_t max_len, std::size_t n_kv_heads, std::size_t head_dim);
+  std::size_t batch, max_len, n_kv_heads, head_dim;
+  std::size_t length = 0;
+  std::vector<float> k, v;
+  std::vector<std::uint8_t> valid;
+  void reset() { length = 0; }
+};
+
+class MultiHeadAttentionModule {
+ public:
+  MultiHeadAttentionModule(std::size_t dim, std::size_t n_heads, std::size_t n_kv_heads,
+                           std::size_t head_dim, std::vector<double> inv_freq,
+                           double attention_factor, bool qkv_bias, bool o_bias, bool causal);
+  // out (B*T, dim) = [residual +] attn(x (B*T, dim)). positions (B, T): RoPE positions.
+  // key_mask: null or (B, T) (no cache) / (B, T) for the new tokens (with cache): 1 = real.
+  // With a cache, the new K/V are appended at cache->length and attention covers the cache.
+  void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
+               const std::uint8_t* key_mask, KVCache* cache, float* out,
+               const float* residual) const;
+  std::vector<Param> params();
+  std::size_t dim, n_heads, n_kv_heads, head_dim;
+  bool qkv_bias, o_bias, causal;
+  std::vector<double> inv_freq;
+  double attention_factor;
+
+ private:
+  std::vector<float> w_qkv_, b_qkv_;  // ((Hq + 2 Hkv) * hd, dim), (...)
+  std::vector<float> w_o_, b_o_;      // (dim, Hq * hd), (dim,)
+};
+
+class TransformerBlockModule {
+ public:
+  TransformerBlockModule(std::shared_ptr<MultiHeadAttentionModule> attention,
+                         std::shared_ptr<FeedForwardModule> feed_forward,
+                         std::shared_ptr<Norm> attention_norm, std::shared_ptr<Norm> ffn_norm,
+                         bool pre_norm);
+  // out (B*T, dim) = block(x (B*T, dim)); out may not alias x
+  void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
+               const std::uint8_t* key_mask, KVCache* cache, float* out) const;
+  std::shared_ptr<MultiHeadAttentionModule> attention;
+  std::shared_ptr<FeedForwardModule> feed_forward;
+  std::shared_ptr<Norm> attention_norm, ffn_norm;
+  bool pre_norm;
+};
+
+class TransformerModule {
+ public:
+  TransformerModule(std::size_t vocab, std::size_t dim,
+                    std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
+                    std::shared_ptr<Norm> final_norm, bool tie_embeddings);
+  // logits (B, T or 1, vocab) for ids (B, T); last_only: logits of the last position only
+  void forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
+               const std::int64_t* positions, const std::uint8_t* key_mask,
+               std::vector<KVCache*> caches, bool last_only, float* logits) const;
+  std::vector<Param> params();  // embed_tokens, lm_head (if untied)
+  std::size_t vocab, dim;
+  std::vector<std::shared_ptr<TransformerBlockModule>> blocks;
+  std::shared_ptr<Norm> final_norm;
+  bool tie_embeddings;
+
+ private:
+  std::vector<float> embed_, lm_head_;  // (vocab, dim)
+};
+
+}  // namespace llmk
