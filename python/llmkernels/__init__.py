@@ -58,10 +58,28 @@ def _cpu_has_avx512() -> bool:
 _core = _load_core()
 from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn
 from ._rope_scaling import rope_attention_factor, rope_inv_freq
+from .modules import (
+    FeedForward,
+    KVCache,
+    LayerNorm,
+    ModelCache,
+    MultiHeadAttention,
+    RMSNorm,
+    Transformer,
+    TransformerBlock,
+)
 
 __version__: str = _core.__version__
 
 __all__ = [
+    "FeedForward",
+    "KVCache",
+    "LayerNorm",
+    "ModelCache",
+    "MultiHeadAttention",
+    "RMSNorm",
+    "Transformer",
+    "TransformerBlock",
     "__version__",
     "attention",
     "build_info",

@@ -9,7 +9,9 @@ bytecode loop per multiply-add). They follow :mod:`llmkernels.reference` formula
 * linear-layer weights are ``(in, out)``: ``w[i][j]`` connects input ``i`` to output ``j``;
 * :func:`rope` takes one sequence, ``x`` being ``T`` rows of ``D`` floats (or a nesting of
   such sequences);
-* :func:`attention` takes one sequence: ``q[h][t][d]`` (heads, positions, features).
+* :func:`attention` takes one sequence: ``q[h][t][d]`` (heads, positions, features);
+* :func:`transformer_block` takes one sequence (``T`` rows of ``dim`` floats) and, like
+  :func:`llmkernels.reference.transformer_block`, Hugging Face LLaMA weights (``(out, in)``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "silu",
     "swiglu",
     "swiglu_ffn",
+    "transformer_block",
 ]
 
 Vector = list[float]
@@ -304,3 +307,103 @@ def attention(
             head_out.append(row)
         out.append(head_out)
     return out
+
+
+# --------------------------------------------------------------------------------------
+# the LLaMA transformer block (one sequence)
+# --------------------------------------------------------------------------------------
+
+
+def _mat_vec(w: Sequence[Sequence[float]], x: Sequence[float]) -> Vector:
+    """``W @ x`` for ``W`` of shape ``(out, in)`` (``torch.nn.Linear.weight``), ``x`` of ``in``."""
+    return [sum(w_oi * x_i for w_oi, x_i in zip(row, x, strict=True)) for row in w]
+
+
+def transformer_block(
+    x: Sequence[Sequence[float]],
+    weights: dict[str, Any],
+    config: dict[str, Any],
+    *,
+    positions: Sequence[float] | None = None,
+) -> Matrix:
+    """One LLaMA decoder layer on one sequence ``x`` (``T`` rows of ``dim`` floats).
+
+    The same formula as :func:`llmkernels.reference.transformer_block` (pre-norm
+    ``h = x + attn(norm1(x)); y = h + ffn(norm2(h))`` or the post-norm variant, RMSNorm or
+    LayerNorm, causal grouped-query attention with half-split RoPE, SwiGLU MLP), without a
+    batch, mask or cache. ``weights`` uses the HF names and ``(out, in)`` shapes as nested
+    lists (``self_attn.q_proj.weight``, ..., ``input_layernorm.weight``, see the reference);
+    ``config`` the same keys (``dim``, ``n_heads``, ``n_kv_heads``, ``head_dim``,
+    ``norm_eps``, ``rope_theta``, ``norm``, ``norm_position``, ``attention_bias``,
+    ``mlp_bias``). RoPE scaling (``rope_scaling``) is not supported here. ``positions``
+    defaults to ``0 .. T-1``.
+    """
+    dim = config["dim"]
+    n_heads = config["n_heads"]
+    n_kv_heads = config.get("n_kv_heads", n_heads)
+    head_dim = config.get("head_dim", dim // n_heads)
+    eps = config.get("norm_eps", 1e-6 if config.get("norm", "rms") == "rms" else 1e-5)
+    if config.get("rope_scaling") is not None:
+        raise ValueError("[pure.transformer_block] rope_scaling is not supported; use reference")
+    attn_bias = config.get("attention_bias", False)
+    mlp_bias = config.get("mlp_bias", False)
+    n_tok = len(x)
+
+    def linear(v: Vector, name: str, bias: bool) -> Vector:
+        # W @ v + b with W (out, in)
+        return _add(
+            _mat_vec(weights[name + ".weight"], v), weights[name + ".bias"] if bias else None
+        )
+
+    def norm(v: Vector, name: str) -> Vector:
+        kind = config.get("norm", "rms")
+        if kind == "rms":
+            return rms_norm(v, weights[name + ".weight"], eps)
+        if kind == "layer":
+            return layer_norm(v, weights[name + ".weight"], weights[name + ".bias"], eps)
+        raise ValueError(f"config['norm'] must be 'rms' or 'layer', got {kind!r}")
+
+    def attn(rows: Sequence[Vector]) -> Matrix:
+        # per token: q (Hq * hd), k and v (Hkv * hd); then split into heads [h][t][d]
+        q = [linear(r, "self_attn.q_proj", attn_bias) for r in rows]
+        k = [linear(r, "self_attn.k_proj", attn_bias) for r in rows]
+        v = [linear(r, "self_attn.v_proj", attn_bias) for r in rows]
+        qh = [
+            [q[t][h * head_dim : (h + 1) * head_dim] for t in range(n_tok)] for h in range(n_heads)
+        ]
+        kh = [
+            [k[t][g * head_dim : (g + 1) * head_dim] for t in range(n_tok)]
+            for g in range(n_kv_heads)
+        ]
+        vh = [
+            [v[t][g * head_dim : (g + 1) * head_dim] for t in range(n_tok)]
+            for g in range(n_kv_heads)
+        ]
+        theta = config.get("rope_theta", 10000.0)
+        qh = [rope(seq, positions, theta=theta) for seq in qh]
+        kh = [rope(seq, positions, theta=theta) for seq in kh]
+        out = attention(qh, kh, vh, causal=True)  # out[h][t][d]
+        # merge heads per token (t: Hq * hd) and project back to dim
+        merged = [[val for h in range(n_heads) for val in out[h][t]] for t in range(n_tok)]
+        return [linear(m, "self_attn.o_proj", attn_bias) for m in merged]
+
+    def ffn(v: Vector) -> Vector:
+        gate = linear(v, "mlp.gate_proj", mlp_bias)
+        up = linear(v, "mlp.up_proj", mlp_bias)
+        return linear(swiglu(gate, up), "mlp.down_proj", mlp_bias)
+
+    def add(a: Sequence[Vector], b: Sequence[Vector]) -> Matrix:
+        return [
+            [ai + bi for ai, bi in zip(ra, rb, strict=True)] for ra, rb in zip(a, b, strict=True)
+        ]
+
+    rows = [[float(val) for val in r] for r in x]
+    if config.get("norm_position", "pre") == "pre":
+        h = add(rows, attn([norm(r, "input_layernorm") for r in rows]))
+        return add(h, [ffn(norm(r, "post_attention_layernorm")) for r in h])
+    if config.get("norm_position") == "post":
+        h = [norm(r, "input_layernorm") for r in add(rows, attn(rows))]
+        return [norm(r, "post_attention_layernorm") for r in add(h, [ffn(r) for r in h])]
+    raise ValueError(
+        f"config['norm_position'] must be 'pre' or 'post', got {config['norm_position']!r}"
+    )

@@ -7,7 +7,10 @@ what the formula needs. The test suite compares the C++ kernels against them.
 Conventions (see DESIGN.md §3):
 
 * Norms reduce over the last axis.
-* Linear-layer weights are ``(in, out)``, so a layer is ``x @ w + b`` as in NumPy.
+* Linear-layer weights are ``(in, out)``, so a layer is ``x @ w + b`` as in NumPy. The
+  exception is the model part (:func:`transformer_block`, :func:`transformer_forward`,
+  :func:`greedy_generate`), which takes Hugging Face LLaMA state dicts: ``(out, in)``
+  weights, applied as ``x @ W.T + b``.
 * RoPE: ``x`` is ``(..., T, D)``; pairs are ``(x[i], x[i + r/2])`` (half-split,
   ``interleaved=False``, HF LLaMA / GPT-NeoX) or ``(x[2i], x[2i+1])`` (``interleaved=True``,
   Meta / RoFormer); only the first ``r = rotary_dim`` features rotate.
@@ -19,8 +22,8 @@ Conventions (see DESIGN.md §3):
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -29,6 +32,7 @@ from ._rope_scaling import rope_attention_factor, rope_inv_freq
 
 __all__ = [
     "attention",
+    "greedy_generate",
     "layer_norm",
     "rms_norm",
     "rope",
@@ -38,6 +42,8 @@ __all__ = [
     "silu",
     "swiglu",
     "swiglu_ffn",
+    "transformer_block",
+    "transformer_forward",
 ]
 
 F64 = NDArray[np.float64]
@@ -310,3 +316,296 @@ def attention(
     if return_weights:
         return out, weights
     return out
+
+
+# --------------------------------------------------------------------------------------
+# the LLaMA transformer block and model (the specification of the C++ modules)
+# --------------------------------------------------------------------------------------
+#
+# Weights come as a dict with Hugging Face LLaMA key names and shapes. Unlike the functions
+# above, linear weights here are ``(out, in)`` like ``torch.nn.Linear.weight``, so a
+# projection is ``x @ W.T + b`` and a ``transformers`` state dict can be used as it is:
+#
+#   self_attn.q_proj.weight   (n_heads * head_dim, dim)     (+ .bias when attention_bias)
+#   self_attn.k_proj.weight   (n_kv_heads * head_dim, dim)
+#   self_attn.v_proj.weight   (n_kv_heads * head_dim, dim)
+#   self_attn.o_proj.weight   (dim, n_heads * head_dim)
+#   mlp.gate_proj.weight      (hidden_dim, dim)              (+ .bias when mlp_bias)
+#   mlp.up_proj.weight        (hidden_dim, dim)
+#   mlp.down_proj.weight      (dim, hidden_dim)
+#   input_layernorm.weight            (dim,)   norm1       (+ .bias when norm == "layer")
+#   post_attention_layernorm.weight   (dim,)   norm2
+#
+# A whole model adds ``model.embed_tokens.weight (vocab_size, dim)``, the layers under
+# ``model.layers.{i}.``, ``model.norm.weight (dim,)`` and ``lm_head.weight (vocab_size, dim)``
+# (absent when the embeddings are tied).
+#
+# The config is a plain dict with these names (defaults after the ``=``):
+#
+#   dim, n_layers, n_heads, n_kv_heads = n_heads, head_dim = dim // n_heads, hidden_dim,
+#   vocab_size, norm = "rms" | "layer", norm_eps = 1e-6 (rms) / 1e-5 (layer),
+#   norm_position = "pre" | "post", rope_theta = 10000.0, rope_scaling = None (an HF
+#   rope_scaling dict, without rope_theta), attention_bias = False, mlp_bias = False,
+#   tie_embeddings = False
+#
+# (``hidden_dim`` and ``vocab_size`` are implied by the weight shapes and only read by code
+# that builds weights.)
+
+_CONFIG_DEFAULTS: dict[str, object] = {
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "norm": "rms",
+    "norm_position": "pre",
+    "attention_bias": False,
+    "mlp_bias": False,
+    "tie_embeddings": False,
+}
+
+
+def _cfg_get(config: Mapping[str, Any], key: str) -> Any:
+    """``config[key]``, or its default (``n_kv_heads`` = ``n_heads``, ``head_dim`` =
+    ``dim // n_heads``, ``norm_eps`` = 1e-6 for RMSNorm and 1e-5 for LayerNorm, the rest from
+    ``_CONFIG_DEFAULTS``); ``KeyError`` if it has none."""
+    if key in config:
+        return config[key]
+    if key == "norm_eps":
+        return 1e-6 if _cfg_get(config, "norm") == "rms" else 1e-5
+    if key == "n_kv_heads":
+        return config["n_heads"]
+    if key == "head_dim":
+        return config["dim"] // config["n_heads"]
+    if key in _CONFIG_DEFAULTS:
+        return _CONFIG_DEFAULTS[key]
+    raise KeyError(f"config needs {key!r}")
+
+
+KVCache = dict[str, F64]
+"""One layer's cache: ``{"k": (B, Hkv, L, head_dim), "v": (B, Hkv, L, head_dim)}`` holding
+the keys (already rotated by RoPE) and values of the ``L`` tokens seen so far. ``{}`` is the
+empty cache."""
+
+
+def _linear(x: F64, weights: Mapping[str, ArrayLike], name: str, bias: bool) -> F64:
+    """``x @ W.T + b`` with ``W = weights[name + ".weight"]`` of shape ``(out, in)``."""
+    y = x @ _f64(weights[name + ".weight"]).T
+    if bias:
+        y = y + _f64(weights[name + ".bias"])
+    return y
+
+
+def _norm(x: F64, weights: Mapping[str, ArrayLike], name: str, config: Mapping[str, Any]) -> F64:
+    """RMSNorm or LayerNorm (``config["norm"]``) over the last axis, weights under ``name``."""
+    eps = _cfg_get(config, "norm_eps")
+    kind = _cfg_get(config, "norm")
+    if kind == "rms":
+        return rms_norm(x, weights[name + ".weight"], eps)
+    if kind == "layer":
+        return layer_norm(x, weights[name + ".weight"], weights[name + ".bias"], eps)
+    raise ValueError(f"config['norm'] must be 'rms' or 'layer', got {kind!r}")
+
+
+def _cache_len(cache: KVCache | None) -> int:
+    return 0 if not cache else int(cache["k"].shape[2])
+
+
+def _self_attention(
+    x: F64,
+    weights: Mapping[str, ArrayLike],
+    config: Mapping[str, Any],
+    positions: ArrayLike | None,
+    mask: ArrayLike | None,
+    cache: KVCache | None,
+) -> tuple[F64, KVCache]:
+    """LLaMA self-attention of ``x (B, T, dim)``: returns ``(out (B, T, dim), new cache)``."""
+    n_batch, n_tok, _ = x.shape
+    n_heads = _cfg_get(config, "n_heads")
+    n_kv_heads = _cfg_get(config, "n_kv_heads")
+    head_dim = _cfg_get(config, "head_dim")
+    bias = _cfg_get(config, "attention_bias")
+    past = _cache_len(cache)
+
+    # projections, then split the features into heads: (B, T, H * hd) -> (B, H, T, hd)
+    q = _linear(x, weights, "self_attn.q_proj", bias)  # (B, T, Hq * hd)
+    k = _linear(x, weights, "self_attn.k_proj", bias)  # (B, T, Hkv * hd)
+    v = _linear(x, weights, "self_attn.v_proj", bias)  # (B, T, Hkv * hd)
+    q = q.reshape(n_batch, n_tok, n_heads, head_dim).transpose(0, 2, 1, 3)  # (B, Hq, T, hd)
+    k = k.reshape(n_batch, n_tok, n_kv_heads, head_dim).transpose(0, 2, 1, 3)  # (B, Hkv, T, hd)
+    v = v.reshape(n_batch, n_tok, n_kv_heads, head_dim).transpose(0, 2, 1, 3)  # (B, Hkv, T, hd)
+
+    # RoPE (half-split) on queries and keys; positions continue after the cached tokens
+    if positions is None:
+        pos = np.arange(past, past + n_tok, dtype=np.float64)  # (T,)
+    else:
+        pos = _f64(positions)  # (T,) or (B, T)
+        if pos.ndim == 2:
+            pos = pos[:, None, :]  # (B, 1, T): the same positions for every head
+    scaling = _cfg_get(config, "rope_scaling")
+    seq_len = int(np.max(pos)) + 1 if pos.size else None  # dynamic NTK / longrope only
+    inv_freq = rope_inv_freq(head_dim, _cfg_get(config, "rope_theta"), scaling, seq_len=seq_len)
+    factor = rope_attention_factor(scaling)
+    q = rope(q, pos, inv_freq=inv_freq, attention_factor=factor)
+    k = rope(k, pos, inv_freq=inv_freq, attention_factor=factor)
+
+    # append to the cache: keys and values of all L + T tokens
+    if cache:
+        k = np.concatenate([_f64(cache["k"]), k], axis=2)  # (B, Hkv, L + T, hd)
+        v = np.concatenate([_f64(cache["v"]), v], axis=2)
+    new_cache: KVCache = {"k": k, "v": v}
+
+    # causal (bottom-right aligned: query t sees keys 0 .. L + t) and key-padding mask
+    key_mask = None
+    if mask is not None:
+        key_mask = np.asarray(mask, dtype=bool)[:, None, None, :]  # (B, 1, 1, L + T)
+    out = attention(q, k, v, causal=True, mask=key_mask)  # (B, Hq, T, hd)
+
+    # merge the heads and project back: (B, Hq, T, hd) -> (B, T, Hq * hd) -> (B, T, dim)
+    out = out.transpose(0, 2, 1, 3).reshape(n_batch, n_tok, n_heads * head_dim)
+    return _linear(out, weights, "self_attn.o_proj", bias), new_cache
+
+
+def _feed_forward(x: F64, weights: Mapping[str, ArrayLike], config: Mapping[str, Any]) -> F64:
+    """The SwiGLU MLP: ``down(silu(gate(x)) * up(x))``, ``(B, T, dim) -> (B, T, dim)``."""
+    bias = _cfg_get(config, "mlp_bias")
+    gate = _linear(x, weights, "mlp.gate_proj", bias)  # (B, T, hidden_dim)
+    up = _linear(x, weights, "mlp.up_proj", bias)  # (B, T, hidden_dim)
+    return _linear(swiglu(gate, up), weights, "mlp.down_proj", bias)  # (B, T, dim)
+
+
+@_ieee
+def transformer_block(
+    x: ArrayLike,
+    weights: Mapping[str, ArrayLike],
+    config: Mapping[str, Any],
+    *,
+    positions: ArrayLike | None = None,
+    mask: ArrayLike | None = None,
+    cache: KVCache | None = None,
+) -> F64 | tuple[F64, KVCache]:
+    """One LLaMA decoder layer (HF ``LlamaDecoderLayer``) on ``x (B, T, dim)``.
+
+    Pre-norm (``norm_position="pre"``, LLaMA)::
+
+        h = x + attn(norm1(x))
+        y = h + ffn(norm2(h))
+
+    Post-norm (``"post"``, the original Transformer)::
+
+        h = norm1(x + attn(x))
+        y = norm2(h + ffn(h))
+
+    ``norm1``/``norm2`` are ``input_layernorm``/``post_attention_layernorm`` (RMSNorm, or
+    LayerNorm with ``norm="layer"``, eps ``norm_eps``). ``attn`` projects q, k, v, applies
+    half-split RoPE (``rope_theta``, ``rope_scaling``) to q and k, runs causal grouped-query
+    attention and projects with ``o_proj``; ``ffn`` is the SwiGLU MLP.
+
+    Args:
+        x: ``(B, T, dim)``.
+        weights: the layer's weights with HF names (see the table above this function).
+        config: the model config dict (see above).
+        positions: RoPE positions, ``(T,)`` or ``(B, T)``; default ``arange(L, L + T)`` where
+            ``L`` is the number of cached tokens.
+        mask: boolean key-padding mask ``(B, L + T)``, True = a real token that may be
+            attended; combined with the causal mask.
+        cache: past keys/values of this layer (``{}`` when empty, see ``KVCache``). The
+            function does not modify it; it returns the extended one.
+
+    Returns:
+        ``y (B, T, dim)``, or ``(y, new_cache)`` when ``cache`` is not None.
+    """
+    x = _f64(x)
+    position = _cfg_get(config, "norm_position")
+    if position == "pre":
+        a, new_cache = _self_attention(
+            _norm(x, weights, "input_layernorm", config), weights, config, positions, mask, cache
+        )
+        h = x + a
+        f = _feed_forward(_norm(h, weights, "post_attention_layernorm", config), weights, config)
+        y = h + f
+    elif position == "post":
+        a, new_cache = _self_attention(x, weights, config, positions, mask, cache)
+        h = _norm(x + a, weights, "input_layernorm", config)
+        f = _feed_forward(h, weights, config)
+        y = _norm(h + f, weights, "post_attention_layernorm", config)
+    else:
+        raise ValueError(f"config['norm_position'] must be 'pre' or 'post', got {position!r}")
+    if cache is None:
+        return y
+    return y, new_cache
+
+
+def _layer_weights(state_dict: Mapping[str, ArrayLike], i: int) -> dict[str, ArrayLike]:
+    """The weights of layer ``i`` with the ``model.layers.{i}.`` prefix removed."""
+    prefix = f"model.layers.{i}."
+    return {key[len(prefix) :]: w for key, w in state_dict.items() if key.startswith(prefix)}
+
+
+@_ieee
+def transformer_forward(
+    ids: ArrayLike,
+    state_dict: Mapping[str, ArrayLike],
+    config: Mapping[str, Any],
+    *,
+    positions: ArrayLike | None = None,
+    mask: ArrayLike | None = None,
+    cache: list[KVCache] | None = None,
+) -> F64 | tuple[F64, list[KVCache]]:
+    """A LLaMA causal language model (HF ``LlamaForCausalLM``): token ids ``(B, T)`` to logits
+    ``(B, T, vocab_size)``.
+
+    ``x = embed_tokens[ids]``, then the ``n_layers`` blocks, the final norm (``model.norm``,
+    of kind ``config["norm"]``) and ``logits = x @ lm_head.T``, where ``lm_head`` is the
+    embedding matrix when ``tie_embeddings`` is set or ``lm_head.weight`` is absent.
+
+    ``positions`` and ``mask`` are as in :func:`transformer_block` (the same for every layer).
+    ``cache`` is a list of ``n_layers`` per-layer caches (``[{}] * n_layers`` when empty, or
+    ``[]`` for short); with it the function returns ``(logits, new_cache)``.
+    """
+    ids = np.asarray(ids)
+    n_layers = _cfg_get(config, "n_layers")
+    embed = _f64(state_dict["model.embed_tokens.weight"])  # (vocab, dim)
+    x = embed[ids]  # (B, T, dim)
+
+    layer_caches: list[KVCache] = []
+    for i in range(n_layers):
+        weights = _layer_weights(state_dict, i)
+        if cache is None:
+            x = transformer_block(x, weights, config, positions=positions, mask=mask)
+        else:
+            past = cache[i] if i < len(cache) else {}
+            x, layer_cache = transformer_block(
+                x, weights, config, positions=positions, mask=mask, cache=past
+            )
+            layer_caches.append(layer_cache)
+
+    x = _norm(x, state_dict, "model.norm", config)  # (B, T, dim)
+    tied = _cfg_get(config, "tie_embeddings") or "lm_head.weight" not in state_dict
+    head = embed if tied else _f64(state_dict["lm_head.weight"])  # (vocab, dim)
+    logits = x @ head.T  # (B, T, vocab)
+    if cache is None:
+        return logits
+    return logits, layer_caches
+
+
+def greedy_generate(
+    ids: ArrayLike,
+    state_dict: Mapping[str, ArrayLike],
+    config: Mapping[str, Any],
+    max_new_tokens: int,
+) -> NDArray[np.int64]:
+    """Greedy (argmax) decoding, the specification of ``Transformer.generate``.
+
+    Appends ``max_new_tokens`` tokens to each row of ``ids (B, T)`` (or ``(T,)``), each the
+    argmax (first maximum on ties) of the last position's logits, recomputing the whole
+    forward at every step (no cache, no end-of-sequence stop). Returns ``(B, T +
+    max_new_tokens)`` (or ``(T + max_new_tokens,)``) int64 ids, the prompt included, as HF
+    ``generate(do_sample=False)`` does.
+    """
+    seq = np.asarray(ids, dtype=np.int64)
+    single = seq.ndim == 1
+    if single:
+        seq = seq[None, :]
+    for _ in range(max_new_tokens):
+        logits = transformer_forward(seq, state_dict, config)  # (B, T, vocab)
+        next_ids = np.argmax(logits[:, -1, :], axis=-1)  # (B,)
+        seq = np.concatenate([seq, next_ids[:, None]], axis=1)
+    return seq[0] if single else seq

@@ -1,0 +1,623 @@
+"""A strict, safe reader of safetensors files and HF checkpoint directories (NumPy only).
+
+The format (https://github.com/huggingface/safetensors): an 8-byte little-endian unsigned
+header length ``N``, ``N`` bytes of UTF-8 JSON mapping tensor names to
+``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to the byte buffer
+that follows the header) plus an optional ``"__metadata__"`` dict of strings, then the byte
+buffer, which the tensors must cover exactly (no overlap, no gap, nothing after the last).
+
+Everything the header claims is validated against the file size before any tensor is read,
+reads are exact (``seek`` + ``readinto`` of ``end - begin`` bytes into a buffer of that size),
+so a hostile file can neither make this module read past its end nor allocate more than the
+file holds. Nothing is ever unpickled.
+
+Every error is a :class:`CheckpointError` (a ``ValueError``) reading
+``"[from_pretrained] <file>: <what is wrong>"``; a missing file or directory raises
+:class:`CheckpointNotFoundError`, which is both a ``CheckpointError`` and a
+``FileNotFoundError``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any, BinaryIO, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "DTYPES",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "TensorInfo",
+    "check_key_shapes",
+    "load_checkpoint_dir",
+    "load_file",
+    "load_pretrained",
+    "read_checkpoint_index",
+    "read_header",
+]
+
+#: safetensors dtype string -> (little-endian NumPy storage dtype, itemsize). BF16 is stored
+#: as uint16 and widened to float32 on load (NumPy has no bfloat16).
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("u1"),
+}
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+_ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
+
+MAX_HEADER_BYTES = 100 << 20  # 100 MiB, as the reference implementation
+MAX_INDEX_BYTES = 64 << 20
+MAX_NDIM = 64
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_PREFIX = "[from_pretrained]"
+
+
+class CheckpointError(ValueError):
+    """A malformed or inconsistent checkpoint: ``"[from_pretrained] <file>: <problem>"``."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint file or directory that does not exist (also a ``FileNotFoundError``)."""
+
+
+class TensorInfo(NamedTuple):
+    """One header entry: safetensors dtype string, shape and ``(begin, end)`` byte offsets."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    offsets: tuple[int, int]
+
+
+def _err(file: str | os.PathLike[str], problem: str) -> CheckpointError:
+    return CheckpointError(f"{_PREFIX} {os.fspath(file)}: {problem}")
+
+
+def _short(text: object, limit: int = 80) -> str:
+    r = repr(text)
+    return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _parse_json(file: str, raw: bytes, what: str) -> Any:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity; errors name ``file``."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _err(file, f"{what} is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    except _DuplicateKey as exc:
+        raise _err(file, f"duplicate key {_short(exc.key)} in {what}") from None
+    except RecursionError:
+        raise _err(file, f"{what} is nested too deeply") from None
+    except ValueError as exc:
+        raise _err(file, f"{what} is not valid JSON ({exc})") from None
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # JSON ints only (bool is excluded)
+
+
+def _open_regular(path: str) -> tuple[BinaryIO, int]:
+    """Open a regular file for binary reading; return it and its size (from the open fd)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{_PREFIX} {path}: no such file") from None
+    except OSError as exc:
+        raise _err(path, f"cannot stat: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _err(path, "not a regular file")
+    try:
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{_PREFIX} {path}: no such file") from None
+    except OSError as exc:
+        raise _err(path, f"cannot open: {exc.strerror or exc}") from None
+    return f, os.fstat(f.fileno()).st_size  # type: ignore[return-value]
+
+
+def _read_exact(f: BinaryIO, file: str, offset: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` bytes at ``offset`` into a fresh uint8 array (error if the file is short)."""
+    buf = np.empty(nbytes, dtype=np.uint8)
+    if nbytes == 0:
+        return buf
+    f.seek(offset)
+    view = memoryview(buf)
+    got = 0
+    while got < nbytes:
+        n = f.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            raise _err(file, f"file ended after {offset + got} bytes (it changed while read?)")
+        got += n
+    return buf
+
+
+def _parse_header(file: str, header: Any, data_size: int) -> tuple[dict[str, TensorInfo], dict]:
+    """Validate a decoded header against a byte buffer of ``data_size`` bytes."""
+    if not isinstance(header, dict):
+        raise _err(file, f"header must be a JSON object, got {type(header).__name__}")
+    metadata = header.get("__metadata__", {})
+    if not isinstance(metadata, dict):
+        raise _err(file, "__metadata__ must be an object of strings")
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise _err(file, f"__metadata__[{_short(key)}] must be a string, got {_short(value)}")
+    tensors: dict[str, TensorInfo] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"tensor {_short(name)}"
+        if not isinstance(entry, dict):
+            raise _err(file, f"{where}: entry must be an object, got {type(entry).__name__}")
+        keys = set(entry)
+        if keys != _ENTRY_KEYS:
+            missing, extra = _ENTRY_KEYS - keys, keys - _ENTRY_KEYS
+            problem = (
+                f"missing {', '.join(sorted(missing))}"
+                if missing
+                else f"unknown keys {', '.join(sorted(map(_short, extra)))}"
+            )
+            raise _err(file, f"{where}: {problem}")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise _err(
+                file,
+                f"{where}: unsupported dtype {_short(dtype)} (supported: {', '.join(DTYPES)})",
+            )
+        if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
+            raise _err(
+                file, f"{where}: shape must be a list of non-negative ints, got {_short(shape)}"
+            )
+        if len(shape) > MAX_NDIM:
+            raise _err(file, f"{where}: {len(shape)} dimensions (at most {MAX_NDIM})")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(_is_int(o) and o >= 0 for o in offsets)
+        ):
+            raise _err(
+                file,
+                f"{where}: data_offsets must be [begin, end] with non-negative "
+                f"ints, got {_short(offsets)}",
+            )
+        begin, end = offsets
+        if begin > end:
+            raise _err(file, f"{where}: data_offsets out of order: begin {begin} > end {end}")
+        if end > data_size:
+            raise _err(
+                file,
+                f"{where}: data_offsets [{begin}, {end}] point past the end of the data "
+                f"({data_size} bytes follow the header)",
+            )
+        nbytes = math.prod(shape) * DTYPES[dtype].itemsize
+        if end - begin != nbytes:
+            raise _err(
+                file,
+                f"{where}: shape {tuple(shape)} of {dtype} needs {nbytes} bytes, "
+                f"data_offsets [{begin}, {end}] hold {end - begin}",
+            )
+        tensors[name] = TensorInfo(dtype, tuple(shape), (begin, end))
+    # the byte buffer must be covered exactly: no overlap, no gap, nothing left over
+    position, previous = 0, None
+    for name, info in sorted(tensors.items(), key=lambda item: item[1].offsets):
+        begin, end = info.offsets
+        if begin < position:
+            raise _err(
+                file,
+                f"tensor {_short(name)} overlaps tensor {_short(previous)} "
+                f"(bytes {begin}..{position})",
+            )
+        if begin > position:
+            raise _err(
+                file,
+                f"gap of {begin - position} unindexed bytes before tensor "
+                f"{_short(name)} (bytes {position}..{begin})",
+            )
+        position, previous = end, name
+    if position != data_size:
+        raise _err(
+            file,
+            f"{data_size - position} bytes after the last tensor are not indexed by the header",
+        )
+    return tensors, dict(metadata)
+
+
+def _read_header_from(f: BinaryIO, file: str, size: int) -> tuple[dict[str, TensorInfo], dict, int]:
+    if size < 8:
+        raise _err(file, f"file of {size} bytes is too short for a safetensors header")
+    prefix = f.read(8)
+    if len(prefix) != 8:
+        raise _err(file, "file ended inside the 8-byte header length")
+    n = int.from_bytes(prefix, "little")
+    if n > size - 8:
+        raise _err(
+            file,
+            f"header length {n} exceeds the {size - 8} bytes after the length "
+            f"field (truncated or not a safetensors file)",
+        )
+    if n > MAX_HEADER_BYTES:
+        raise _err(file, f"header length {n} exceeds the 100 MiB limit")
+    if n < 2:
+        raise _err(file, f"header length {n} is too small for a JSON object")
+    raw = _read_exact(f, file, 8, n).tobytes()
+    header = _parse_json(file, raw, "header")
+    tensors, metadata = _parse_header(file, header, size - 8 - n)
+    return tensors, metadata, 8 + n
+
+
+def read_header(
+    path: str | os.PathLike[str],
+) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
+    """Read and validate the header of a safetensors file.
+
+    Returns:
+        ``(tensors, metadata, data_offset)``: ``tensors`` maps each name (in header order) to
+        a :class:`TensorInfo` ``(dtype, shape, (begin, end))`` with offsets relative to the
+        byte buffer, which starts at absolute file offset ``data_offset``; ``metadata`` is the
+        ``__metadata__`` dict (empty when absent).
+
+    Raises:
+        CheckpointError: anything malformed (see the module docstring).
+    """
+    file = os.fspath(path)
+    f, size = _open_regular(file)
+    with f:
+        return _read_header_from(f, file, size)
+
+
+def _convert(raw: np.ndarray, info: TensorInfo, dtype: np.dtype | None) -> np.ndarray:
+    """Bytes -> a native-endian C-contiguous array of the requested dtype."""
+    storage = DTYPES[info.dtype]
+    if info.dtype == "BOOL":
+        return (raw != 0).reshape(info.shape)
+    arr = raw.view(storage)
+    if info.dtype == "BF16":
+        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    elif not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if dtype is not None and info.dtype in _FLOAT_DTYPES and arr.dtype != dtype:
+        arr = arr.astype(dtype)
+    return np.ascontiguousarray(arr.reshape(info.shape))
+
+
+def _check_dtype(dtype: Any) -> np.dtype | None:
+    if dtype is None:
+        return None
+    dt = np.dtype(dtype)
+    if dt.kind != "f":
+        raise TypeError(f"{_PREFIX} dtype must be a floating dtype or None, got {dt}")
+    return dt
+
+
+def _load_from(
+    f: BinaryIO,
+    file: str,
+    tensors: Mapping[str, TensorInfo],
+    data_offset: int,
+    names: Iterable[str],
+    dtype: np.dtype | None,
+) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    wanted = list(names)
+    # read in file order (sequential I/O), return in the requested order
+    for name in sorted(wanted, key=lambda k: tensors[k].offsets):
+        info = tensors[name]
+        begin, end = info.offsets
+        out[name] = _convert(_read_exact(f, file, data_offset + begin, end - begin), info, dtype)
+    return {name: out[name] for name in wanted}
+
+
+def _select(file: str, tensors: Mapping[str, TensorInfo], names: Iterable[str] | None) -> list:
+    if names is None:
+        return list(tensors)
+    if isinstance(names, str):
+        raise TypeError(f"{_PREFIX} names must be a collection of tensor names, not a str")
+    wanted = list(dict.fromkeys(names))
+    for name in wanted:
+        if name not in tensors:
+            raise _err(file, f"no tensor named {_short(name)}")
+    return wanted
+
+
+def load_file(
+    path: str | os.PathLike[str],
+    names: Iterable[str] | None = None,
+    dtype: Any = np.float32,
+) -> dict[str, np.ndarray]:
+    """Load tensors of a safetensors file into C-contiguous NumPy arrays.
+
+    Args:
+        path: the ``.safetensors`` file.
+        names: the tensors to load (all when ``None``); an unknown name is an error.
+        dtype: floating tensors (F64/F32/F16/BF16) are converted to this floating dtype
+            (default float32); ``None`` keeps the stored precision, except that BF16 becomes
+            float32. Integer tensors keep their type; BOOL becomes ``bool``.
+
+    Returns:
+        ``{name: array}`` in header order (or in the order of ``names``).
+
+    Raises:
+        CheckpointError: malformed file or unknown name; CheckpointNotFoundError: no file.
+    """
+    dt = _check_dtype(dtype)
+    file = os.fspath(path)
+    f, size = _open_regular(file)
+    with f:
+        tensors, _, data_offset = _read_header_from(f, file, size)
+        wanted = _select(file, tensors, names)
+        return _load_from(f, file, tensors, data_offset, wanted, dt)
+
+
+# -------------------------------------------------------------------------------------
+# checkpoint directories
+# -------------------------------------------------------------------------------------
+
+_SHARD_NAME = re.compile(r"[^/\\\x00]+\.safetensors")
+
+
+def _check_dir(path: str) -> None:
+    if not os.path.exists(path):
+        raise CheckpointNotFoundError(f"{_PREFIX} {path}: no such directory")
+    if not os.path.isdir(path):
+        raise _err(path, "not a directory")
+
+
+def _read_index(directory: str) -> dict[str, str]:
+    """The validated ``weight_map`` of ``model.safetensors.index.json``."""
+    index_path = os.path.join(directory, INDEX_FILE)
+    f, size = _open_regular(index_path)
+    with f:
+        if size > MAX_INDEX_BYTES:
+            raise _err(
+                index_path, f"file of {size} bytes exceeds the {MAX_INDEX_BYTES >> 20} MiB limit"
+            )
+        raw = f.read(MAX_INDEX_BYTES + 1)
+    if len(raw) > MAX_INDEX_BYTES:
+        raise _err(index_path, "file exceeds the size limit")
+    index = _parse_json(index_path, raw, "index")
+    if not isinstance(index, dict):
+        raise _err(index_path, f"must hold a JSON object, got {type(index).__name__}")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise _err(index_path, "missing 'weight_map' object")
+    if not weight_map:
+        raise _err(index_path, "'weight_map' is empty")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise _err(
+                index_path, f"weight_map[{_short(name)}] must be a file name, got {_short(shard)}"
+            )
+        if not _SHARD_NAME.fullmatch(shard) or ".." in shard or shard.startswith("."):
+            raise _err(
+                index_path,
+                f"weight_map[{_short(name)}] = {_short(shard)} is not a plain "
+                f"'*.safetensors' file name inside the directory",
+            )
+    return weight_map
+
+
+def read_checkpoint_index(
+    path: str | os.PathLike[str],
+) -> dict[str, tuple[str, TensorInfo]]:
+    """The tensors of a checkpoint directory, from the headers only (no tensor data read).
+
+    ``path`` holds ``model.safetensors``, or shards listed by ``model.safetensors.index.json``
+    (its ``weight_map``: tensor name -> shard file name). As in transformers, a single
+    ``model.safetensors`` is used when both are present. For shards, every file named by the
+    index must be a ``*.safetensors`` file directly inside ``path``; each tensor must be in
+    the shard the index names; no tensor may appear in two shards or in a shard without
+    being listed.
+
+    Returns:
+        ``{name: (file path, TensorInfo)}``.
+
+    Raises:
+        CheckpointError / CheckpointNotFoundError.
+    """
+    directory = os.fspath(path)
+    _check_dir(directory)
+    single = os.path.join(directory, SINGLE_FILE)
+    if os.path.exists(single) or not os.path.exists(os.path.join(directory, INDEX_FILE)):
+        if not os.path.exists(single):
+            raise CheckpointNotFoundError(
+                f"{_PREFIX} {directory}: no {SINGLE_FILE} or {INDEX_FILE} in the directory"
+            )
+        tensors, _, _ = read_header(single)
+        return {name: (single, info) for name, info in tensors.items()}
+
+    index_path = os.path.join(directory, INDEX_FILE)
+    weight_map = _read_index(directory)
+    found: dict[str, tuple[str, TensorInfo]] = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = os.path.join(directory, shard)
+        if not os.path.exists(shard_path):
+            raise CheckpointNotFoundError(
+                f"{_PREFIX} {index_path}: shard {shard!r} listed in the index does not exist"
+            )
+        tensors, _, _ = read_header(shard_path)
+        for name, info in tensors.items():
+            if name in found:
+                raise _err(shard_path, f"tensor {_short(name)} is also in {found[name][0]}")
+            listed = weight_map.get(name)
+            if listed is None:
+                raise _err(shard_path, f"tensor {_short(name)} is not listed in {INDEX_FILE}")
+            if listed != shard:
+                raise _err(
+                    shard_path, f"tensor {_short(name)} is listed in {INDEX_FILE} as in {listed!r}"
+                )
+            found[name] = (shard_path, info)
+    for name, shard in weight_map.items():
+        if name not in found:
+            raise _err(
+                os.path.join(directory, shard),
+                f"tensor {_short(name)} listed in {INDEX_FILE} is not in this shard",
+            )
+    return {name: found[name] for name in weight_map}
+
+
+def _load_located(
+    located: Mapping[str, tuple[str, TensorInfo]],
+    names: Collection[str],
+    dtype: np.dtype | None,
+) -> dict[str, np.ndarray]:
+    by_file: dict[str, list[str]] = {}
+    for name in names:
+        by_file.setdefault(located[name][0], []).append(name)
+    out: dict[str, np.ndarray] = {}
+    for file, file_names in by_file.items():
+        f, size = _open_regular(file)
+        with f:
+            # re-read the header: the file must still be the one indexed
+            tensors, _, data_offset = _read_header_from(f, file, size)
+            for name in file_names:
+                if tensors.get(name) != located[name][1]:
+                    raise _err(file, f"tensor {_short(name)} changed since the header was read")
+            out.update(_load_from(f, file, tensors, data_offset, file_names, dtype))
+    return {name: out[name] for name in names}
+
+
+def load_checkpoint_dir(
+    path: str | os.PathLike[str],
+    names: Iterable[str] | None = None,
+    dtype: Any = np.float32,
+) -> dict[str, np.ndarray]:
+    """Load the tensors of an HF checkpoint directory (single file or sharded).
+
+    See :func:`read_checkpoint_index` for the checks and :func:`load_file` for ``names`` and
+    ``dtype``.
+    """
+    dt = _check_dtype(dtype)
+    located = read_checkpoint_index(path)
+    if names is None:
+        wanted = list(located)
+    else:
+        if isinstance(names, str):
+            raise TypeError(f"{_PREFIX} names must be a collection of tensor names, not a str")
+        wanted = list(dict.fromkeys(names))
+        for name in wanted:
+            if name not in located:
+                raise _err(os.fspath(path), f"no tensor named {_short(name)} in the checkpoint")
+    return _load_located(located, wanted, dt)
+
+
+# -------------------------------------------------------------------------------------
+# matching a checkpoint against a model layout
+# -------------------------------------------------------------------------------------
+
+_ROTARY_BUFFER = re.compile(r"(model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+
+
+def check_key_shapes(
+    found: Mapping[str, tuple[int, ...]],
+    expected: Mapping[str, tuple[int, ...]],
+    *,
+    source: str,
+    fn: str = "from_pretrained",
+    ignore: Collection[str] = (),
+) -> None:
+    """Check that ``found`` has exactly the ``expected`` keys with the expected shapes.
+
+    Keys in ``ignore`` and HF's non-persistent RoPE buffers
+    (``model.layers.{i}.self_attn.rotary_emb.inv_freq``, present in some old checkpoints) may
+    appear in ``found`` in addition.
+
+    Raises:
+        CheckpointError: ``"[<fn>] <source>: ..."`` naming missing / unexpected keys (the
+            first few) or the first key whose shape differs.
+    """
+
+    def listing(keys: list[str]) -> str:
+        head = ", ".join(keys[:5])
+        return head + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+    missing = [k for k in expected if k not in found]
+    if missing:
+        raise CheckpointError(
+            f"[{fn}] {source}: missing {len(missing)} tensor(s): {listing(missing)}"
+        )
+    unexpected = [
+        k
+        for k in found
+        if k not in expected and k not in ignore and not _ROTARY_BUFFER.fullmatch(k)
+    ]
+    if unexpected:
+        raise CheckpointError(
+            f"[{fn}] {source}: unexpected tensor(s) for this configuration: {listing(unexpected)}"
+        )
+    for key, shape in expected.items():
+        if tuple(found[key]) != tuple(shape):
+            raise CheckpointError(
+                f"[{fn}] {source}: tensor {key} has shape {tuple(found[key])}, "
+                f"expected {tuple(shape)}"
+            )
+
+
+def load_pretrained(
+    path: str | os.PathLike[str], dtype: Any = np.float32
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """Read an HF LLaMA directory: ``config.json`` and the safetensors weights.
+
+    The weights are checked against :func:`llmkernels._config.hf_key_shapes` from the headers
+    before any tensor data is read; only the expected tensors are loaded, as ``dtype``
+    (float32 by default), in ``hf_key_shapes`` order. A ``lm_head.weight`` saved although
+    ``tie_word_embeddings`` is true is ignored (as transformers does: the embedding wins).
+
+    Returns:
+        ``(ModelConfig, {hf_key: array})``.
+
+    Raises:
+        ConfigError (``"[config] ..."``) for the config; CheckpointError for the weights.
+    """
+    from ._config import hf_key_shapes, read_config_json
+
+    directory = os.fspath(path)
+    _check_dir(directory)
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.exists(config_path):
+        raise CheckpointNotFoundError(f"{_PREFIX} {config_path}: no such file")
+    cfg = read_config_json(config_path)
+    expected = hf_key_shapes(cfg)
+    located = read_checkpoint_index(directory)
+    ignore = ("lm_head.weight",) if cfg.tie_embeddings else ()
+    check_key_shapes(
+        {k: v[1].shape for k, v in located.items()}, expected, source=directory, ignore=ignore
+    )
+    for key in expected:
+        file, info = located[key]
+        if info.dtype not in _FLOAT_DTYPES:
+            raise _err(file, f"tensor {key} has dtype {info.dtype}; weights must be floating")
+    return cfg, _load_located(located, list(expected), _check_dtype(dtype))

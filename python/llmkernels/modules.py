@@ -1,0 +1,773 @@
+"""Composable transformer modules backed by C++ (``RMSNorm``, ``LayerNorm``, ``FeedForward``,
+``MultiHeadAttention``, ``TransformerBlock``, ``Transformer``) and their KV caches.
+
+Each module holds float32 weights owned by C++ in HF LLaMA layout (projections are
+``(out, in)``), shows them to Python without copying (:meth:`state_dict`), and replaces them with
+validation (:meth:`load_state_dict`, strict by default). Calling a module runs its whole forward in
+one C++ call with the GIL released::
+
+    block = TransformerBlock.from_config({"dim": 512, "n_heads": 8, "hidden_dim": 1408}, seed=0)
+    y = block(x)                                   # x: (B, T, 512) float32
+    block.load_state_dict({k: v.numpy() for k, v in hf_layer.state_dict().items()})
+
+A block is ``h = x + attn(norm1(x)); y = h + ffn(norm2(h))`` (pre-norm, LLaMA) or
+``h = norm1(x + attn(x)); y = norm2(h + ffn(h))`` (``norm_position="post"``).
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from ._config import ModelConfig, read_config_json
+from ._rope_scaling import rope_attention_factor, rope_inv_freq
+
+__all__ = [
+    "FeedForward",
+    "KVCache",
+    "LayerNorm",
+    "ModelCache",
+    "MultiHeadAttention",
+    "RMSNorm",
+    "Transformer",
+    "TransformerBlock",
+]
+
+_INIT_STD = 0.02  # HF's initializer_range
+
+
+def _rng(seed: int | None) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _positive_int(cls: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"[{cls}] {name} must be a positive int, got {value!r}")
+    if value > 1 << 24:
+        raise ValueError(f"[{cls}] {name} = {value} is too large (limit 2**24)")
+    return int(value)
+
+
+def _check_eps(cls: str, eps: Any) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 <= float(eps) < 1):
+        raise ValueError(f"[{cls}] eps must be a number in [0, 1), got {eps!r}")
+    return float(eps)
+
+
+class _Module:
+    """State-dict plumbing shared by the modules: ``_impl.params()`` gives zero-copy views."""
+
+    _name = "Module"
+
+    def _own_params(self) -> dict[str, np.ndarray]:
+        return dict(self._impl.params())  # type: ignore[attr-defined]
+
+    def _children(self) -> Iterator[tuple[str, _Module]]:
+        return iter(())
+
+    def state_dict(self, prefix: str = "") -> dict[str, np.ndarray]:
+        """Parameters by HF name, as float32 NumPy views of the C++ storage (no copy: writing
+        to them changes the module)."""
+        out = {prefix + k: v for k, v in self._own_params().items()}
+        for name, child in self._children():
+            out.update(child.state_dict(prefix + name + "."))
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        """Copy weights in (any array-likes, e.g. ``{k: v.numpy() for k, v in hf.items()}``).
+
+        Every given tensor is checked for its expected shape before anything is copied, so a
+        failed call changes nothing. ``strict``: missing and unexpected keys are errors.
+        """
+        own = self.state_dict()
+        unexpected = [k for k in state_dict if k not in own]
+        missing = [k for k in own if k not in state_dict]
+        if strict and (unexpected or missing):
+            parts = []
+            if missing:
+                parts.append(f"missing keys {missing}")
+            if unexpected:
+                parts.append(f"unexpected keys {unexpected}")
+            raise KeyError(f"[{self._name}.load_state_dict] " + "; ".join(parts))
+        staged: list[tuple[np.ndarray, np.ndarray]] = []
+        for key, value in state_dict.items():
+            if key not in own:
+                continue
+            arr = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+            if arr.dtype.kind not in "fiu":
+                raise TypeError(
+                    f"[{self._name}.load_state_dict] {key}: dtype {arr.dtype} is not a real number"
+                )
+            if arr.shape != own[key].shape:
+                raise ValueError(
+                    f"[{self._name}.load_state_dict] {key}: expected shape {own[key].shape}, "
+                    f"got {arr.shape}"
+                )
+            staged.append((own[key], arr))
+        for dst, src in staged:
+            np.copyto(dst, src, casting="unsafe")
+
+    def _init_random(self, rng: np.random.Generator) -> None:
+        for key, arr in self.state_dict().items():
+            if key.endswith("layernorm.weight") or key.endswith("norm.weight") or key == "weight":
+                arr[...] = 1.0
+            elif key.endswith("bias"):
+                arr[...] = 0.0
+            else:
+                arr[...] = rng.standard_normal(arr.shape, dtype=np.float32) * _INIT_STD
+
+
+def _as_f32(cls: str, name: str, x: Any, last: int) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"[{cls}] {name} has unsupported dtype {arr.dtype}")
+    if arr.ndim < 1 or arr.shape[-1] != last:
+        raise ValueError(f"[{cls}] {name} must have shape (..., {last}), got {arr.shape}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# norms and feed-forward
+# ----------------------------------------------------------------------------------------------
+
+
+class RMSNorm(_Module):
+    """RMSNorm over the last axis, ``x / sqrt(mean(x**2) + eps) * weight``; weight ``(dim,)``."""
+
+    _name = "RMSNorm"
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        self._impl = _core.RMSNormImpl(_positive_int(self._name, "dim", dim), _check_eps(self._name, eps))
+
+    @property
+    def dim(self) -> int:
+        return self._impl.dim
+
+    @property
+    def eps(self) -> float:
+        return self._impl.eps
+
+    def __call__(self, x: Any) -> np.ndarray:
+        """``(..., dim)`` float32 -> same shape."""
+        return self._impl.forward(_as_f32(self._name, "x", x, self.dim))
+
+    def __repr__(self) -> str:
+        return f"RMSNorm(dim={self.dim}, eps={self.eps})"
+
+
+class LayerNorm(_Module):
+    """LayerNorm over the last axis (biased variance); weight and optional bias ``(dim,)``."""
+
+    _name = "LayerNorm"
+
+    def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True) -> None:
+        self._impl = _core.LayerNormImpl(
+            _positive_int(self._name, "dim", dim), _check_eps(self._name, eps), bool(bias)
+        )
+
+    @property
+    def dim(self) -> int:
+        return self._impl.dim
+
+    def __call__(self, x: Any) -> np.ndarray:
+        return self._impl.forward(_as_f32(self._name, "x", x, self.dim))
+
+    def __repr__(self) -> str:
+        return f"LayerNorm(dim={self.dim}, eps={self._impl.eps}, bias={self._impl.has_bias})"
+
+
+def _make_norm(kind: str, dim: int, eps: float) -> RMSNorm | LayerNorm:
+    if kind == "rms":
+        return RMSNorm(dim, eps)
+    if kind == "layer":
+        return LayerNorm(dim, eps)
+    raise ValueError(f"[TransformerBlock] norm must be 'rms' or 'layer', got {kind!r}")
+
+
+class FeedForward(_Module):
+    """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` with HF keys ``gate_proj``, ``up_proj``,
+    ``down_proj`` (weights ``(out, in)``). ``x (..., dim)`` -> ``(..., dim)``."""
+
+    _name = "FeedForward"
+
+    def __init__(
+        self, dim: int, hidden_dim: int, *, bias: bool = False, seed: int | None = None
+    ) -> None:
+        self._impl = _core.FeedForwardImpl(
+            _positive_int(self._name, "dim", dim),
+            _positive_int(self._name, "hidden_dim", hidden_dim),
+            bool(bias),
+        )
+        self._init_random(_rng(seed))
+
+    @property
+    def dim(self) -> int:
+        return self._impl.dim
+
+    @property
+    def hidden_dim(self) -> int:
+        return self._impl.hidden
+
+    def __call__(self, x: Any) -> np.ndarray:
+        arr = _as_f32(self._name, "x", x, self.dim)
+        return self._impl.forward(arr.reshape(-1, self.dim)).reshape(arr.shape)
+
+    def __repr__(self) -> str:
+        return f"FeedForward(dim={self.dim}, hidden_dim={self.hidden_dim})"
+
+
+# ----------------------------------------------------------------------------------------------
+# attention and caches
+# ----------------------------------------------------------------------------------------------
+
+
+class KVCache:
+    """Keys and values of past tokens for one attention layer and one batch of sequences.
+
+    ``length`` tokens are cached (at most ``max_seq_len``); ``next_positions`` is the RoPE
+    position the next token of each sequence gets (it only advances on real tokens, so
+    left-padded batches keep per-sequence positions).
+    """
+
+    def __init__(self, batch: int, max_seq_len: int, n_kv_heads: int, head_dim: int) -> None:
+        for name, v in (("batch", batch), ("max_seq_len", max_seq_len)):
+            _positive_int("KVCache", name, v)
+        if batch * max_seq_len * n_kv_heads * head_dim > 1 << 33:
+            raise ValueError("[KVCache] batch * max_seq_len * heads * head_dim is too large")
+        self._impl = _core.KVCacheImpl(batch, max_seq_len, n_kv_heads, head_dim)
+        self.next_positions = np.zeros(batch, np.int64)
+
+    @property
+    def batch(self) -> int:
+        return self._impl.batch
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._impl.max_len
+
+    @property
+    def length(self) -> int:
+        return self._impl.length
+
+    def keys(self) -> np.ndarray:
+        """``(B, Hkv, length, head_dim)`` view of the cached (rotated) keys."""
+        return self._impl.keys()
+
+    def values(self) -> np.ndarray:
+        return self._impl.values()
+
+    def reset(self) -> None:
+        self._impl.reset()
+        self.next_positions[:] = 0
+
+    def __repr__(self) -> str:
+        return f"KVCache(batch={self.batch}, length={self.length}, max_seq_len={self.max_seq_len})"
+
+
+class ModelCache:
+    """One :class:`KVCache` per block of a :class:`Transformer`."""
+
+    def __init__(self, caches: Sequence[KVCache]) -> None:
+        self.layers = list(caches)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0
+
+    @property
+    def next_positions(self) -> np.ndarray:
+        return self.layers[0].next_positions
+
+    def reset(self) -> None:
+        for c in self.layers:
+            c.reset()
+
+
+def _positions_and_mask(
+    cls: str, batch: int, seq: int, positions: Any, mask: Any, cache: KVCache | ModelCache | None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(B, T) int64 positions, (B, T) uint8 key mask or None, and the next positions for the
+    cache. Default positions: the cache's next position per sequence + the count of real tokens
+    before each one (HF's cumsum(attention_mask) - 1 convention for padded batches)."""
+    key_mask = None
+    if mask is not None:
+        m = np.asarray(mask)
+        if m.shape != (batch, seq):
+            raise ValueError(f"[{cls}] mask must have shape (B, T) = {(batch, seq)}, got {m.shape}")
+        if m.dtype.kind not in "biu":
+            raise TypeError(f"[{cls}] mask must be boolean or 0/1 integers, got dtype {m.dtype}")
+        key_mask = np.ascontiguousarray(m != 0, dtype=np.uint8)
+    start = cache.next_positions if cache is not None else np.zeros(batch, np.int64)
+    if positions is None:
+        if key_mask is None:
+            pos = start[:, None] + np.arange(seq, dtype=np.int64)[None, :]
+        else:
+            pos = start[:, None] + np.maximum(np.cumsum(key_mask, axis=1, dtype=np.int64) - 1, 0)
+    else:
+        p = np.asarray(positions)
+        if p.dtype.kind not in "iu":
+            raise TypeError(f"[{cls}] positions must be integers, got dtype {p.dtype}")
+        try:
+            pos = np.broadcast_to(p, (batch, seq))
+        except ValueError:
+            raise ValueError(
+                f"[{cls}] positions must have shape (T,) or (B, T) = {(batch, seq)}, got {p.shape}"
+            ) from None
+        if pos.size and pos.min() < 0:
+            raise ValueError(f"[{cls}] positions must be >= 0")
+    pos = np.ascontiguousarray(pos, dtype=np.int64)
+    if key_mask is None:
+        nxt = pos[:, -1] + 1 if seq else start.copy()
+    else:
+        counts = key_mask.sum(axis=1, dtype=np.int64)
+        nxt = start + counts if positions is None else np.where(counts > 0, pos.max(axis=1) + 1, start)
+    return pos, key_mask, nxt
+
+
+class MultiHeadAttention(_Module):
+    """Causal multi-head attention with q/k/v/o projections, RoPE, grouped-query heads and an
+    optional KV cache (HF ``LlamaAttention`` keys: ``q_proj``, ``k_proj``, ``v_proj``,
+    ``o_proj``).
+
+    Args:
+        dim: model width.
+        n_heads, n_kv_heads: query heads and key/value heads (``n_heads % n_kv_heads == 0``).
+        head_dim: default ``dim // n_heads``.
+        rope_theta, rope_scaling: RoPE base and HF ``rope_scaling`` dict (see ``rope_inv_freq``).
+        bias: biases on q/k/v/o (HF ``attention_bias``).
+        causal: bottom-right causal masking (decoder self-attention).
+    """
+
+    _name = "MultiHeadAttention"
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        *,
+        rope_theta: float = 10000.0,
+        rope_scaling: Mapping[str, Any] | None = None,
+        bias: bool = False,
+        causal: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        dim = _positive_int(self._name, "dim", dim)
+        n_heads = _positive_int(self._name, "n_heads", n_heads)
+        n_kv = n_heads if n_kv_heads is None else _positive_int(self._name, "n_kv_heads", n_kv_heads)
+        if n_heads % n_kv:
+            raise ValueError(
+                f"[{self._name}] n_heads must be a multiple of n_kv_heads, got {n_heads}, {n_kv}"
+            )
+        if head_dim is None:
+            if dim % n_heads:
+                raise ValueError(
+                    f"[{self._name}] dim ({dim}) must be divisible by n_heads ({n_heads}) "
+                    "when head_dim is not given"
+                )
+            head_dim = dim // n_heads
+        head_dim = _positive_int(self._name, "head_dim", head_dim)
+        if head_dim % 2:
+            raise ValueError(f"[{self._name}] head_dim must be even (RoPE), got {head_dim}")
+        scaling = dict(rope_scaling) if rope_scaling else None
+        inv_freq = rope_inv_freq(head_dim, float(rope_theta), scaling)
+        factor = rope_attention_factor(scaling) if scaling else 1.0
+        self.rope_theta = float(rope_theta)
+        self.rope_scaling = scaling
+        self._impl = _core.MultiHeadAttentionImpl(
+            dim, n_heads, n_kv, head_dim, inv_freq.tolist(), factor, bool(bias), bool(bias),
+            bool(causal),
+        )
+        self._init_random(_rng(seed))
+
+    @property
+    def dim(self) -> int:
+        return self._impl.dim
+
+    @property
+    def n_heads(self) -> int:
+        return self._impl.n_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self._impl.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self._impl.head_dim
+
+    def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
+        """An empty KV cache for ``batch`` sequences of up to ``max_seq_len`` tokens."""
+        return KVCache(batch, max_seq_len, self.n_kv_heads, self.head_dim)
+
+    def __call__(
+        self,
+        x: Any,
+        *,
+        positions: Any = None,
+        mask: Any = None,
+        cache: KVCache | None = None,
+    ) -> np.ndarray:
+        """``x (B, T, dim)`` -> ``(B, T, dim)``. ``mask``: ``(B, T)`` key-padding mask (True =
+        real token). With ``cache``, the new keys/values are appended and attention covers every
+        cached token; positions continue from the cache."""
+        arr = _check_btd(self._name, x, self.dim)
+        b, t, _ = arr.shape
+        _check_cache(self._name, cache, b, t)
+        pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+        y = self._impl.forward(arr, pos, key_mask, cache._impl if cache is not None else None)
+        if cache is not None:
+            cache.next_positions[:] = nxt
+        return y
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiHeadAttention(dim={self.dim}, n_heads={self.n_heads}, "
+            f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim})"
+        )
+
+
+def _check_btd(cls: str, x: Any, dim: int) -> np.ndarray:
+    arr = _as_f32(cls, "x", x, dim)
+    if arr.ndim != 3:
+        raise ValueError(f"[{cls}] x must have shape (B, T, {dim}), got {arr.shape}")
+    return arr
+
+
+def _check_cache(cls: str, cache: Any, batch: int, seq: int) -> None:
+    if cache is None:
+        return
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"[{cls}] cache must be a KVCache (from new_cache), got {type(cache).__name__}")
+    if cache.batch != batch:
+        raise ValueError(f"[{cls}] cache holds {cache.batch} sequences, the input has {batch}")
+    if cache.length + seq > cache.max_seq_len:
+        raise ValueError(
+            f"[{cls}] KV cache is full: {cache.length} cached + {seq} new tokens > "
+            f"max_seq_len {cache.max_seq_len}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# block and model
+# ----------------------------------------------------------------------------------------------
+
+
+def _block_config(config: Mapping[str, Any] | ModelConfig) -> ModelConfig:
+    if isinstance(config, ModelConfig):
+        return config
+    d = dict(config)
+    hf = "hidden_size" in d or "num_attention_heads" in d
+    if not hf:  # a block alone needs no vocabulary or layer count
+        d.setdefault("n_layers", 1)
+        d.setdefault("vocab_size", 1)
+    return ModelConfig.from_dict(d)
+
+
+class TransformerBlock(_Module):
+    """One decoder layer, composed of modules (HF ``LlamaDecoderLayer`` keys ``self_attn.*``,
+    ``mlp.*``, ``input_layernorm.*``, ``post_attention_layernorm.*``).
+
+    Build it from modules you made::
+
+        TransformerBlock(attention=MultiHeadAttention(512, 8), feed_forward=FeedForward(512, 1408),
+                         attention_norm=RMSNorm(512), ffn_norm=RMSNorm(512), norm_position="pre")
+
+    or from a config (canonical names or an HF ``LlamaConfig`` dict) with
+    :meth:`from_config`. The forward is one C++ call: norm, fused QKV projection, RoPE,
+    streaming attention, output projection with the residual folded into the GEMM, norm, fused
+    gate/up projection, SwiGLU, down projection with the residual.
+    """
+
+    _name = "TransformerBlock"
+
+    def __init__(
+        self,
+        *,
+        attention: MultiHeadAttention,
+        feed_forward: FeedForward,
+        attention_norm: RMSNorm | LayerNorm,
+        ffn_norm: RMSNorm | LayerNorm,
+        norm_position: str = "pre",
+    ) -> None:
+        if not isinstance(attention, MultiHeadAttention):
+            raise TypeError(f"[{self._name}] attention must be a MultiHeadAttention")
+        if not isinstance(feed_forward, FeedForward):
+            raise TypeError(f"[{self._name}] feed_forward must be a FeedForward")
+        for name, norm in (("attention_norm", attention_norm), ("ffn_norm", ffn_norm)):
+            if not isinstance(norm, (RMSNorm, LayerNorm)):
+                raise TypeError(f"[{self._name}] {name} must be an RMSNorm or LayerNorm")
+            if norm.dim != attention.dim:
+                raise ValueError(
+                    f"[{self._name}] {name} has dim {norm.dim}, attention has {attention.dim}"
+                )
+        if feed_forward.dim != attention.dim:
+            raise ValueError(
+                f"[{self._name}] feed_forward has dim {feed_forward.dim}, attention has "
+                f"{attention.dim}"
+            )
+        if norm_position not in ("pre", "post"):
+            raise ValueError(f"[{self._name}] norm_position must be 'pre' or 'post', got {norm_position!r}")
+        self.attention = attention
+        self.feed_forward = feed_forward
+        self.attention_norm = attention_norm
+        self.ffn_norm = ffn_norm
+        self.norm_position = norm_position
+        self._impl = _core.TransformerBlockImpl(
+            attention._impl, feed_forward._impl, attention_norm._impl, ffn_norm._impl,
+            norm_position == "pre",
+        )
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any] | ModelConfig, *, seed: int | None = None
+    ) -> TransformerBlock:
+        """Build a randomly initialised block (``seed``) from ``dim, n_heads, n_kv_heads,
+        head_dim, hidden_dim, norm_eps, rope_theta, rope_scaling, norm, norm_position,
+        attention_bias, mlp_bias`` or the HF ``LlamaConfig`` equivalents."""
+        c = _block_config(config)
+        rng = _rng(seed)
+        seeds = rng.integers(0, 2**63 - 1, size=2)
+        return cls(
+            attention=MultiHeadAttention(
+                c.dim, c.n_heads, c.n_kv_heads, c.head_dim, rope_theta=c.rope_theta,
+                rope_scaling=c.rope_scaling, bias=c.attention_bias, seed=int(seeds[0]),
+            ),
+            feed_forward=FeedForward(c.dim, c.hidden_dim, bias=c.mlp_bias, seed=int(seeds[1])),
+            attention_norm=_make_norm(c.norm, c.dim, c.norm_eps),
+            ffn_norm=_make_norm(c.norm, c.dim, c.norm_eps),
+            norm_position=c.norm_position,
+        )
+
+    def _own_params(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def _children(self) -> Iterator[tuple[str, _Module]]:
+        yield "self_attn", self.attention
+        yield "mlp", self.feed_forward
+        yield "input_layernorm", self.attention_norm
+        yield "post_attention_layernorm", self.ffn_norm
+
+    @property
+    def dim(self) -> int:
+        return self.attention.dim
+
+    def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
+        return self.attention.new_cache(batch, max_seq_len)
+
+    def __call__(
+        self, x: Any, *, positions: Any = None, mask: Any = None, cache: KVCache | None = None
+    ) -> np.ndarray:
+        """``x (B, T, dim)`` -> ``(B, T, dim)`` (see :class:`MultiHeadAttention` for the
+        arguments)."""
+        arr = _check_btd(self._name, x, self.dim)
+        b, t, _ = arr.shape
+        _check_cache(self._name, cache, b, t)
+        pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+        y = self._impl.forward(arr, pos, key_mask, cache._impl if cache is not None else None)
+        if cache is not None:
+            cache.next_positions[:] = nxt
+        return y
+
+    def __repr__(self) -> str:
+        return (
+            f"TransformerBlock({self.attention!r}, {self.feed_forward!r}, "
+            f"norm={self.attention_norm!r}, norm_position={self.norm_position!r})"
+        )
+
+
+class Transformer(_Module):
+    """A LLaMA-style decoder: token embedding, ``n_layers`` blocks, final norm, LM head (tied to
+    the embedding when ``tie_embeddings``). State-dict keys are HF ``LlamaForCausalLM``'s."""
+
+    _name = "Transformer"
+
+    def __init__(self, config: Mapping[str, Any] | ModelConfig, *, seed: int | None = None) -> None:
+        c = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(config)
+        self.config = c
+        rng = _rng(seed)
+        self.blocks = [
+            TransformerBlock.from_config(c, seed=int(s))
+            for s in rng.integers(0, 2**63 - 1, size=c.n_layers)
+        ]
+        self.norm = _make_norm(c.norm, c.dim, c.norm_eps)
+        self._impl = _core.TransformerImpl(
+            c.vocab_size, c.dim, [b._impl for b in self.blocks], self.norm._impl, c.tie_embeddings
+        )
+        for key, arr in self._own_params().items():
+            arr[...] = rng.standard_normal(arr.shape, dtype=np.float32) * _INIT_STD
+
+    def _children(self) -> Iterator[tuple[str, _Module]]:
+        for i, block in enumerate(self.blocks):
+            yield f"model.layers.{i}", block
+        yield "model.norm", self.norm
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike[str]) -> Transformer:
+        """Load an HF LLaMA checkpoint directory: ``config.json`` and ``model.safetensors`` (or
+        shards with ``model.safetensors.index.json``). Never unpickles; every tensor is checked
+        (dtype, shape, offsets) before the model is built, so a bad file raises a clear error."""
+        from ._safetensors import load_checkpoint_dir
+
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise ValueError(f"[from_pretrained] {path!r} is not a directory")
+        config = read_config_json(os.path.join(path, "config.json"))
+        tensors = load_checkpoint_dir(path)
+        if config.tie_embeddings:
+            tensors.pop("lm_head.weight", None)
+        elif "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
+            raise ValueError("[from_pretrained] lm_head.weight is missing and embeddings are untied")
+        model = cls(config)
+        model.load_state_dict(tensors)
+        return model
+
+    def new_cache(self, batch: int, max_seq_len: int | None = None) -> ModelCache:
+        """Per-layer KV caches for ``batch`` sequences of up to ``max_seq_len`` tokens."""
+        length = self.config.max_seq_len if max_seq_len is None else max_seq_len
+        return ModelCache([b.new_cache(batch, length) for b in self.blocks])
+
+    def __call__(
+        self,
+        ids: Any,
+        *,
+        positions: Any = None,
+        mask: Any = None,
+        cache: ModelCache | None = None,
+        last_only: bool = False,
+    ) -> np.ndarray:
+        """Logits ``(B, T, vocab)`` float32 for token ids ``(B, T)`` (or ``(T,)``), or
+        ``(B, 1, vocab)`` with ``last_only``. ``mask``: ``(B, T)`` padding mask (True = real
+        token, e.g. left padding for batched prompts)."""
+        ids_arr = np.asarray(ids)
+        if ids_arr.dtype.kind not in "iu":
+            raise TypeError(f"[{self._name}] ids must be integers, got dtype {ids_arr.dtype}")
+        if ids_arr.ndim == 1:
+            ids_arr = ids_arr[None]
+        if ids_arr.ndim != 2:
+            raise ValueError(f"[{self._name}] ids must have shape (B, T) or (T,), got {ids_arr.shape}")
+        if ids_arr.size and (ids_arr.min() < 0 or ids_arr.max() >= self.config.vocab_size):
+            raise ValueError(
+                f"[{self._name}] ids must be in [0, vocab_size={self.config.vocab_size})"
+            )
+        b, t = ids_arr.shape
+        if cache is not None:
+            if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.blocks):
+                raise TypeError(f"[{self._name}] cache must come from this model's new_cache()")
+            _check_cache(self._name, cache.layers[0], b, t)
+        pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+        logits = self._impl.forward(
+            np.ascontiguousarray(ids_arr, dtype=np.int64), pos, key_mask,
+            [c._impl for c in cache.layers] if cache is not None else [], bool(last_only),
+        )
+        if cache is not None:
+            for c in cache.layers:
+                c.next_positions[:] = nxt
+        return logits
+
+    def generate(
+        self,
+        ids: Any,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        mask: Any = None,
+        progress: bool | None = None,
+    ) -> np.ndarray:
+        """Autoregressive decoding with a KV cache: one prefill, then one C++ call per token.
+
+        ``temperature=0`` is greedy (argmax); otherwise samples from
+        ``softmax(logits / temperature)`` restricted to the ``top_k`` tokens and the ``top_p``
+        nucleus, with a NumPy generator seeded by ``seed``. ``ids (B, T)`` (left-padded with
+        ``mask`` for prompts of different lengths). Returns ``(B, T + max_new_tokens)``.
+        ``progress``: a tqdm bar (default: on when stderr is a terminal).
+        """
+        ids_arr = np.asarray(ids)
+        if ids_arr.ndim == 1:
+            ids_arr = ids_arr[None]
+        steps = int(max_new_tokens)
+        if steps < 0:
+            raise ValueError("[generate] max_new_tokens must be >= 0")
+        if temperature < 0:
+            raise ValueError("[generate] temperature must be >= 0")
+        if top_k is not None and top_k < 1:
+            raise ValueError("[generate] top_k must be >= 1")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError("[generate] top_p must be in (0, 1]")
+        b, t = ids_arr.shape
+        if steps == 0:
+            return ids_arr.astype(np.int64)
+        cache = self.new_cache(b, t + steps)
+        rng = np.random.default_rng(seed)
+        out = [ids_arr.astype(np.int64)]
+        show = sys.stderr.isatty() if progress is None else progress
+        bar = _progress(steps, show)
+        logits = self(ids_arr, mask=mask, cache=cache, last_only=True)[:, -1]
+        for step in range(steps):
+            nxt = _sample(logits, temperature, top_k, top_p, rng)
+            out.append(nxt[:, None])
+            bar.update(1)
+            if step + 1 < steps:
+                logits = self(nxt[:, None], cache=cache, last_only=True)[:, -1]
+        bar.close()
+        return np.concatenate(out, axis=1)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"Transformer(vocab={c.vocab_size}, dim={c.dim}, n_layers={c.n_layers}, "
+            f"n_heads={c.n_heads}, n_kv_heads={c.n_kv_heads})"
+        )
+
+
+def _sample(
+    logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Next token per row of ``logits (B, vocab)``."""
+    if temperature == 0:
+        return np.argmax(logits, axis=-1).astype(np.int64)
+    z = logits.astype(np.float64) / temperature
+    if top_k is not None and top_k < z.shape[-1]:
+        kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]
+        z = np.where(z < kth, -np.inf, z)
+    z -= z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    if top_p is not None and top_p < 1:
+        order = np.argsort(-p, axis=-1)
+        sorted_p = np.take_along_axis(p, order, axis=-1)
+        keep_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p < top_p  # always keeps the top one
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, axis=-1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(p.shape[-1], p=row) for row in p], dtype=np.int64)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, show: bool) -> Any:
+    if not show:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc="generate", unit="tok")
