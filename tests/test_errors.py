@@ -163,5 +163,12 @@ def test_core_stub_is_current():
 
     stub = (Path(lk.__file__).parent / "_core.pyi").read_text()
     for name in dir(_core):
-        if callable(getattr(_core, name)) and not name.startswith("__"):
-            assert f"def {name}(" in stub, f"_core.{name} missing from _core.pyi: run `make stubs`"
+        obj = getattr(_core, name)
+        if name.startswith("__") or not callable(obj):
+            continue
+        entry = f"class {name}(" if isinstance(obj, type) else f"def {name}("
+        assert entry in stub, f"_core.{name} missing from _core.pyi: run `make stubs`"
+        if isinstance(obj, type):  # and its public methods
+            for meth in vars(obj):
+                if not meth.startswith("_") and callable(getattr(obj, meth)):
+                    assert f"def {meth}(" in stub, f"_core.{name}.{meth} missing from _core.pyi"

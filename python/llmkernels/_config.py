@@ -594,13 +594,13 @@ def read_config_json(path: str | os.PathLike[str]) -> ModelConfig:
     """
     name = os.fspath(path)
     try:
-        st = os.stat(name)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(os.stat(name).st_mode):
             raise _err(name, "not a regular file")
-        if st.st_size > MAX_CONFIG_BYTES:
-            raise _err(name, f"file of {st.st_size} bytes exceeds the 1 MiB limit")
         with open(name, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_CONFIG_BYTES:
+                raise _err(name, f"file of {size} bytes exceeds the 1 MiB limit")
+            raw = f.read(size + 1)  # +1: notice a file that grew since fstat
     except OSError as exc:
         raise _err(name, f"cannot read: {exc.strerror or exc}") from None
     if len(raw) > MAX_CONFIG_BYTES:

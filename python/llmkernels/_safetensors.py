@@ -311,7 +311,8 @@ def _convert(raw: np.ndarray, info: TensorInfo, dtype: np.dtype | None) -> np.nd
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if dtype is not None and info.dtype in _FLOAT_DTYPES and arr.dtype != dtype:
         arr = arr.astype(dtype)
-    return np.ascontiguousarray(arr.reshape(info.shape))
+    arr = arr.reshape(info.shape)
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")
 
 
 def _check_dtype(dtype: Any) -> np.dtype | None:
@@ -405,9 +406,9 @@ def _read_index(directory: str) -> dict[str, str]:
             raise _err(
                 index_path, f"file of {size} bytes exceeds the {MAX_INDEX_BYTES >> 20} MiB limit"
             )
-        raw = f.read(MAX_INDEX_BYTES + 1)
-    if len(raw) > MAX_INDEX_BYTES:
-        raise _err(index_path, "file exceeds the size limit")
+        raw = f.read(size + 1)  # +1: notice a file that grew since fstat
+    if len(raw) != size:
+        raise _err(index_path, "file changed while being read")
     index = _parse_json(index_path, raw, "index")
     if not isinstance(index, dict):
         raise _err(index_path, f"must hold a JSON object, got {type(index).__name__}")
@@ -461,13 +462,15 @@ def read_checkpoint_index(
 
     index_path = os.path.join(directory, INDEX_FILE)
     weight_map = _read_index(directory)
-    found: dict[str, tuple[str, TensorInfo]] = {}
-    for shard in sorted(set(weight_map.values())):
-        shard_path = os.path.join(directory, shard)
-        if not os.path.exists(shard_path):
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if not os.path.exists(os.path.join(directory, shard)):
             raise CheckpointNotFoundError(
                 f"{_PREFIX} {index_path}: shard {shard!r} listed in the index does not exist"
             )
+    found: dict[str, tuple[str, TensorInfo]] = {}
+    for shard in shards:
+        shard_path = os.path.join(directory, shard)
         tensors, _, _ = read_header(shard_path)
         for name, info in tensors.items():
             if name in found:
