@@ -166,7 +166,7 @@ def test_core_stub_is_current():
         obj = getattr(_core, name)
         if name.startswith("__") or not callable(obj):
             continue
-        entry = f"class {name}(" if isinstance(obj, type) else f"def {name}("
+        entry = f"class {name}" if isinstance(obj, type) else f"def {name}("
         assert entry in stub, f"_core.{name} missing from _core.pyi: run `make stubs`"
         if isinstance(obj, type):  # and its public methods
             for meth in vars(obj):
