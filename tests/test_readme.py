@@ -1,0 +1,20 @@
+"""Every ```python block of the README runs (so the documentation cannot rot)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_has_examples():
+    assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_readme_block_runs(code):
+    exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
