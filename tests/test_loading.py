@@ -486,6 +486,25 @@ def test_single_file_checkpoint_bf16(tmp_path: Path) -> None:
         np.testing.assert_array_equal(value, ref)
 
 
+def test_tied_checkpoint_with_saved_lm_head(tmp_path: Path, sharded: dict) -> None:
+    directory, model = sharded[True]
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    assert "lm_head.weight" in state  # tied: the same tensor under both names
+    safetensors.numpy.save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_bytes((directory / "config.json").read_bytes())
+    cfg, weights = load_pretrained(tmp_path)
+    assert cfg.tie_embeddings and "lm_head.weight" not in weights
+    assert set(weights) == set(hf_key_shapes(cfg))
+
+
+def test_single_file_wins_over_index(tmp_path: Path, sharded: dict) -> None:
+    directory = copy_dir(sharded[False][0], tmp_path / "ckpt")
+    safetensors.numpy.save_file(
+        {"only": np.zeros(2, np.float32)}, str(directory / "model.safetensors")
+    )
+    assert list(load_checkpoint_dir(directory)) == ["only"]  # as transformers does
+
+
 def test_names_from_checkpoint_dir(sharded: dict) -> None:
     directory, _ = sharded[False]
     got = load_checkpoint_dir(directory, names=["model.norm.weight", "lm_head.weight"])

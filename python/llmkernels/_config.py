@@ -315,7 +315,11 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """The architecture of a LLaMA-style decoder (frozen; validated on construction).
+    """The architecture of a LLaMA-style decoder (frozen, keyword-only, validated).
+
+    ``dim``, ``n_layers``, ``n_heads``, ``hidden_dim`` and ``vocab_size`` are required; the
+    ``None`` defaults below are resolved on construction, so instances never hold ``None``
+    sizes. Equal configs compare and hash equal.
 
     Attributes:
         dim: model width (HF ``hidden_size``).

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._config import ModelConfig, read_config_json
+from ._config import ModelConfig
 from ._rope_scaling import rope_attention_factor, rope_inv_freq
 
 __all__ = [
@@ -614,17 +614,14 @@ class Transformer(_Module):
         """Load an HF LLaMA checkpoint directory: ``config.json`` and ``model.safetensors`` (or
         shards with ``model.safetensors.index.json``). Never unpickles; every tensor is checked
         (dtype, shape, offsets) before the model is built, so a bad file raises a clear error."""
-        from ._safetensors import load_checkpoint_dir
+        from ._safetensors import load_pretrained
 
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise ValueError(f"[from_pretrained] {path!r} is not a directory")
-        config = read_config_json(os.path.join(path, "config.json"))
-        tensors = load_checkpoint_dir(path)
-        if config.tie_embeddings:
-            tensors.pop("lm_head.weight", None)
-        elif "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors:
-            raise ValueError("[from_pretrained] lm_head.weight is missing and embeddings are untied")
+        # config and every tensor's key/shape are checked against the headers before any data
+        # is read or any weights are allocated
+        config, tensors = load_pretrained(path)
         model = cls(config)
         model.load_state_dict(tensors)
         return model
