@@ -11,9 +11,18 @@ namespace {
 using f32_array = py::array_t<float, py::array::c_style>;
 using i64_array = py::array_t<std::int64_t, py::array::c_style>;
 using u8_array = py::array_t<std::uint8_t, py::array::c_style>;
-
 void expect(bool ok, const char* fn, const std::string& msg) {
   if (!ok) fail(fn, msg);
+}
+
+using f64_array = py::array_t<double, py::array::c_style>;
+
+// optional per-call RoPE frequencies, (head_dim / 2,)
+const double* freq_override(const char* fn, const std::optional<f64_array>& f, std::size_t hd) {
+  if (!f) return nullptr;
+  expect(f->ndim() == 1 && static_cast<std::size_t>(f->shape(0)) == hd / 2, fn,
+         "inv_freq must have shape (head_dim/2,)");
+  return f->data();
 }
 
 // name -> zero-copy float32 view of each parameter; `owner` keeps the module alive
@@ -137,8 +146,9 @@ void bind_modules(py::module_& m) {
       .def(
           "forward",
           [](const MultiHeadAttentionModule& self, f32_array x, i64_array positions,
-             std::optional<u8_array> key_mask, KVCache* cache) {
+             std::optional<u8_array> key_mask, KVCache* cache, std::optional<f64_array> inv_freq) {
             const char* fn = "MultiHeadAttention";
+            const double* fo = freq_override(fn, inv_freq, self.head_dim);
             expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == self.dim, fn,
                    "x must have shape (B, T, dim)");
             check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
@@ -150,10 +160,10 @@ void bind_modules(py::module_& m) {
             const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
             float* op = out.mutable_data();
             py::gil_scoped_release nogil;
-            if (b * t) self.forward(xp, b, t, pp, mp, cache, op, nullptr);
+            if (b * t > 0) self.forward(xp, b, t, pp, mp, cache, op, nullptr, fo);
             return out;
           },
-          "x"_a, "positions"_a, "key_mask"_a, "cache"_a)
+          "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
       .def("params", [](py::object self) {
         return param_views(self.cast<MultiHeadAttentionModule&>().params(), self);
       })
@@ -175,8 +185,9 @@ void bind_modules(py::module_& m) {
       .def(
           "forward",
           [](const TransformerBlockModule& self, f32_array x, i64_array positions,
-             std::optional<u8_array> key_mask, KVCache* cache) {
+             std::optional<u8_array> key_mask, KVCache* cache, std::optional<f64_array> inv_freq) {
             const char* fn = "TransformerBlock";
+            const double* fo = freq_override(fn, inv_freq, self.attention->head_dim);
             const std::size_t dim = self.attention->dim;
             expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == dim, fn,
                    "x must have shape (B, T, dim)");
@@ -189,10 +200,10 @@ void bind_modules(py::module_& m) {
             const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
             float* op = out.mutable_data();
             py::gil_scoped_release nogil;
-            if (b * t) self.forward(xp, b, t, pp, mp, cache, op);
+            if (b * t > 0) self.forward(xp, b, t, pp, mp, cache, op, fo);
             return out;
           },
-          "x"_a, "positions"_a, "key_mask"_a, "cache"_a)
+          "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
       .def_readonly("attention", &TransformerBlockModule::attention)
       .def_readonly("feed_forward", &TransformerBlockModule::feed_forward)
       .def_readonly("attention_norm", &TransformerBlockModule::attention_norm)
@@ -206,8 +217,15 @@ void bind_modules(py::module_& m) {
       .def(
           "forward",
           [](const TransformerModule& self, i64_array ids, i64_array positions,
-             std::optional<u8_array> key_mask, std::vector<KVCache*> caches, bool last_only) {
+             std::optional<u8_array> key_mask, std::vector<KVCache*> caches, bool last_only,
+             std::optional<f64_array> inv_freq) {
             const char* fn = "Transformer";
+            const double* fo = self.blocks.empty()
+                                   ? nullptr
+                                   : freq_override(fn, inv_freq, self.blocks[0]->attention->head_dim);
+            for (auto& blk : self.blocks)
+              expect(!fo || blk->attention->head_dim == self.blocks[0]->attention->head_dim, fn,
+                     "inv_freq needs one head_dim for all blocks");
             expect(ids.ndim() == 2, fn, "ids must have shape (B, T)");
             check_bt(fn, positions, key_mask, ids.shape(0), ids.shape(1));
             const std::size_t b = ids.shape(0), t = ids.shape(1);
@@ -228,10 +246,11 @@ void bind_modules(py::module_& m) {
             const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
             float* lp = logits.mutable_data();
             py::gil_scoped_release nogil;
-            if (b * t) self.forward(ip, b, t, pp, mp, caches, last_only, lp);
+            if (b * t > 0) self.forward(ip, b, t, pp, mp, caches, last_only, lp, fo);
             return logits;
           },
-          "ids"_a, "positions"_a, "key_mask"_a, "caches"_a, "last_only"_a)
+          "ids"_a, "positions"_a, "key_mask"_a, "caches"_a, "last_only"_a,
+          "inv_freq"_a = py::none())
       .def("params", [](py::object self) {
         return param_views(self.cast<TransformerModule&>().params(), self);
       })

@@ -192,7 +192,9 @@ std::vector<Param> MultiHeadAttentionModule::params() {
 void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
                                        const std::int64_t* positions,
                                        const std::uint8_t* key_mask, KVCache* cache, float* out,
-                                       const float* residual) const {
+                                       const float* residual,
+                                       const double* inv_freq_override) const {
+  const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
   const std::size_t m = batch * seq, hd = head_dim, half = hd / 2;
   const std::size_t hq = n_heads, hkv = n_kv_heads;
   const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
@@ -208,7 +210,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       float* s = c + half;
       const double pos = static_cast<double>(positions[r]);
       for (std::size_t j = 0; j < half; ++j) {
-        const double angle = pos * inv_freq[j];
+        const double angle = pos * freqs[j];
         c[j] = static_cast<float>(std::cos(angle) * attention_factor);
         s[j] = static_cast<float>(std::sin(angle) * attention_factor);
       }
@@ -289,18 +291,19 @@ TransformerBlockModule::TransformerBlockModule(std::shared_ptr<MultiHeadAttentio
 
 void TransformerBlockModule::forward(const float* x, std::size_t batch, std::size_t seq,
                                      const std::int64_t* positions, const std::uint8_t* key_mask,
-                                     KVCache* cache, float* out) const {
+                                     KVCache* cache, float* out,
+                                     const double* inv_freq_override) const {
   const std::size_t m = batch * seq, dim = attention->dim;
   float* tmp = scratch(kNormOut, m * dim);
   if (pre_norm) {
     // h = x + attn(norm1(x)); y = h + ffn(norm2(h))    (h lives in out)
     attention_norm->forward(x, tmp, m);
-    attention->forward(tmp, batch, seq, positions, key_mask, cache, out, x);
+    attention->forward(tmp, batch, seq, positions, key_mask, cache, out, x, inv_freq_override);
     ffn_norm->forward(out, tmp, m);
     feed_forward->forward(tmp, m, out, out);
   } else {
     // h = norm1(x + attn(x)); y = norm2(h + ffn(h))
-    attention->forward(x, batch, seq, positions, key_mask, cache, tmp, x);
+    attention->forward(x, batch, seq, positions, key_mask, cache, tmp, x, inv_freq_override);
     attention_norm->forward(tmp, out, m);
     feed_forward->forward(out, m, tmp, out);
     ffn_norm->forward(tmp, out, m);
@@ -320,14 +323,15 @@ TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
 
 std::vector<Param> TransformerModule::params() {
   std::vector<Param> p{{"model.embed_tokens.weight", {vocab, dim}, embed_.data()}};
-  if (!tie_embeddings) p.push_back({"lm_head.weight", {vocab, dim}, lm_head_.data()});
+  // tied: HF's state dict still lists lm_head.weight (the same tensor); so do we, as a view
+  p.push_back({"lm_head.weight", {vocab, dim}, tie_embeddings ? embed_.data() : lm_head_.data()});
   return p;
 }
 
 void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                                 const std::int64_t* positions, const std::uint8_t* key_mask,
-                                std::vector<KVCache*> caches, bool last_only,
-                                float* logits) const {
+                                std::vector<KVCache*> caches, bool last_only, float* logits,
+                                const double* inv_freq_override) const {
   const std::size_t m = batch * seq;
   float* x = scratch(kResidual, m * dim);  // (B*T, dim)
   float* y = scratch(kBlockTmp, m * dim);
@@ -335,7 +339,7 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
     std::memcpy(x + r * dim, embed_.data() + ids[r] * dim, dim * sizeof(float));
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i],
-                       y);
+                       y, inv_freq_override);
     std::swap(x, y);
   }
   const float* head = tie_embeddings ? embed_.data() : lm_head_.data();

@@ -111,9 +111,11 @@ class MultiHeadAttentionModule {
   // out (B*T, dim) = [residual +] attn(x (B*T, dim)). positions (B, T): RoPE positions.
   // key_mask: null or (B, T) (no cache) / (B, T) for the new tokens (with cache): 1 = real.
   // With a cache, the new K/V are appended at cache->length and attention covers the cache.
+  // inv_freq: null, or (head_dim/2,) frequencies for this call (sequence-length dependent RoPE
+  // scaling: dynamic NTK, longrope).
   void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
-               const std::uint8_t* key_mask, KVCache* cache, float* out,
-               const float* residual) const;
+               const std::uint8_t* key_mask, KVCache* cache, float* out, const float* residual,
+               const double* inv_freq_override = nullptr) const;
   std::vector<Param> params();
   std::size_t dim, n_heads, n_kv_heads, head_dim;
   bool qkv_bias, o_bias, causal;
@@ -133,7 +135,8 @@ class TransformerBlockModule {
                          bool pre_norm);
   // out (B*T, dim) = block(x (B*T, dim)); out may not alias x
   void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
-               const std::uint8_t* key_mask, KVCache* cache, float* out) const;
+               const std::uint8_t* key_mask, KVCache* cache, float* out,
+               const double* inv_freq_override = nullptr) const;
   std::shared_ptr<MultiHeadAttentionModule> attention;
   std::shared_ptr<FeedForwardModule> feed_forward;
   std::shared_ptr<Norm> attention_norm, ffn_norm;
@@ -148,8 +151,9 @@ class TransformerModule {
   // logits (B, T or 1, vocab) for ids (B, T); last_only: logits of the last position only
   void forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                const std::int64_t* positions, const std::uint8_t* key_mask,
-               std::vector<KVCache*> caches, bool last_only, float* logits) const;
-  std::vector<Param> params();  // embed_tokens, lm_head (if untied)
+               std::vector<KVCache*> caches, bool last_only, float* logits,
+               const double* inv_freq_override = nullptr) const;
+  std::vector<Param> params();  // embed_tokens, lm_head (a view of the embedding when tied)
   std::size_t vocab, dim;
   std::vector<std::shared_ptr<TransformerBlockModule>> blocks;
   std::shared_ptr<Norm> final_norm;

@@ -76,7 +76,7 @@ class KVCacheImpl:
 class MultiHeadAttentionImpl:
     def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool) -> None:
         ...
-    def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, cache: KVCacheImpl) -> numpy.typing.NDArray[numpy.float32]:
+    def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, cache: KVCacheImpl, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
     def params(self) -> dict:
         ...
@@ -110,7 +110,7 @@ class MultiHeadAttentionImpl:
 class TransformerBlockImpl:
     def __init__(self, attention: MultiHeadAttentionImpl, feed_forward: FeedForwardImpl, attention_norm: NormImpl, ffn_norm: NormImpl, pre_norm: bool) -> None:
         ...
-    def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, cache: KVCacheImpl) -> numpy.typing.NDArray[numpy.float32]:
+    def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, cache: KVCacheImpl, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
     @property
     def attention(self) -> MultiHeadAttentionImpl:
@@ -130,7 +130,7 @@ class TransformerBlockImpl:
 class TransformerImpl:
     def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool) -> None:
         ...
-    def forward(self, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, caches: collections.abc.Sequence[KVCacheImpl], last_only: bool) -> numpy.typing.NDArray[numpy.float32]:
+    def forward(self, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, caches: collections.abc.Sequence[KVCacheImpl], last_only: bool, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
     def params(self) -> dict:
         ...

@@ -330,6 +330,46 @@ def _positions_and_mask(
     return pos, key_mask, nxt
 
 
+class _RopeSchedule:
+    """RoPE frequencies per call, for the scaling types whose frequencies depend on the sequence
+    length, as HF's rotary embedding computes them:
+
+    * ``dynamic`` (NTK): with ``seq_len = max(position) + 1``, frequencies grow to that length when
+      it exceeds what was seen so far, and reset when it drops below the pre-training length
+      (HF's ``dynamic_rope_update``, stateful).
+    * ``longrope``: long factors when ``seq_len`` exceeds ``original_max_position_embeddings``.
+
+    Other types are static: ``frequencies()`` returns ``None`` (use the module's own).
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: Mapping[str, Any] | None) -> None:
+        self.head_dim, self.theta = head_dim, theta
+        self.scaling = dict(scaling) if scaling else None
+        kind = (self.scaling or {}).get("rope_type", (self.scaling or {}).get("type", "default"))
+        self.kind = kind if kind in ("dynamic", "longrope") else "static"
+        if self.kind == "dynamic":
+            sc = self.scaling or {}
+            self.original = int(
+                sc.get("original_max_position_embeddings", sc.get("max_position_embeddings", 0))
+            )
+            self.cached_len = self.original
+            self.current: np.ndarray | None = None
+
+    def frequencies(self, positions: np.ndarray) -> np.ndarray | None:
+        if self.kind == "static" or positions.size == 0:
+            return None
+        seq_len = int(positions.max()) + 1
+        if self.kind == "longrope":
+            return rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=seq_len)
+        if seq_len > self.cached_len:  # dynamic: grow
+            self.cached_len = seq_len
+            self.current = rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=seq_len)
+        elif seq_len < self.original < self.cached_len:  # back to the original frequencies
+            self.cached_len = self.original
+            self.current = None
+        return self.current
+
+
 class MultiHeadAttention(_Module):
     """Causal multi-head attention with q/k/v/o projections, RoPE, grouped-query heads and an
     optional KV cache (HF ``LlamaAttention`` keys: ``q_proj``, ``k_proj``, ``v_proj``,
@@ -381,6 +421,7 @@ class MultiHeadAttention(_Module):
         factor = rope_attention_factor(scaling) if scaling else 1.0
         self.rope_theta = float(rope_theta)
         self.rope_scaling = scaling
+        self._rope = _RopeSchedule(head_dim, float(rope_theta), scaling)
         self._impl = _core.MultiHeadAttentionImpl(
             dim, n_heads, n_kv, head_dim, inv_freq.tolist(), factor, bool(bias), bool(bias),
             bool(causal),
@@ -422,7 +463,10 @@ class MultiHeadAttention(_Module):
         b, t, _ = arr.shape
         _check_cache(self._name, cache, b, t)
         pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
-        y = self._impl.forward(arr, pos, key_mask, cache._impl if cache is not None else None)
+        y = self._impl.forward(
+            arr, pos, key_mask, cache._impl if cache is not None else None,
+            self._rope.frequencies(pos),
+        )
         if cache is not None:
             cache.next_positions[:] = nxt
         return y
@@ -538,7 +582,7 @@ class TransformerBlock(_Module):
         return cls(
             attention=MultiHeadAttention(
                 c.dim, c.n_heads, c.n_kv_heads, c.head_dim, rope_theta=c.rope_theta,
-                rope_scaling=c.rope_scaling, bias=c.attention_bias, seed=int(seeds[0]),
+                rope_scaling=c.rope_scaling_dict(), bias=c.attention_bias, seed=int(seeds[0]),
             ),
             feed_forward=FeedForward(c.dim, c.hidden_dim, bias=c.mlp_bias, seed=int(seeds[1])),
             attention_norm=_make_norm(c.norm, c.dim, c.norm_eps),
@@ -571,7 +615,10 @@ class TransformerBlock(_Module):
         b, t, _ = arr.shape
         _check_cache(self._name, cache, b, t)
         pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
-        y = self._impl.forward(arr, pos, key_mask, cache._impl if cache is not None else None)
+        y = self._impl.forward(
+            arr, pos, key_mask, cache._impl if cache is not None else None,
+            self.attention._rope.frequencies(pos),
+        )
         if cache is not None:
             cache.next_positions[:] = nxt
         return y
@@ -602,7 +649,44 @@ class Transformer(_Module):
             c.vocab_size, c.dim, [b._impl for b in self.blocks], self.norm._impl, c.tie_embeddings
         )
         for key, arr in self._own_params().items():
+            if key == "lm_head.weight" and c.tie_embeddings:
+                continue  # a view of the embedding
             arr[...] = rng.standard_normal(arr.shape, dtype=np.float32) * _INIT_STD
+        # one rotary schedule for the whole model, as HF's LlamaModel.rotary_emb
+        self._rope = _RopeSchedule(c.head_dim, c.rope_theta, c.rope_scaling_dict())
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+        """As :meth:`_Module.load_state_dict`; with tied embeddings ``lm_head.weight`` (which HF
+        lists too) is optional and, when given, must equal ``model.embed_tokens.weight``."""
+        sd = dict(state_dict)
+        if self.config.tie_embeddings:
+            head = sd.pop("lm_head.weight", None)
+            emb = sd.get("model.embed_tokens.weight")
+            if head is not None:
+                head_arr = np.asarray(head.detach().cpu().numpy() if hasattr(head, "detach") else head)
+                emb_arr = (
+                    np.asarray(emb.detach().cpu().numpy() if hasattr(emb, "detach") else emb)
+                    if emb is not None
+                    else self.state_dict()["model.embed_tokens.weight"]
+                )
+                if head_arr.shape != emb_arr.shape or not np.array_equal(head_arr, emb_arr):
+                    raise ValueError(
+                        "[Transformer.load_state_dict] lm_head.weight: embeddings are tied, so it "
+                        "must equal model.embed_tokens.weight"
+                    )
+            own = self.state_dict()
+            own.pop("lm_head.weight")
+            missing = [k for k in own if k not in sd]
+            unexpected = [k for k in sd if k not in own]
+            if strict and (missing or unexpected):
+                raise KeyError(
+                    f"[Transformer.load_state_dict] missing keys {missing}; unexpected keys "
+                    f"{unexpected}"
+                )
+            super().load_state_dict(sd | {"lm_head.weight": sd["model.embed_tokens.weight"]}
+                                    if "model.embed_tokens.weight" in sd else sd, strict=False)
+            return
+        super().load_state_dict(sd, strict=strict)
 
     def _children(self) -> Iterator[tuple[str, _Module]]:
         for i, block in enumerate(self.blocks):
@@ -663,6 +747,7 @@ class Transformer(_Module):
         logits = self._impl.forward(
             np.ascontiguousarray(ids_arr, dtype=np.int64), pos, key_mask,
             [c._impl for c in cache.layers] if cache is not None else [], bool(last_only),
+            self._rope.frequencies(pos),
         )
         if cache is not None:
             for c in cache.layers:
