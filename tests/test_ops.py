@@ -111,11 +111,25 @@ def test_swiglu_ffn(n, dtype, isa, rng):
     wd = data(rng, (37, 9), dtype, 0.3)
     bg, bu, bd = data(rng, (37,), dtype), data(rng, (37,), dtype), data(rng, (9,), dtype)
     got = lk.swiglu_ffn(x, wg, wu, wd, b_gate=bg, b_up=bu, b_down=bd)
-    check(got, ref.swiglu_ffn(x, wg, wu, wd, b_gate=bg, b_up=bu, b_down=bd), dtype)
+    check_matmul(got, ref.swiglu_ffn(x, wg, wu, wd, b_gate=bg, b_up=bu, b_down=bd), dtype)
     hidden = lk.swiglu_ffn(x, wg, wu)
-    check(hidden, ref.swiglu_ffn(x, wg, wu), dtype)
+    check_matmul(hidden, ref.swiglu_ffn(x, wg, wu), dtype)
     one = lk.swiglu_ffn(x[0, 0], wg, wu, wd)  # 1-D x
-    check(one, ref.swiglu_ffn(x[0, 0], wg, wu, wd), dtype)
+    check_matmul(one, ref.swiglu_ffn(x[0, 0], wg, wu, wd), dtype)
+
+
+def check_matmul(actual: np.ndarray, expected: np.ndarray, dtype: type) -> None:
+    """Outputs of float32 matmuls: a dot product of K terms carries a rounding error of about
+    eps * sqrt(K) * (scale of its terms), so entries that cancel to small values cannot meet an
+    elementwise atol of 1e-6; DESIGN.md §4's block-output tolerance, relative to the output's
+    scale, is the honest bound (float64: the same reasoning at float64 epsilon)."""
+    assert actual.dtype == np.dtype(dtype) and actual.shape == expected.shape
+    if np.dtype(dtype) == np.float32:
+        scale = float(np.max(np.abs(expected))) if expected.size else 1.0
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5 * max(scale, 1.0))
+    else:
+        scale = float(np.max(np.abs(expected))) if expected.size else 1.0
+        np.testing.assert_allclose(actual, expected, rtol=1e-12, atol=1e-13 * max(scale, 1.0))
 
 
 # --- layouts: one at a time from the default shape (2, 5, 33) ---------------------------------

@@ -115,6 +115,9 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   s.l = s.m + BQ;
 
   const std::size_t nrows = it.nrows;
+  // columns of S^T actually computed: the valid rows rounded up to whole vectors (a decode tile
+  // of a 4-head GQA group computes 1 vector, not 64 / N)
+  const std::size_t ncols = (nrows + N - 1) / N * N;
   // rows of the tile: r -> (query head h, query index i)
   auto row_head = [&](std::size_t r) { return it.g * group + (it.row0 + r) / p.tq; };
   auto row_query = [&](std::size_t r) { return (it.row0 + r) % p.tq; };
@@ -150,12 +153,12 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   auto scores = [&](std::size_t k0, std::size_t nk) {
     small_gemm<Arch, T>(kbase + k0 * kr, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
                         static_cast<std::ptrdiff_t>(BQ), s.st, static_cast<std::ptrdiff_t>(BQ), nk,
-                        BQ / N, D, false);
-    if (p.causal || nrows < BQ) {
+                        ncols / N, D, false);
+    if (p.causal || nrows < ncols) {
       for (std::size_t j = 0; j < nk; ++j) {
         const V kj(static_cast<T>(k0 + j));
         T* row = s.st + j * BQ;
-        for (std::size_t c = 0; c < BQ; c += N) {
+        for (std::size_t c = 0; c < ncols; c += N) {
           V lim = V::load_unaligned(s.lim + c);
           xsimd::select(lim < kj, V(neg_inf), V::load_unaligned(row + c)).store_unaligned(row + c);
         }
@@ -198,7 +201,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   for (std::size_t k0 = it.k0; k0 < k_end; k0 += BK) {
     const std::size_t nk = std::min(BK, k_end - k0);
     scores(k0, nk);
-    for (std::size_t c = 0; c < BQ; c += N) {
+    for (std::size_t c = 0; c < ncols; c += N) {
       V mt(neg_inf);
       for (std::size_t j = 0; j < nk; ++j) mt = xsimd::max(mt, V::load_unaligned(s.st + j * BQ + c));
       V m_old = V::load_unaligned(s.m + c);
@@ -260,7 +263,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     for (std::size_t k0 = it.k0; k0 < k_end; k0 += BK) {
       const std::size_t nk = std::min(BK, k_end - k0);
       scores(k0, nk);
-      for (std::size_t c = 0; c < BQ; c += N) {
+      for (std::size_t c = 0; c < ncols; c += N) {
         V m = V::load_unaligned(s.m + c), inv_l = V::load_unaligned(s.l + c);
         for (std::size_t j = 0; j < nk; ++j) {
           V e = exp_flush<Arch, T>(V::load_unaligned(s.st + j * BQ + c) - m) * inv_l;

@@ -26,20 +26,30 @@ import os as _os
 
 
 def _load_core():  # type: ignore[no-untyped-def]
-    """Import the extension, letting OpenBLAS use its AVX-512 (SkylakeX) GEMM kernels on CPUs
-    that have AVX-512 but that OpenBLAS 0.3.21 does not recognise (e.g. recent AMD EPYC, where it
-    falls back to its AVX2 kernels: ~105 vs ~170 GFLOP/s per core here). The variable is read
-    once when libopenblas loads; a user's own OPENBLAS_CORETYPE wins, and the environment is
-    restored afterwards so other libraries are unaffected."""
+    """Import the extension, choosing the GEMM kernels of its OpenBLAS (the system library, not
+    NumPy's): on CPUs with AVX-512 the SkylakeX kernels, which OpenBLAS 0.3.21 does not pick by
+    itself on recent AMD EPYC (it falls back to its AVX2 "Haswell" kernels: ~105 vs ~170 GFLOP/s
+    per core here). OpenBLAS reads OPENBLAS_CORETYPE once, when it loads, so the variable is set
+    only around this import (NumPy is imported first, so its own OpenBLAS is unaffected) and then
+    restored. ``LLMKERNELS_BLAS_CORETYPE`` overrides the choice (e.g. ``Haswell``).
+    """
+    import numpy  # noqa: F401  -- load NumPy's BLAS before touching the variable
+
     key = "OPENBLAS_CORETYPE"
-    force = key not in _os.environ and _cpu_has_avx512()
-    if force:
-        _os.environ[key] = "SkylakeX"
+    wanted = _os.environ.get("LLMKERNELS_BLAS_CORETYPE") or (
+        "SkylakeX" if _cpu_has_avx512() else None
+    )
+    previous = _os.environ.get(key)
+    if wanted:
+        _os.environ[key] = wanted
     try:
         from . import _core as core
     finally:
-        if force:
-            del _os.environ[key]
+        if wanted:
+            if previous is None:
+                del _os.environ[key]
+            else:
+                _os.environ[key] = previous
     return core
 
 
