@@ -118,6 +118,9 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // columns of S^T actually computed: the valid rows rounded up to whole vectors (a decode tile
   // of a 4-head GQA group computes 1 vector, not 64 / N)
   const std::size_t ncols = (nrows + N - 1) / N * N;
+  // Decode-like tiles (a few rows): scores as dot products along D, N keys at a time reduced
+  // in registers, instead of a micro-GEMM whose vectors would run over mostly empty rows.
+  const bool rowwise = nrows <= 8 && D % N == 0;
   // rows of the tile: r -> (query head h, query index i)
   auto row_head = [&](std::size_t r) { return it.g * group + (it.row0 + r) / p.tq; };
   auto row_query = [&](std::size_t r) { return (it.row0 + r) % p.tq; };
@@ -129,7 +132,11 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   for (std::size_t r = 0; r < BQ; ++r) {
     if (r < nrows) {
       const T* qrow = p.q + it.b * p.qs[0] + row_head(r) * p.qs[1] + row_query(r) * p.qs[2];
-      for (std::size_t d = 0; d < D; ++d) s.qt[d * BQ + r] = qrow[d] * p.scale;
+      if (rowwise) {  // row-major (nrows, D)
+        for (std::size_t d = 0; d < D; ++d) s.qt[r * D + d] = qrow[d] * p.scale;
+      } else {  // transposed (D, BQ)
+        for (std::size_t d = 0; d < D; ++d) s.qt[d * BQ + r] = qrow[d] * p.scale;
+      }
       std::int64_t lim = p.causal ? static_cast<std::int64_t>(row_query(r)) + offset
                                   : static_cast<std::int64_t>(p.tk) - 1;
       max_lim = std::max(max_lim, lim);
@@ -150,10 +157,38 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       std::min<std::size_t>(it.k1, static_cast<std::size_t>(std::max<std::int64_t>(max_lim + 1, 0)));
 
   // Scores of key tile [k0, k0 + nk) into S^T with causal and mask applied.
+  auto scores_rowwise = [&](std::size_t k0, std::size_t nk) {
+    for (std::size_t r = 0; r < nrows; ++r) {
+      const T* qr = s.qt + r * D;  // (D,)
+      std::size_t j = 0;
+      for (; j + N <= nk; j += N) {
+        V acc[N];
+        for (std::size_t jj = 0; jj < N; ++jj) acc[jj] = V(T(0));
+        for (std::size_t d = 0; d < D; d += N) {
+          const V qv = V::load_unaligned(qr + d);
+          for (std::size_t jj = 0; jj < N; ++jj)
+            acc[jj] = xsimd::fma(V::load_unaligned(kbase + (k0 + j + jj) * kr + d), qv, acc[jj]);
+        }
+        // (xsimd 8.1's avx512 haddp gives wrong float sums, so reduce one by one)
+        for (std::size_t jj = 0; jj < N; ++jj) s.st[(j + jj) * BQ + r] = xsimd::hadd(acc[jj]);
+      }
+      for (; j < nk; ++j) {
+        V acc(T(0));
+        for (std::size_t d = 0; d < D; d += N)
+          acc = xsimd::fma(V::load_unaligned(kbase + (k0 + j) * kr + d),
+                           V::load_unaligned(qr + d), acc);
+        s.st[j * BQ + r] = xsimd::hadd(acc);
+      }
+    }
+  };
   auto scores = [&](std::size_t k0, std::size_t nk) {
-    small_gemm<Arch, T>(kbase + k0 * kr, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
-                        static_cast<std::ptrdiff_t>(BQ), s.st, static_cast<std::ptrdiff_t>(BQ), nk,
-                        ncols / N, D, false);
+    if (rowwise) {
+      scores_rowwise(k0, nk);
+    } else {
+      small_gemm<Arch, T>(kbase + k0 * kr, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
+                          static_cast<std::ptrdiff_t>(BQ), s.st, static_cast<std::ptrdiff_t>(BQ),
+                          nk, ncols / N, D, false);
+    }
     if (p.causal || nrows < ncols) {
       for (std::size_t j = 0; j < nk; ++j) {
         const V kj(static_cast<T>(k0 + j));
