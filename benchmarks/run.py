@@ -1186,13 +1186,15 @@ def render_attention(report: dict[str, Any], cfg: Config) -> list[str]:
             f"{mem_threads} threads (thread start-up included); `workspace` the kernel's "
             f"scratch, {mem_threads} × (64·D + 64·64 + 128·Dv + 192) × 4 bytes; `scores` the "
             "H·T²·4-byte matrix the NumPy formula materialises (its measured peak holds about "
-            "two: the scaled scores and their exponentials).",
+            "two: the scaled scores and their exponentials). `others`: CPUs other processes "
+            "kept busy during the 1T / 2T timings (rows with others near 1 are unreliable).",
             "",
         ]
         header = ["T", "GFLOP"]
         for t in cfg.threads:
             header += [f"{t}T time", f"{t}T GFLOP/s (peak)", f"{t}T × prev"]
         header += ["lk peak extra", "lk workspace", "NumPy peak extra", "scores H·T²·4"]
+        header += ["others"]
         rows = []
         for e in sc["rows"]:
             row = [str(e["T"]), fmt(e["flops"] / 1e9, 1)]
@@ -1211,6 +1213,8 @@ def render_attention(report: dict[str, Any], cfg: Config) -> list[str]:
                 fmt_bytes(m["numpy_peak_extra_bytes"]),
                 fmt_bytes(m["score_matrix_bytes"]),
             ]
+            cpus = [e[str(t)]["other_processes_cpus"] for t in cfg.threads]
+            row += [" / ".join("-" if c is None else f"{c:.1f}" for c in cpus)]
             rows.append(row)
         out += md_table(header, rows)
     return out

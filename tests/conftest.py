@@ -41,3 +41,17 @@ def threads() -> Iterator[None]:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+# --- hypothesis profiles (tests/test_properties.py) ---------------------------------------------
+# "ci" (default): 200 examples per property; "long": 10x. Select with HYPOTHESIS_PROFILE=long or
+# `pytest --hypothesis-profile=long` (hypothesis' pytest plugin loads it after this file).
+import os as _os  # noqa: E402
+
+from hypothesis import settings as _hyp_settings  # noqa: E402
+
+_hyp_settings.register_profile(
+    "ci", max_examples=200, deadline=None, derandomize=False, print_blob=True
+)
+_hyp_settings.register_profile("long", parent=_hyp_settings.get_profile("ci"), max_examples=2000)
+_hyp_settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "ci"))

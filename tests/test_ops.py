@@ -281,10 +281,19 @@ def test_rope_repeated_calls_use_consistent_tables(rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_huge_and_tiny_rows(dtype, isa):
-    for scale in [1e30, 1e-30, 1e38 if dtype == np.float32 else 1e300]:
-        x = (np.array([[2.0, -1.0, 3.0, 0.5] * 9]) * scale).astype(dtype)
-        check(lk.rms_norm(x, eps=0.0), ref.rms_norm(np.float64(x), eps=0.0), dtype)
-        check(lk.layer_norm(x, eps=0.0), ref.layer_norm(np.float64(x), eps=0.0), dtype)
+    base = np.array([[2.0, -1.0, 3.0, 0.5] * 9])
+    huge, tiny = (1e38, 1e-40) if dtype == np.float32 else (1e300, 1e-310)  # tiny: subnormal
+    for scale in [1e30, 1e-30, huge, tiny]:
+        x = (base * scale).astype(dtype)
+        # with eps = 0 both norms are scale-invariant: the expected values are those of `base`
+        # (the float64 reference itself would overflow/underflow at 1e300 / 1e-310)
+        unit = x.astype(np.float64) / scale
+        check(lk.rms_norm(x, eps=0.0), ref.rms_norm(unit, eps=0.0), dtype)
+        check(lk.layer_norm(x, eps=0.0), ref.layer_norm(unit, eps=0.0), dtype)
+    # constant rows: LayerNorm gives exactly the bias
+    c = np.full((2, 7), 3333.3333, dtype)
+    np.testing.assert_array_equal(lk.layer_norm(c, bias=np.arange(7, dtype=dtype)),
+                                  np.broadcast_to(np.arange(7, dtype=dtype), (2, 7)))
     x = np.full((2, 33), 1e30, dtype)
     x[1] = -1e30
     check(lk.rms_norm(x), ref.rms_norm(x), dtype)

@@ -292,7 +292,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     }
     for (std::size_t r = 0; r < BQ; ++r) {
       const bool seen = r < nrows && s.l[r] > T(0);
-      s.l[r] = seen ? T(1) / s.l[r] : T(0);
+      // NaN scores make the whole row NaN, as IEEE softmax would
+      s.l[r] = seen ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));
       if (s.m[r] == neg_inf) s.m[r] = T(0);
     }
     for (std::size_t k0 = it.k0; k0 < k_end; k0 += BK) {

@@ -7,34 +7,44 @@
 namespace llmk {
 namespace {
 
-// Mean and 1/sqrt(var + eps) of one row. Two passes (mean, then squared deviations) for
-// accuracy. If the sum overflows, the mean is rebuilt from the row scaled by 1/max|x|; if the
-// squared deviations overflow or underflow, they are rebuilt scaled by 1/max|x - mean|.
+// Mean and 1/sqrt(var + eps) of one row, in three SIMD passes over the (cached) row: a first
+// mean m0 = sum(x)/n, then the deviations d = x - m0 give the corrected mean m0 + sum(d)/n and
+// var = sum(d^2)/n - (sum(d)/n)^2. The correction makes constant rows exact (their output is
+// exactly the bias). Returns false when the statistics cannot be trusted in T (sums that
+// overflow, squared deviations that underflow): the caller then normalises the row wide.
 template <class Arch, class T>
-inline void layer_norm_stats(const T* x, std::size_t n, double eps, T* mean_out, double* inv_out) {
+inline bool layer_norm_stats(const T* x, std::size_t n, double eps, T* mean_out, double* inv_out) {
   const double dn = static_cast<double>(n);
   const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
-  T mean = static_cast<T>(static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), T(1))) / dn);
-  if (!std::isfinite(mean)) {  // overflow can also show as NaN (+inf and -inf partial sums)
-    T m = max_abs<Arch, T>(x, n);
-    if (std::isfinite(m)) {  // finite entries whose sum overflowed
-      T scale = T(1) / m;
-      double scaled = static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), scale));
-      mean = static_cast<T>(scaled / dn / static_cast<double>(scale));
-    }
+  const T m0 = static_cast<T>(static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), T(1))) / dn);
+  const double s1 = static_cast<double>(sum_shifted<Arch, T>(x, n, m0, T(1))) / dn;
+  const T var_sum = sum_sq_dev<Arch, T>(x, n, m0, T(1));
+  const T mean = static_cast<T>(static_cast<double>(m0) + s1);
+  if (!std::isfinite(m0) || !std::isfinite(mean) || std::isinf(var_sum)) {
+    if (std::isfinite(max_abs<Arch, T>(x, n))) return false;  // finite row: redo wide
+  } else if (var_sum < tiny && max_abs<Arch, T>(x, n, mean) > T(0)) {
+    return false;  // deviations that underflow (a constant row has none: fast path, exact)
   }
-  T var_sum = sum_sq_dev<Arch, T>(x, n, mean, T(1));
-  double var = static_cast<double>(var_sum) / dn;
-  if (!std::isnan(var_sum) && (std::isinf(var_sum) || var_sum < tiny)) {
-    T m = max_abs<Arch, T>(x, n, mean);
-    if (m > T(0) && std::isfinite(m)) {
-      T scale = T(1) / m;
-      double s = static_cast<double>(scale);
-      var = static_cast<double>(sum_sq_dev<Arch, T>(x, n, mean, scale)) / dn / (s * s);
-    }
-  }
+  const double var = std::max(0.0, static_cast<double>(var_sum) / dn - s1 * s1);
   *mean_out = mean;
   *inv_out = 1.0 / std::sqrt(var + eps);
+  return true;
+}
+
+template <class T>
+inline void layer_norm_row_wide(T* o, const T* x, const T* weight, const T* bias, std::size_t n,
+                                double eps) {
+  using L = long double;
+  const L x0 = x[0], dn = static_cast<L>(n);
+  L s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += static_cast<L>(x[i]) - x0;
+  const L mean = x0 + s / dn;
+  L v = 0;
+  for (std::size_t i = 0; i < n; ++i) v += (static_cast<L>(x[i]) - mean) * (static_cast<L>(x[i]) - mean);
+  const L inv = 1.0L / std::sqrt(v / dn + eps);
+  for (std::size_t i = 0; i < n; ++i)
+    o[i] = static_cast<T>((static_cast<L>(x[i]) - mean) * inv * (weight ? weight[i] : T(1)) +
+                          (bias ? bias[i] : T(0)));
 }
 
 }  // namespace
@@ -50,7 +60,10 @@ void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, co
     T* o = out + r * n;       // (n,) -- may alias xr
     T mean;
     double inv_d;
-    layer_norm_stats<Arch, T>(xr, n, eps, &mean, &inv_d);
+    if (!layer_norm_stats<Arch, T>(xr, n, eps, &mean, &inv_d)) {
+      layer_norm_row_wide(o, xr, weight, bias, n, eps);
+      continue;
+    }
     const T inv = static_cast<T>(inv_d);
     const B vmean(mean), vinv(inv), zero(T(0)), one(T(1));
     auto scalar = [&](std::size_t k) {

@@ -7,24 +7,31 @@
 namespace llmk {
 namespace {
 
-// 1 / sqrt(mean(x^2) + eps) of one row, computed overflow- and underflow-safe: the fast path
-// sums squares in T; if that overflows (|x| ~ 1e20+ in float32) or lands where squares lose
-// precision to underflow, the row is rescaled by 1/max|x| and the mean square rebuilt in double.
+// A row whose sum of squares overflows (|x| ~ 1e19+ in float32) or loses precision to
+// underflow (|x| ~ 1e-19-, subnormals) is normalised in a wider type where every square fits:
+// double for float32, long double (x87: 15-bit exponent) for float64. Rare; the fast path is SIMD.
+// (float32 rows only need double, whose range holds every float32 square: the compiler can
+// vectorise that loop.)
+template <class T>
+using wide_t = typename std::conditional<std::is_same<T, float>::value, double, long double>::type;
+
+template <class T>
+inline void rms_norm_row_wide(T* o, const T* x, const T* weight, std::size_t n, double eps) {
+  using W = wide_t<T>;
+  W ss = 0;
+  for (std::size_t i = 0; i < n; ++i) ss += static_cast<W>(x[i]) * static_cast<W>(x[i]);
+  const W inv = W(1) / std::sqrt(ss / static_cast<W>(n) + static_cast<W>(eps));
+  for (std::size_t i = 0; i < n; ++i)
+    o[i] = static_cast<T>(static_cast<W>(x[i]) * inv * (weight ? weight[i] : T(1)));
+}
+
+// True when the fast sum of squares `ss` of a finite row cannot be trusted.
 template <class Arch, class T>
-inline double rms_inv(const T* x, std::size_t n, double eps) {
-  T ss = sum_squares<Arch, T>(x, n, T(1));
-  double ms = static_cast<double>(ss) / static_cast<double>(n);
+inline bool needs_wide(T ss, const T* x, std::size_t n) {
   const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
-  if (!std::isnan(ss) && (std::isinf(ss) || ss < tiny)) {
-    T m = max_abs<Arch, T>(x, n);
-    if (m > T(0) && std::isfinite(m)) {
-      T scale = T(1) / m;
-      double scaled = static_cast<double>(sum_squares<Arch, T>(x, n, scale));
-      double s = static_cast<double>(scale);
-      ms = scaled / (s * s) / static_cast<double>(n);
-    }
-  }
-  return 1.0 / std::sqrt(ms + eps);
+  if (std::isnan(ss) || !(std::isinf(ss) || ss < tiny)) return false;
+  const T m = max_abs<Arch, T>(x, n);
+  return m > T(0) && std::isfinite(m);  // rows with Inf keep IEEE semantics (fast path)
 }
 
 }  // namespace
@@ -37,7 +44,12 @@ void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std:
   for (std::size_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;  // (n,)
     T* o = out + r * n;       // (n,) -- may be xr itself: each element is read before written
-    const T inv = static_cast<T>(rms_inv<Arch, T>(xr, n, eps));
+    const T ss = sum_squares<Arch, T>(xr, n, T(1));
+    if (needs_wide<Arch, T>(ss, xr, n)) {
+      rms_norm_row_wide(o, xr, weight, n, eps);
+      continue;
+    }
+    const T inv = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / n + eps));
     const B vinv(inv);
     // with streamed stores, a scalar head brings o + i to vector alignment (same arithmetic)
     const std::size_t head = stream ? align_head<Arch, T>(o, n) : 0;

@@ -13,6 +13,7 @@ void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   const B one(T(1));
+  FlushSubnormals ftz;
   // silu(x) = x / (1 + exp(-x)): for x -> -inf, exp(-x) overflows to +inf and the quotient is
   // -0, never NaN (x = -inf itself gives NaN, as IEEE inf/inf and torch do).
   auto silu = [&](const B& g) { return g / (one + exp_wide<Arch, T>(-g)); };

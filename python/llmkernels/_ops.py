@@ -571,7 +571,7 @@ def attention(
     qc, kc, vc = four_d(q), four_d(k), four_d(v)
     if out is not None:  # the kernel reads q/k/v after writing out rows: never let them overlap
         qc, kc, vc = (_detach_from_out(a, out, allow_exact=False) for a in (qc, kc, vc))
-    if result.size:
+    if result.size or (weights is not None and weights.size):
         _core.attention(
             qc,
             kc,
