@@ -20,7 +20,8 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed-compare
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py --out benchmarks/results
+	$(PY) benchmarks/bench_blocks.py --out benchmarks/results
 
 lint: $(VENV)/.installed-test
 	$(PIP) install -q ruff
