@@ -11,13 +11,19 @@ SYS_PACKAGES := libxsimd-dev xtl-dev libopenblas-dev g++
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=3.0" ninja "cmake>=3.18"
 SOURCES := $(shell find cpp -type f) CMakeLists.txt pyproject.toml
 
-.PHONY: demo test bench lint stubs clean sysdeps
+.PHONY: demo test test-matrix bench lint stubs clean sysdeps
 
 demo: $(VENV)/.installed-compare
 	$(PY) -m llmkernels demo
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
+
+# the whole suite again on each lower SIMD path and with one thread (CI runs this after `test`)
+test-matrix: $(VENV)/.installed-test
+	LLMKERNELS_ARCH=sse2 $(PY) -m pytest -q -p no:cacheprovider
+	LLMKERNELS_ARCH=avx2 $(PY) -m pytest -q -p no:cacheprovider
+	LLMKERNELS_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(VENV)/.installed-compare
 	$(PY) benchmarks/run.py --out benchmarks/results

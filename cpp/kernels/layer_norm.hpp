@@ -13,7 +13,8 @@ namespace {
 // exactly the bias). Returns false when the statistics cannot be trusted in T (sums that
 // overflow, squared deviations that underflow): the caller then normalises the row wide.
 template <class Arch, class T>
-inline bool layer_norm_stats(const T* x, std::size_t n, double eps, T* mean_out, double* inv_out) {
+inline bool layer_norm_stats(const T* x, std::size_t n, double eps, T* m0_out, T* corr_out,
+                             double* inv_out) {
   const double dn = static_cast<double>(n);
   const T tiny = std::numeric_limits<T>::min() / std::numeric_limits<T>::epsilon();
   const T m0 = static_cast<T>(static_cast<double>(sum_shifted<Arch, T>(x, n, T(0), T(1))) / dn);
@@ -26,7 +27,8 @@ inline bool layer_norm_stats(const T* x, std::size_t n, double eps, T* mean_out,
     return false;  // deviations that underflow (a constant row has none: fast path, exact)
   }
   const double var = std::max(0.0, static_cast<double>(var_sum) / dn - s1 * s1);
-  *mean_out = mean;
+  *m0_out = m0;
+  *corr_out = static_cast<T>(s1);
   *inv_out = 1.0 / std::sqrt(var + eps);
   return true;
 }
@@ -58,23 +60,25 @@ void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, co
   for (std::size_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;  // (n,)
     T* o = out + r * n;       // (n,) -- may alias xr
-    T mean;
+    // x - mean is formed as (x - m0) - corr: x - m0 is exact for x near the mean (Sterbenz), and
+    // corr = mean - m0 is tiny, so nearly-constant rows keep their small deviations accurately
+    T m0, corr;
     double inv_d;
-    if (!layer_norm_stats<Arch, T>(xr, n, eps, &mean, &inv_d)) {
+    if (!layer_norm_stats<Arch, T>(xr, n, eps, &m0, &corr, &inv_d)) {
       layer_norm_row_wide(o, xr, weight, bias, n, eps);
       continue;
     }
     const T inv = static_cast<T>(inv_d);
-    const B vmean(mean), vinv(inv), zero(T(0)), one(T(1));
+    const B vm0(m0), vcorr(corr), vinv(inv), zero(T(0)), one(T(1));
     auto scalar = [&](std::size_t k) {
-      T y = (xr[k] - mean) * inv;
+      T y = ((xr[k] - m0) - corr) * inv;
       o[k] = std::fma(y, weight ? weight[k] : T(1), bias ? bias[k] : T(0));
     };
     const std::size_t head = stream ? align_head<Arch, T>(o, n) : 0;  // see rms_norm
     std::size_t i = 0;
     for (; i < head; ++i) scalar(i);
     for (; i + N <= n; i += N) {
-      B y = (B::load_unaligned(xr + i) - vmean) * vinv;
+      B y = ((B::load_unaligned(xr + i) - vm0) - vcorr) * vinv;
       B w = weight ? B::load_unaligned(weight + i) : one;
       B b = bias ? B::load_unaligned(bias + i) : zero;
       store_batch<Arch, T>(o + i, xsimd::fma(y, w, b), stream);
