@@ -50,8 +50,13 @@ import os as _os  # noqa: E402
 
 from hypothesis import settings as _hyp_settings  # noqa: E402
 
+# "ci" (default): 200 examples per property, derandomized so that a CI run is reproducible (the
+# same examples every time; a failure found by "long" is fixed and pinned as an explicit test).
+# "long": 2000 random examples per property (--hypothesis-profile=long or HYPOTHESIS_PROFILE=long).
 _hyp_settings.register_profile(
-    "ci", max_examples=200, deadline=None, derandomize=False, print_blob=True
+    "ci", max_examples=200, deadline=None, derandomize=True, print_blob=True, database=None
 )
-_hyp_settings.register_profile("long", parent=_hyp_settings.get_profile("ci"), max_examples=2000)
+_hyp_settings.register_profile(
+    "long", max_examples=2000, deadline=None, derandomize=False, print_blob=True
+)
 _hyp_settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "ci"))
