@@ -47,7 +47,11 @@ void attention(const attn_params<T>& p) {
   const std::size_t ws = attn_workspace_size<T>(p.d, p.dv);
   // key-split partial states: per item (m, l: BQ) and O (BQ x dv_pad)
   const std::size_t part_stride = kAttnRowTile * (2 + dv_pad);
-  std::vector<T> parts(splits > 1 ? items.size() * part_stride : 0);
+  // grow-only, per calling thread: no allocation (and no page faults) per decode step
+  thread_local std::vector<T> parts_buf;
+  if (splits > 1 && parts_buf.size() < items.size() * part_stride)
+    parts_buf.resize(items.size() * part_stride);
+  T* parts = parts_buf.data();
 
   // dynamic scheduling: causal tiles differ in cost; which thread runs an item does not change
   // what it computes
@@ -56,9 +60,10 @@ void attention(const attn_params<T>& p) {
   const int threads = flops < 2e5 ? 1 : std::min<int>(get_num_threads(), static_cast<int>(items.size()));
   std::atomic<std::size_t> next{0};
   parallel_for_threads(threads, [&](int, int) {
-    std::vector<T> workspace(ws);
+    thread_local std::vector<T> workspace;  // grow-only scratch of each pool thread
+    if (workspace.size() < ws) workspace.resize(ws);
     for (std::size_t i = next.fetch_add(1); i < items.size(); i = next.fetch_add(1)) {
-      T* part = splits > 1 ? parts.data() + i * part_stride : nullptr;
+      T* part = splits > 1 ? parts + i * part_stride : nullptr;
       dispatch(attention_tile_kernel{}, p, items[i], workspace.data(),
                part, part ? part + kAttnRowTile : nullptr,
                part ? part + 2 * kAttnRowTile : nullptr);
@@ -85,7 +90,7 @@ void attention(const attn_params<T>& p) {
                     ((it.row0 + r) % p.tq) * p.os[2];
           std::fill(orow, orow + p.dv, T(0));
           for (std::size_t s = 0; s < splits; ++s) {
-            const T* part = parts.data() + (t * splits + s) * part_stride;
+            const T* part = parts + (t * splits + s) * part_stride;
             if (std::isinf(part[r]) && part[r] < 0) continue;  // split saw no allowed key
             const T w = std::exp(part[r] - m_safe);  // NaN/Inf propagate from here
             l += part[kAttnRowTile + r] * w;

@@ -71,6 +71,17 @@ inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, con
       micro_gemm<Arch, T, R, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
                                 ldc, k_len, accumulate);
   }
+  if constexpr (R > 4) {  // a 4-row block for decode tiles (a 4-head GQA group)
+    for (; r + 4 <= m; r += 4) {
+      std::size_t j = 0;
+      for (; j + 4 <= n_vec; j += 4)
+        micro_gemm<Arch, T, 4, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                  ldc, k_len, accumulate);
+      for (; j < n_vec; ++j)
+        micro_gemm<Arch, T, 4, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                  ldc, k_len, accumulate);
+    }
+  }
   for (; r < m; ++r) {  // row tail
     std::size_t j = 0;
     for (; j + 4 <= n_vec; j += 4)
@@ -126,7 +137,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   auto row_query = [&](std::size_t r) { return (it.row0 + r) % p.tq; };
 
   // --- pack scale * Q^T (D x BQ), padded rows with zeros; causal limits --------------------
-  std::memset(s.qt, 0, D * BQ * sizeof(T));
+  if (!rowwise) std::memset(s.qt, 0, D * BQ * sizeof(T));  // padded columns must be zero
   std::int64_t max_lim = -1;
   const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
   for (std::size_t r = 0; r < BQ; ++r) {
@@ -147,7 +158,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     s.m[r] = neg_inf;
     s.l[r] = T(0);
   }
-  std::memset(s.o, 0, BQ * dv_pad * sizeof(T));
+  std::memset(s.o, 0, ncols * dv_pad * sizeof(T));
 
   const T* kbase = p.k + it.b * p.ks[0] + it.g * p.ks[1];  // (Tk, D), row stride ks[2]
   const T* vbase = p.v + it.b * p.vs[0] + it.g * p.vs[1];  // (Tk, Dv), row stride vs[2]
@@ -255,7 +266,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       // rescale the running output rows by alpha
       alignas(64) T a[N];
       alpha.store_aligned(a);
-      for (std::size_t r = 0; r < N; ++r) {
+      for (std::size_t r = 0; r < N && c + r < nrows; ++r) {
         if (a[r] == T(1)) continue;
         T* orow = s.o + (c + r) * dv_pad;
         const V av(a[r]);
