@@ -11,7 +11,20 @@ SYS_PACKAGES := libxsimd-dev xtl-dev libopenblas-dev g++
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=3.0" ninja "cmake>=3.18"
 SOURCES := $(shell find cpp -type f) CMakeLists.txt pyproject.toml
 
-.PHONY: demo test test-matrix bench lint stubs clean sysdeps
+# `make test-sanitize`: a second editable install in its own venv and build dir (.venv-asan/,
+# build/asan), compiled with AddressSanitizer + UndefinedBehaviorSanitizer (CMake option
+# LLMK_SANITIZE), the whole suite run under it. CPython is not instrumented, so the ASan runtime is
+# preloaded; leak checking is off (CPython's own allocations; leaks are tested in the suite).
+SAN_VENV := .venv-asan
+SAN_PY := $(SAN_VENV)/bin/python
+SAN_PIP := $(SAN_PY) -m pip --disable-pip-version-check
+SAN_CXX := g++
+SAN_ENV := LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:verify_asan_link_order=0:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	LLMKERNELS_SANITIZE=1
+
+.PHONY: demo test test-matrix test-sanitize bench lint stubs clean sysdeps
 
 demo: $(VENV)/.installed-compare
 	$(PY) -m llmkernels demo
@@ -19,15 +32,22 @@ demo: $(VENV)/.installed-compare
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 
-# the whole suite again on each lower SIMD path and with one thread (CI runs this after `test`)
+# the whole suite again on each lower SIMD path and with one thread (CI runs this after `test`);
+# the notebooks and the bench CLI smoke tests run once, in `test` (they call the same kernels)
+MATRIX_SKIP := --ignore=tests/test_notebooks.py --deselect tests/test_plot.py
 test-matrix: $(VENV)/.installed-test
-	LLMKERNELS_ARCH=sse2 $(PY) -m pytest -q -p no:cacheprovider
-	LLMKERNELS_ARCH=avx2 $(PY) -m pytest -q -p no:cacheprovider
-	LLMKERNELS_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider
+	LLMKERNELS_ARCH=sse2 $(PY) -m pytest -q -p no:cacheprovider $(MATRIX_SKIP)
+	LLMKERNELS_ARCH=avx2 $(PY) -m pytest -q -p no:cacheprovider $(MATRIX_SKIP)
+	LLMKERNELS_NUM_THREADS=1 $(PY) -m pytest -q -p no:cacheprovider $(MATRIX_SKIP)
+
+# the whole suite on an ASan + UBSan build of the extension (any report fails the run)
+test-sanitize: $(SAN_VENV)/.installed-test
+	$(SAN_ENV) $(SAN_PY) -m pytest -q -p no:cacheprovider
 
 bench: $(VENV)/.installed-compare
 	$(PY) benchmarks/run.py --out benchmarks/results
 	$(PY) benchmarks/bench_blocks.py --out benchmarks/results
+	$(PY) benchmarks/plot_results.py benchmarks/results/results.json
 
 lint: $(VENV)/.installed-test
 	$(PIP) install -q ruff
@@ -68,8 +88,20 @@ $(VENV)/.installed-test: $(VENV)/.venv-ready $(SOURCES) | sysdeps
 	touch $@
 
 $(VENV)/.installed-compare: $(VENV)/.venv-ready $(SOURCES) | sysdeps
-	$(PIP) install -q --no-build-isolation -e ".[compare]"
+	$(PIP) install -q --no-build-isolation -e ".[compare,bench]"
+	touch $@
+
+$(SAN_VENV)/.venv-ready:
+	$(PYTHON) -m venv $(SAN_VENV)
+	$(SAN_PIP) install -q --upgrade pip
+	$(SAN_PIP) install -q $(BUILD_DEPS)
+	touch $@
+
+$(SAN_VENV)/.installed-test: $(SAN_VENV)/.venv-ready $(SOURCES) Makefile | sysdeps
+	$(SAN_PIP) install -q --no-build-isolation -C cmake.define.LLMK_SANITIZE=ON \
+	  -C cmake.define.CMAKE_CXX_COMPILER=$(SAN_CXX) -C cmake.build-type=RelWithDebInfo \
+	  -C install.strip=false -C build-dir=build/asan -e ".[test]"
 	touch $@
 
 clean:
-	rm -rf build $(VENV) .pytest_cache
+	rm -rf build $(VENV) $(SAN_VENV) .pytest_cache

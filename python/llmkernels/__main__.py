@@ -1,19 +1,33 @@
-"""Command line: ``python -m llmkernels demo`` and ``python -m llmkernels info``.
+"""Command line: ``python -m llmkernels demo | bench [--quick] | info``.
 
 ``demo`` recomputes every number the seeds' worked examples state (RMSNorm, LayerNorm, SwiGLU,
 RoPE) with the C++ kernels and with the float64 reference, says which of the seed's numbers
 are right, rounded or wrong, then times each op side by side: pure Python, NumPy (float32),
-llmkernels and torch (when installed). ``info`` prints :func:`llmkernels.build_info`.
+llmkernels and torch (when installed).
+
+``bench`` runs ``benchmarks/run.py`` when llmkernels is used from a source checkout (the full
+benchmarks with the roofline probe, a few minutes; ``--quick``: a smoke run in well under a
+minute), then draws its PNG plots when matplotlib is installed. Installed from a wheel (or with
+``--builtin``) it times each op side by side like the demo's table instead. Long runs show a
+progress bar (tqdm, when installed) on a terminal; it is off when stderr is not a TTY.
+
+``info`` prints :func:`llmkernels.build_info`: version, SIMD path, threads and BLAS.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import json
+import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +47,39 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
 
     rule = "-+-".join("-" * w for w in widths)
     return "\n".join(["  " + line(headers), "  " + rule, *("  " + line(r) for r in rows)])
+
+
+class _NoBar:
+    """Stands in for a tqdm bar when tqdm is not installed."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_description_str(self, desc: str) -> None:
+        pass
+
+    def write(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int | None, desc: str) -> Any:
+    """A tqdm progress bar on stderr, disabled when stderr is not a terminal (or without
+    tqdm): logs and CI output stay free of carriage-return noise."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(
+        total=total,
+        desc=desc,
+        file=sys.stderr,
+        disable=not sys.stderr.isatty(),
+        leave=False,
+        dynamic_ncols=True,
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -148,9 +195,21 @@ def _np_layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float = 1e-
     return xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps) * w + b
 
 
-def _benches(lk: Any, pure: Any, torch: Any) -> list[Bench]:
-    """The workloads (float32, fixed seed). ``pure``/``torch`` may be None (not called then)."""
+def _np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``softmax(q @ k^T / sqrt(D)) @ v``, max-subtracted, float32."""
+    s = (q @ np.swapaxes(k, -1, -2)) * F32(1.0 / np.sqrt(q.shape[-1]))
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
+def _benches(lk: Any, pure: Any, torch: Any, quick: bool = False) -> list[Bench]:
+    """The workloads (float32, fixed seed). ``pure``/``torch`` may be None (not called then).
+    ``quick``: an eighth of the rows (a quarter of the sequence for RoPE and attention)."""
     rng = np.random.default_rng(0)
+    if quick:
+        n_rows, sw_rows, ffn_rows, rope_t, attn_t = 256, 64, 16, 128, 128
+    else:
+        n_rows, sw_rows, ffn_rows, rope_t, attn_t = 2048, 512, 64, 512, 512
 
     def randn(*shape: int, scale: float = 1.0) -> np.ndarray:
         return rng.standard_normal(shape, dtype=F32) * F32(scale)
@@ -162,25 +221,29 @@ def _benches(lk: Any, pure: Any, torch: Any) -> list[Bench]:
         return torch.nn.functional
 
     # rms_norm / layer_norm / silu on (2048, 4096); pure Python on 8 of the rows
-    x, w, b = randn(2048, 4096), 1 + randn(4096, scale=0.1), randn(4096, scale=0.1)
+    x, w, b = randn(n_rows, 4096), 1 + randn(4096, scale=0.1), randn(4096, scale=0.1)
     xs, ws, bs = x[:8].tolist(), w.tolist(), b.tolist()
     # swiglu on (512, 11008); pure Python on 4 rows
-    g, u = randn(512, 11008), randn(512, 11008)
+    g, u = randn(sw_rows, 11008), randn(sw_rows, 11008)
     gs, us = g[:4].tolist(), u[:4].tolist()
     # swiglu_ffn (64, 1024) -> 2816 -> 1024; pure Python on (1, 256) -> 704 -> 256
-    xf = randn(64, 1024)
+    xf = randn(ffn_rows, 1024)
     wg, wu = randn(1024, 2816, scale=1024**-0.5), randn(1024, 2816, scale=1024**-0.5)
     wd = randn(2816, 1024, scale=2816**-0.5)
     small = (xf[:1, :256], wg[:256, :704], wu[:256, :704], wd[:704, :256])
     pxf, pwg, pwu, pwd = (a.tolist() for a in small)
     # rope on (1, 32, 512, 128), theta 1e4, positions 0..T-1; pure Python on 2 heads x 64
-    q = randn(1, 32, 512, 128)
-    cos, sin = _np_rope_tables(512, 128)
+    q = randn(1, 32, rope_t, 128)
+    cos, sin = _np_rope_tables(rope_t, 128)
     qs = q[:, :2, :64].tolist()
+    # attention (1, 8, 512, 64) non-causal; pure Python on 2 heads x 16 queries x 16 keys
+    qa, ka, va = (randn(1, 8, attn_t, 64) for _ in range(3))
+    pqa, pka, pva = (a[0, :2, :16].tolist() for a in (qa, ka, va))
+    attn_macs = 8 * attn_t * attn_t * (64 + 64)
 
     return [
         Bench(
-            op="rms_norm", shape="(2048, 4096)", work=x.size,
+            op="rms_norm", shape=f"({n_rows}, 4096)", work=x.size,
             pure_shape="(8, 4096)", pure_work=8 * 4096,
             pure=lambda: pure.rms_norm(xs, ws, 1e-6),
             numpy=lambda: _np_rms_norm(x, w),
@@ -188,7 +251,7 @@ def _benches(lk: Any, pure: Any, torch: Any) -> list[Bench]:
             torch=lambda: F().rms_norm(tt(x), (4096,), tt(w), 1e-6),
         ),
         Bench(
-            op="layer_norm", shape="(2048, 4096)", work=x.size,
+            op="layer_norm", shape=f"({n_rows}, 4096)", work=x.size,
             pure_shape="(8, 4096)", pure_work=8 * 4096,
             pure=lambda: pure.layer_norm(xs, ws, bs, 1e-5),
             numpy=lambda: _np_layer_norm(x, w, b),
@@ -196,7 +259,7 @@ def _benches(lk: Any, pure: Any, torch: Any) -> list[Bench]:
             torch=lambda: F().layer_norm(tt(x), (4096,), tt(w), tt(b), 1e-5),
         ),
         Bench(
-            op="silu", shape="(2048, 4096)", work=x.size,
+            op="silu", shape=f"({n_rows}, 4096)", work=x.size,
             pure_shape="(8, 4096)", pure_work=8 * 4096,
             pure=lambda: pure.silu(xs),
             numpy=lambda: _np_silu(x),
@@ -204,7 +267,7 @@ def _benches(lk: Any, pure: Any, torch: Any) -> list[Bench]:
             torch=lambda: F().silu(tt(x)),
         ),
         Bench(
-            op="swiglu", shape="(512, 11008)", work=g.size,
+            op="swiglu", shape=f"({sw_rows}, 11008)", work=g.size,
             pure_shape="(4, 11008)", pure_work=4 * 11008,
             pure=lambda: pure.swiglu(gs, us),
             numpy=lambda: _np_silu(g) * u,
@@ -212,7 +275,7 @@ def _benches(lk: Any, pure: Any, torch: Any) -> list[Bench]:
             torch=lambda: F().silu(tt(g)) * tt(u),
         ),
         Bench(
-            op="swiglu_ffn", shape="(64, 1024)->2816", work=64 * 3 * 1024 * 2816,
+            op="swiglu_ffn", shape=f"({ffn_rows}, 1024)->2816", work=ffn_rows * 3 * 1024 * 2816,
             pure_shape="(1, 256)->704", pure_work=3 * 256 * 704,
             pure=lambda: pure.swiglu_ffn(pxf, pwg, pwu, pwd),
             numpy=lambda: (_np_silu(xf @ wg) * (xf @ wu)) @ wd,
@@ -220,12 +283,20 @@ def _benches(lk: Any, pure: Any, torch: Any) -> list[Bench]:
             torch=lambda: (F().silu(tt(xf) @ tt(wg)) * (tt(xf) @ tt(wu))) @ tt(wd),
         ),
         Bench(
-            op="rope", shape="(1, 32, 512, 128)", work=q.size,
+            op="rope", shape=f"(1, 32, {rope_t}, 128)", work=q.size,
             pure_shape="(1, 2, 64, 128)", pure_work=2 * 64 * 128,
             pure=lambda: pure.rope(qs),
             numpy=lambda: _rotate_half_rope(q, cos, sin, np.concatenate),
             llmkernels=lambda: lk.rope(q),
             torch=lambda: _rotate_half_rope(tt(q), tt(cos), tt(sin), torch.cat),
+        ),
+        Bench(
+            op="attention", shape=f"(1, 8, {attn_t}, 64)", work=attn_macs,
+            pure_shape="(2, 16, 64)", pure_work=2 * 16 * 16 * (64 + 64),
+            pure=lambda: pure.attention(pqa, pka, pva),
+            numpy=lambda: _np_attention(qa, ka, va),
+            llmkernels=lambda: lk.attention(qa, ka, va),
+            torch=lambda: F().scaled_dot_product_attention(tt(qa), tt(ka), tt(va)),
         ),
     ]  # fmt: skip
 
@@ -244,8 +315,14 @@ def _speedup(t: float | None, t_lk: float | None) -> str:
     return f"{r:,.0f}x" if r >= 100 else f"{r:.3g}x"
 
 
-def show_timings(lk: Any) -> None:
-    """Time every op four ways and print the table with llmkernels' speed-ups."""
+def show_timings(
+    lk: Any, quick: bool = False, json_path: str | os.PathLike[str] | None = None
+) -> None:
+    """Time every op four ways and print the table with llmkernels' speed-ups.
+
+    ``quick``: smaller inputs and shorter timing budgets. ``json_path``: also write the
+    timings (seconds; None where a peer is missing) as JSON.
+    """
     try:
         from . import pure
     except ImportError:
@@ -255,14 +332,17 @@ def show_timings(lk: Any) -> None:
     except ImportError:
         torch = None
 
+    budget = 0.05 if quick else 0.15
+    blocks = 2 if quick else 3
     print(
-        f"\nTiming: median of repeated runs after warm-up (best of 3 such medians), float32, "
-        f"llmkernels on {lk.get_num_threads()} thread(s), SIMD {lk.simd_arch()}."
+        f"\nTiming: median of repeated runs after warm-up (best of {blocks} such medians), "
+        f"float32, llmkernels on {lk.get_num_threads()} thread(s), SIMD {lk.simd_arch()}."
     )
     print("  pure Python runs on the smaller 'pure size' input; its time is scaled to the full")
-    print("  size (per element; per multiply-add for swiglu_ffn). NumPy = the float32 formula;")
-    print("  torch = F.rms_norm / F.layer_norm / F.silu / F.silu(g)*u / HF rotate_half with")
-    print("  precomputed cos/sin. 'x' columns: how many times faster llmkernels is.")
+    print("  size (per element; per multiply-add for swiglu_ffn and attention). NumPy = the")
+    print("  float32 formula; torch = F.rms_norm / F.layer_norm / F.silu / F.silu(g)*u / HF")
+    print("  rotate_half with precomputed cos/sin / F.scaled_dot_product_attention.")
+    print("  'x' columns: how many times faster llmkernels is.")
     failures: list[str] = []
 
     def timed(name: str, fn: Callable[[], object], **kw: Any) -> float | None:
@@ -272,16 +352,25 @@ def show_timings(lk: Any) -> None:
             failures.append(f"{name}: {type(e).__name__}: {e}")
             return None
 
+    benches = _benches(lk, pure, torch, quick=quick)
+    peers = 2 + (torch is not None) + (pure is not None)
+    bar = _progress(len(benches) * peers, "timing")
     rows = []
-    for bm in _benches(lk, pure, torch):
-        t_lk = timed(f"llmkernels {bm.op}", bm.llmkernels)
-        t_np = timed(f"NumPy {bm.op}", bm.numpy)
+    records = []
+    for bm in benches:
+        bar.set_description_str(f"timing {bm.op}")
+        t_lk = timed(f"llmkernels {bm.op}", bm.llmkernels, blocks=blocks, budget=budget)
+        bar.update(1)
+        t_np = timed(f"NumPy {bm.op}", bm.numpy, blocks=blocks, budget=budget)
+        bar.update(1)
         t_th = t_pp = None
         if torch is not None:
             with torch.inference_mode():
-                t_th = timed(f"torch {bm.op}", bm.torch)
+                t_th = timed(f"torch {bm.op}", bm.torch, blocks=blocks, budget=budget)
+            bar.update(1)
         if pure is not None:
-            t_pp = timed(f"pure {bm.op}", bm.pure, blocks=1, min_runs=3, budget=0.3)
+            t_pp = timed(f"pure {bm.op}", bm.pure, blocks=1, min_runs=3, budget=2 * budget)
+            bar.update(1)
         if t_pp is not None:
             t_pp *= bm.work / bm.pure_work
 
@@ -299,6 +388,17 @@ def show_timings(lk: Any) -> None:
                 _speedup(t_th, t_lk),
             )
         )
+        records.append(
+            {
+                "op": bm.op,
+                "shape": bm.shape,
+                "pure_shape": bm.pure_shape,
+                "seconds": {
+                    "pure (scaled)": t_pp, "NumPy": t_np, "llmkernels": t_lk, "torch": t_th,
+                },
+            }
+        )  # fmt: skip
+    bar.close()
     headers = (
         "op",
         "shape",
@@ -314,6 +414,132 @@ def show_timings(lk: Any) -> None:
     print(_table(headers, rows, right=tuple(range(3, 10))))
     for f in failures:
         print(f"  n/a: {f}")
+    if json_path is not None:
+        report = {"build_info": lk.build_info(), "quick": quick, "ops": records}
+        Path(json_path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {json_path}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------
+# bench: benchmarks/run.py from a source checkout, else the built-in table
+# --------------------------------------------------------------------------------------
+
+
+def _source_root() -> Path | None:
+    """The repository root when llmkernels runs from a source checkout (editable install or
+    ``PYTHONPATH=python``) that has ``benchmarks/run.py``; else None."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "benchmarks" / "run.py").is_file() and (root / "pyproject.toml").is_file():
+        return root
+    return None
+
+
+def _run_py_stages(run_py: Path) -> int | None:
+    """How many progress lines ``benchmarks/run.py`` logs ("[  t s] what"): the probe, one per
+    op case, pure Python, the row scaling, one per attention case, the attention scaling, done.
+    Read from its ``CASES`` / ``ATTENTION_CASES`` tuples without importing it."""
+    try:
+        tree = ast.parse(run_py.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+    sizes: dict[str, int] = {}
+    for node in tree.body:
+        target = value = None
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        if isinstance(target, ast.Name) and isinstance(value, (ast.Tuple, ast.List)):
+            sizes[target.id] = len(value.elts)
+    if "CASES" not in sizes or "ATTENTION_CASES" not in sizes:
+        return None
+    return 1 + sizes["CASES"] + 2 + sizes["ATTENTION_CASES"] + 1 + 1
+
+
+_STAGE = re.compile(r"^\[\s*[\d.]+ s\] (.*)$")
+
+
+def _run_benchmarks(
+    root: Path, quick: bool, out: Path, plots: bool, run_args: Sequence[str] = ()
+) -> int:
+    """``benchmarks/run.py [--quick] --out OUT [run_args]`` in a child process (its report on
+    stdout as it comes), its stage log driving a progress bar; then the PNG plots of its
+    results.json."""
+    run_py = root / "benchmarks" / "run.py"
+    cmd = [sys.executable, str(run_py), "--out", str(out)] + (["--quick"] if quick else [])
+    cmd += list(run_args)
+    print(f"running {' '.join(cmd)}", file=sys.stderr, flush=True)
+    bar = _progress(_run_py_stages(run_py), "benchmarks")
+    enabled = not getattr(bar, "disable", True)
+    with subprocess.Popen(cmd, cwd=root, stderr=subprocess.PIPE, text=True, bufsize=1) as proc:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            line = line.rstrip("\n")
+            stage = _STAGE.match(line)
+            if stage and enabled:
+                bar.set_description_str(stage.group(1)[:60])
+                bar.update(1)
+            elif enabled:
+                bar.write(line)
+            else:  # no bar: pass the log through unchanged
+                print(line, file=sys.stderr, flush=True)
+    bar.close()
+    if proc.returncode != 0:
+        print(f"benchmarks/run.py failed (exit status {proc.returncode})", file=sys.stderr)
+        return proc.returncode
+    if plots:
+        _write_plots(out / "results.json")
+    return 0
+
+
+def _write_plots(results_json: Path) -> None:
+    """``benchmarks.png`` and ``benchmarks_time.png`` beside ``results.json`` (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from .plot import benchmark_plot
+    except ImportError:
+        print("(no plots: matplotlib is not installed; pip install llmkernels[notebook])",
+              file=sys.stderr)  # fmt: skip
+        return
+    for kind, name in (("rate", "benchmarks.png"), ("time", "benchmarks_time.png")):
+        fig = benchmark_plot(results_json, kind=kind)
+        fig.savefig(results_json.parent / name, dpi=110)
+        plt.close(fig)
+        print(f"wrote {results_json.parent / name}", file=sys.stderr)
+
+
+def bench(
+    lk: Any,
+    quick: bool,
+    builtin: bool,
+    out: Path | None,
+    plots: bool,
+    run_args: Sequence[str] = (),
+) -> int:
+    """The ``bench`` command (see the module docstring); ``run_args`` go to
+    ``benchmarks/run.py``."""
+    root = None if builtin else _source_root()
+    if root is not None:
+        if out is None:
+            # a quick (smoke) run must not overwrite the full results kept in benchmarks/results
+            out = root / ("build/bench-quick" if quick else "benchmarks/results")
+        return _run_benchmarks(root, quick, out.resolve(), plots, run_args)
+    if run_args:
+        print(f"python -m llmkernels bench: unrecognized arguments: {' '.join(run_args)} "
+              "(they are for benchmarks/run.py, which is not available here)", file=sys.stderr)
+        return 2
+    print(f"llmkernels {lk.__version__}: built-in side-by-side timings"
+          + (" (quick)" if quick else ""))  # fmt: skip
+    json_path = None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        json_path = out / "builtin_timings.json"
+    show_timings(lk, quick=quick, json_path=json_path)
+    return 0
 
 
 # --------------------------------------------------------------------------------------
@@ -321,9 +547,13 @@ def show_timings(lk: Any) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def _info(lk: Any) -> None:
+def _info(lk: Any, as_json: bool = False) -> None:
     info = lk.build_info()
     if isinstance(info, dict):
+        info = {**info, "numpy": np.__version__, "python": sys.version.split()[0]}
+        if as_json:
+            print(json.dumps(info, indent=1, default=str))
+            return
         width = max(len(str(k)) for k in info)
         for k, v in info.items():
             print(f"{k!s:<{width}}  {v}")
@@ -334,7 +564,8 @@ def _info(lk: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m llmkernels", description="llmkernels: seed demo, timings, build info."
+        prog="python -m llmkernels",
+        description="llmkernels: seed demo, side-by-side benchmarks, build info.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="seed worked examples, then side-by-side timings")
@@ -345,14 +576,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="dtype of the inputs given to the C++ kernels for the seed examples",
     )
     demo.add_argument("--no-bench", action="store_true", help="skip the timing table")
-    sub.add_parser("info", help="print llmkernels.build_info()")
-    args = parser.parse_args(argv)
+    bench_p = sub.add_parser(
+        "bench",
+        help="benchmarks/run.py in a source checkout (then its PNG plots), else built-in timings",
+    )
+    bench_p.add_argument(
+        "--quick", action="store_true", help="small shapes, short timings (a smoke run)"
+    )
+    bench_p.add_argument(
+        "--builtin",
+        action="store_true",
+        help="the built-in side-by-side table even in a source checkout",
+    )
+    bench_p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (benchmarks/run.py default: benchmarks/results, with --quick "
+        "build/bench-quick; built-in: no files unless given)",
+    )
+    bench_p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
+    bench_p.epilog = (
+        "Other arguments go to benchmarks/run.py, e.g. --no-attention, --attention-only, "
+        "--torch-thp, --quiet-wait SECONDS."
+    )
+    info_p = sub.add_parser("info", help="version, SIMD path, threads, BLAS (build_info())")
+    info_p.add_argument("--json", action="store_true", help="print as JSON")
+    # arguments bench does not know go to benchmarks/run.py (e.g. --no-attention)
+    args, run_args = parser.parse_known_args(argv)
+    if run_args and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(run_args)}")
 
     import llmkernels as lk
 
     if args.command == "info":
-        _info(lk)
+        _info(lk, as_json=args.json)
         return 0
+    if args.command == "bench":
+        return bench(lk, args.quick, args.builtin, args.out, not args.no_plots, run_args)
     print(f"llmkernels {lk.__version__}\n")
     errors = show_seeds(lk, np.dtype(args.dtype).type)
     print(f"\n{errors} seed error(s) found (lines starting with 'SEED ERROR').")

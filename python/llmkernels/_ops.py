@@ -38,6 +38,11 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
     """``np.asarray`` with a clear error for things that are not numeric arrays."""
     if isinstance(value, np.ndarray):
         arr = value
+    elif not hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
+        try:  # e.g. a tensor of another framework that only speaks DLPack
+            arr = np.from_dlpack(value)
+        except Exception as exc:
+            raise TypeError(f"[{fn}] {name} could not be imported via DLPack: {exc}") from None
     else:
         try:
             arr = np.asarray(value)
