@@ -109,31 +109,62 @@ __all__ = [
 
 
 def set_num_threads(n: int) -> None:
-    """Set the number of threads the kernels (and the OpenBLAS matmuls) use; ``n >= 1``."""
+    """Set the number of threads the kernels (and the OpenBLAS matmuls) use; ``n >= 1``.
+
+    Example:
+        >>> import llmkernels as lk
+        >>> lk.set_num_threads(1); lk.get_num_threads()
+        1
+    """
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"[set_num_threads] n must be an int, got {type(n).__name__}")
     _core.set_num_threads(n)
 
 
 def get_num_threads() -> int:
-    """Number of threads the kernels use (default: the machine's cores)."""
+    """Number of threads the kernels use (default: the machine's cores).
+
+    Example:
+        >>> import llmkernels as lk
+        >>> lk.get_num_threads() >= 1
+        True
+    """
     return _core.get_num_threads()
 
 
 def simd_arch() -> str:
-    """The SIMD path in use: ``"avx512"``, ``"avx2"`` (with FMA) or ``"sse2"``."""
+    """The SIMD path in use: ``"avx512"``, ``"avx2"`` (with FMA) or ``"sse2"``.
+
+    Example:
+        >>> import llmkernels as lk
+        >>> lk.simd_arch() in ("sse2", "avx2", "avx512")
+        True
+    """
     return _core.simd_arch()
 
 
 def set_simd_arch(arch: str) -> None:
-    """Force a SIMD path (``"sse2"``, ``"avx2"``, ``"avx512"``) supported by this CPU."""
+    """Force a SIMD path (``"sse2"``, ``"avx2"``, ``"avx512"``) supported by this CPU.
+
+    Example:
+        >>> import llmkernels as lk
+        >>> best = lk.simd_arch(); lk.set_simd_arch("sse2"); lk.simd_arch()
+        'sse2'
+        >>> lk.set_simd_arch(best)
+    """
     if not isinstance(arch, str):
         raise TypeError(f"[set_simd_arch] arch must be a str, got {type(arch).__name__}")
     _core.set_simd_arch(arch)
 
 
 def build_info() -> dict[str, Any]:
-    """Version, compiler, SIMD paths, threads and BLAS of this build."""
+    """Version, compiler, SIMD paths, threads and BLAS of this build.
+
+    Example:
+        >>> import llmkernels as lk
+        >>> sorted(lk.build_info())[:3]
+        ['best_simd_arch', 'blas', 'compiled_simd_archs']
+    """
     return {
         "version": __version__,
         "compiler": _core.compiler,

@@ -157,6 +157,11 @@ def rms_norm(
         out: optional C-contiguous, writeable array of the result's shape and dtype; may be ``x``.
 
     Rows with entries up to 1e30 (float32) are normalised correctly (no overflow).
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> np.round(lk.rms_norm([[3.0, 4.0]], eps=0.0), 4)
+        array([[0.8485, 1.1314]])
     """
     fn = "rms_norm"
     x = _as_array(fn, "x", x)
@@ -193,6 +198,11 @@ def layer_norm(
 
     The variance is the biased one (divide by D), as in ``torch.nn.functional.layer_norm``.
     ``weight`` and ``bias`` have shape ``(D,)``; ``out`` as in :func:`rms_norm`.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> np.round(lk.layer_norm([[1.0, 2.0, 3.0]], eps=0.0), 4)
+        array([[-1.2247,  0.    ,  1.2247]])
     """
     fn = "layer_norm"
     x = _as_array(fn, "x", x)
@@ -228,7 +238,13 @@ def layer_norm(
 
 
 def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
-    """SiLU (swish): ``x * sigmoid(x)``, elementwise, any shape. ``out`` may be ``x``."""
+    """SiLU (swish): ``x * sigmoid(x)``, elementwise, any shape. ``out`` may be ``x``.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> np.round(lk.silu([-1.0, 0.0, 1.0]), 4)
+        array([-0.2689,  0.    ,  0.7311])
+    """
     fn = "silu"
     x = _as_array(fn, "x", x)
     dtype = _compute_dtype(x)
@@ -244,7 +260,13 @@ def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
-    """SwiGLU gating: ``silu(gate) * up``, elementwise; ``gate`` and ``up`` have the same shape."""
+    """SwiGLU gating: ``silu(gate) * up``, elementwise; ``gate`` and ``up`` have the same shape.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> np.round(lk.swiglu([1.0, 2.0], [3.0, 0.5]), 4)
+        array([2.1932, 0.8808])
+    """
     fn = "swiglu"
     g = _as_array(fn, "gate", gate)
     u = _as_array(fn, "up", up)
@@ -280,6 +302,11 @@ def swiglu_ffn(
     ``(D, H)``, ``w_down`` is ``(H, D_out)``. ``x`` is ``(..., D)``. With ``w_down=None`` the
     gated hidden activation ``(..., H)`` is returned. Matmuls run on OpenBLAS; bias adds and the
     gating run in the package's kernels.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> np.round(lk.swiglu_ffn([[1.5]], [[2.0]], [[3.0]], b_gate=[0.5]), 4)  # seed 000's scalar example
+        array([[15.2883]])
     """
     fn = "swiglu_ffn"
     x = _as_array(fn, "x", x)
@@ -404,6 +431,11 @@ def rope(
         attention_factor: multiplies cos and sin (YaRN / longrope, see
             :func:`rope_attention_factor`).
         out: optional output array (may be ``x``).
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> np.round(lk.rope([[1.0, 0.5]], [1], inv_freq=[0.1]), 4)  # 0.1 rad/position, position 1
+        array([[0.9451, 0.5973]])
     """
     fn = "rope"
     x = _as_array(fn, "x", x)
@@ -503,6 +535,14 @@ def attention(
 
     The kernel never materialises the ``Tq x Tk`` scores: tiles of 64 query rows stream over
     tiles of 64 keys with a running max and sum (online softmax); memory is O((Tq + Tk) * D).
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> out, w = lk.attention(np.eye(2)[None], np.eye(2)[None], [[[1.0], [3.0]]], scale=1.0,
+        ...                       return_weights=True)
+        >>> np.round(w, 4)
+        array([[[0.7311, 0.2689],
+                [0.2689, 0.7311]]])
     """
     fn = "attention"
     q = _as_array(fn, "q", q)

@@ -138,7 +138,13 @@ def _as_f32(cls: str, name: str, x: Any, last: int) -> np.ndarray:
 
 
 class RMSNorm(_Module):
-    """RMSNorm over the last axis, ``x / sqrt(mean(x**2) + eps) * weight``; weight ``(dim,)``."""
+    """RMSNorm over the last axis, ``x / sqrt(mean(x**2) + eps) * weight``; weight ``(dim,)``.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> np.round(lk.RMSNorm(2, eps=0.0)(np.array([[3.0, 4.0]], np.float32)), 4)
+        array([[0.8485, 1.1314]], dtype=float32)
+    """
 
     _name = "RMSNorm"
 
@@ -162,7 +168,13 @@ class RMSNorm(_Module):
 
 
 class LayerNorm(_Module):
-    """LayerNorm over the last axis (biased variance); weight and optional bias ``(dim,)``."""
+    """LayerNorm over the last axis (biased variance); weight and optional bias ``(dim,)``.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> np.round(lk.LayerNorm(3, eps=0.0)(np.array([[1.0, 2.0, 3.0]], np.float32)), 4)
+        array([[-1.2247,  0.    ,  1.2247]], dtype=float32)
+    """
 
     _name = "LayerNorm"
 
@@ -192,7 +204,14 @@ def _make_norm(kind: str, dim: int, eps: float) -> RMSNorm | LayerNorm:
 
 class FeedForward(_Module):
     """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` with HF keys ``gate_proj``, ``up_proj``,
-    ``down_proj`` (weights ``(out, in)``). ``x (..., dim)`` -> ``(..., dim)``."""
+    ``down_proj`` (weights ``(out, in)``). ``x (..., dim)`` -> ``(..., dim)``.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> ffn = lk.FeedForward(8, 16, seed=0)
+        >>> ffn(np.ones((2, 8), np.float32)).shape, sorted(ffn.state_dict())
+        ((2, 8), ['down_proj.weight', 'gate_proj.weight', 'up_proj.weight'])
+    """
 
     _name = "FeedForward"
 
@@ -233,6 +252,13 @@ class KVCache:
     ``length`` tokens are cached (at most ``max_seq_len``); ``next_positions`` is the RoPE
     position the next token of each sequence gets (it only advances on real tokens, so
     left-padded batches keep per-sequence positions).
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> attn = lk.MultiHeadAttention(16, 4, 2, seed=0)
+        >>> cache = attn.new_cache(batch=1, max_seq_len=8)
+        >>> _ = attn(np.ones((1, 3, 16), np.float32), cache=cache); cache.length
+        3
     """
 
     def __init__(self, batch: int, max_seq_len: int, n_kv_heads: int, head_dim: int) -> None:
@@ -271,7 +297,15 @@ class KVCache:
 
 
 class ModelCache:
-    """One :class:`KVCache` per block of a :class:`Transformer`."""
+    """One :class:`KVCache` per block of a :class:`Transformer`.
+
+    Example:
+        >>> import llmkernels as lk
+        >>> model = lk.Transformer({"dim": 16, "n_layers": 2, "n_heads": 2, "hidden_dim": 32,
+        ...                         "vocab_size": 50}, seed=0)
+        >>> len(model.new_cache(1, 8).layers)
+        2
+    """
 
     def __init__(self, caches: Sequence[KVCache]) -> None:
         self.layers = list(caches)
@@ -382,6 +416,12 @@ class MultiHeadAttention(_Module):
         rope_theta, rope_scaling: RoPE base and HF ``rope_scaling`` dict (see ``rope_inv_freq``).
         bias: biases on q/k/v/o (HF ``attention_bias``).
         causal: bottom-right causal masking (decoder self-attention).
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> attn = lk.MultiHeadAttention(16, n_heads=4, n_kv_heads=2, seed=0)
+        >>> attn(np.ones((2, 5, 16), np.float32)).shape
+        (2, 5, 16)
     """
 
     _name = "MultiHeadAttention"
@@ -528,6 +568,12 @@ class TransformerBlock(_Module):
     :meth:`from_config`. The forward is one C++ call: norm, fused QKV projection, RoPE,
     streaming attention, output projection with the residual folded into the GEMM, norm, fused
     gate/up projection, SwiGLU, down projection with the residual.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> block = lk.TransformerBlock.from_config({"dim": 16, "n_heads": 4, "hidden_dim": 32}, seed=0)
+        >>> block(np.ones((1, 3, 16), np.float32)).shape
+        (1, 3, 16)
     """
 
     _name = "TransformerBlock"
@@ -632,7 +678,15 @@ class TransformerBlock(_Module):
 
 class Transformer(_Module):
     """A LLaMA-style decoder: token embedding, ``n_layers`` blocks, final norm, LM head (tied to
-    the embedding when ``tie_embeddings``). State-dict keys are HF ``LlamaForCausalLM``'s."""
+    the embedding when ``tie_embeddings``). State-dict keys are HF ``LlamaForCausalLM``'s.
+
+    Example:
+        >>> import llmkernels as lk, numpy as np
+        >>> model = lk.Transformer({"dim": 16, "n_layers": 2, "n_heads": 2, "hidden_dim": 32,
+        ...                         "vocab_size": 50}, seed=0)
+        >>> model(np.array([[1, 2, 3]])).shape, model.generate([1, 2, 3], 4, progress=False).shape
+        ((1, 3, 50), (1, 7))
+    """
 
     _name = "Transformer"
 
