@@ -13,16 +13,24 @@ SOURCES := $(shell find cpp -type f) CMakeLists.txt pyproject.toml
 
 # `make test-sanitize`: a second editable install in its own venv and build dir (.venv-asan/,
 # build/asan), compiled with AddressSanitizer + UndefinedBehaviorSanitizer (CMake option
-# LLMK_SANITIZE), the whole suite run under it. CPython is not instrumented, so the ASan runtime is
-# preloaded; leak checking is off (CPython's own allocations; leaks are tested in the suite).
+# LLMK_SANITIZE), the suite run under it; the first report aborts the run. CPython is not
+# instrumented, so the ASan runtime is preloaded, and ASan's leak check is off (it would report
+# CPython's own allocations; `make test` has the leak tests). pytest captures only sys.stdout /
+# sys.stderr, so a sanitizer report reaches the terminal even when it kills the process.
 SAN_VENV := .venv-asan
 SAN_PY := $(SAN_VENV)/bin/python
 SAN_PIP := $(SAN_PY) -m pip --disable-pip-version-check
 SAN_CXX := g++
 SAN_ENV := LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:verify_asan_link_order=0:abort_on_error=1 \
-	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	LLMKERNELS_SANITIZE=1
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:abort_on_error=1
+# Not run under the sanitizers: the tests that measure memory (resident set over 100,000 calls,
+# peak RSS of a 16k-token attention), which ASan changes by design -- freed blocks stay in its
+# quarantine, every allocation gets redzones and shadow memory. `make test` runs them.
+SAN_SKIP := --deselect tests/test_reliability.py::test_no_leak_ops \
+	--deselect tests/test_reliability.py::test_no_leak_transformer_block \
+	--deselect tests/test_reliability.py::test_no_leak_modules_and_model \
+	--deselect tests/test_attention.py::test_memory_is_streaming
 
 .PHONY: demo test test-matrix test-sanitize bench lint stubs clean sysdeps
 
@@ -42,7 +50,7 @@ test-matrix: $(VENV)/.installed-test
 
 # the whole suite on an ASan + UBSan build of the extension (any report fails the run)
 test-sanitize: $(SAN_VENV)/.installed-test
-	$(SAN_ENV) $(SAN_PY) -m pytest -q -p no:cacheprovider
+	$(SAN_ENV) $(SAN_PY) -m pytest -q -p no:cacheprovider --capture=sys $(SAN_SKIP)
 
 bench: $(VENV)/.installed-compare
 	$(PY) benchmarks/run.py --out benchmarks/results

@@ -892,3 +892,70 @@ def test_no_denormal_slowdown(op, value, record_property):
     # bounded here; DESIGN's "no denormal slowdown" rule is about exp/sigmoid (3x).
     limit = 8.0 if op == "rms_norm" else 3.0
     assert ratio <= limit, f"{op} is {ratio:.1f}x slower on {value} than on normal values"
+
+
+# --------------------------------------------------------------------------------------------
+# reads stay inside the arrays: inputs that end right before an unreadable page
+# --------------------------------------------------------------------------------------------
+
+_GUARD_SCRIPT = r"""
+import ctypes, mmap, sys
+import numpy as np
+import llmkernels as lk
+from llmkernels import reference
+
+PAGE = mmap.PAGESIZE
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+keep = []
+
+def guarded(a):
+    # a copy of `a` whose last byte is followed by a PROT_NONE page: reading past it faults
+    a = np.ascontiguousarray(a)
+    pages = -(-a.nbytes // PAGE) + 1
+    mm = mmap.mmap(-1, pages * PAGE)
+    buf = np.frombuffer(mm, np.uint8)
+    assert libc.mprotect(buf.ctypes.data + (pages - 1) * PAGE, PAGE, 0) == 0
+    start = (pages - 1) * PAGE - a.nbytes
+    out = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    keep.append(mm)
+    return out
+
+rng = np.random.default_rng(0)
+for arch in sys.argv[1:]:
+    lk.set_simd_arch(arch)
+    for dtype in (np.float32, np.float64):
+        for d in (1, 4, 7, 8, 12, 33):
+            x = guarded(rng.standard_normal((3, d)).astype(dtype))
+            lk.rms_norm(x, guarded(np.ones(d, dtype)))
+            lk.layer_norm(x, guarded(np.ones(d, dtype)), guarded(np.zeros(d, dtype)))
+            lk.swiglu(x, guarded(x.copy()))
+            if d % 2 == 0:
+                lk.rope(guarded(rng.standard_normal((1, 2, 3, d)).astype(dtype)))
+            for tq, tk in ((1, 5), (3, 3), (9, 4)):
+                q = guarded(rng.standard_normal((2, tq, d)).astype(dtype))
+                k = guarded(rng.standard_normal((1, tk, d)).astype(dtype))
+                v = guarded(rng.standard_normal((1, tk, d)).astype(dtype))
+                got = lk.attention(q, k, v, causal=True)
+                want = reference.attention(q, k, v, causal=True)
+                assert np.allclose(got, want, rtol=1e-4, atol=1e-5), (arch, dtype, d, tq, tk)
+print("ok")
+"""
+
+
+def test_reads_stay_inside_arrays():
+    """Every kernel on inputs that end right before an unreadable page, on every SIMD path and
+    at head and row sizes that are and are not multiples of each vector width (a vector load
+    past the last row would fault; this found one in the attention kernel's P.V product)."""
+    import subprocess
+
+    from conftest import SUPPORTED_ISAS
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _GUARD_SCRIPT, *SUPPORTED_ISAS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

@@ -277,8 +277,10 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     // O (rows x Dv) += P (rows x nk) . V (nk x Dv), with P[r][j] = S^T[j][r]
     std::ptrdiff_t ldv;
     const T* vt = v_tile(k0, nk, &ldv);
+    // only the vectors that hold V's columns: when Dv is a multiple of this ISA's width, vt is
+    // V itself, and dv_pad (a multiple of the widest ISA's) may run past the end of its rows
     small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(BQ), vt, ldv, s.o,
-                        static_cast<std::ptrdiff_t>(dv_pad), nrows, dv_pad / N, nk, true);
+                        static_cast<std::ptrdiff_t>(dv_pad), nrows, (Dv + N - 1) / N, nk, true);
   }
 
   // --- results -------------------------------------------------------------------------------

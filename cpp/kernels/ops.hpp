@@ -117,6 +117,13 @@ struct add_bias_kernel {
   void operator()(Arch, T* out, const T* bias, std::size_t rows, std::size_t n) const;
 };
 
+// y[r] (+)= dot(w[r, :], x)      y (rows,), w (rows, k) row-major, x (k,) -- decode projections
+struct gemv_kernel {
+  template <class Arch, class T>
+  void operator()(Arch, T* y, const T* w, const T* x, std::size_t rows, std::size_t k,
+                  bool accumulate) const;
+};
+
 // Roofline probes: FMA throughput (*flops = floating-point operations done; *sink keeps the
 // result alive) and a STREAM triad a = b + s * c.
 struct fma_probe_kernel {

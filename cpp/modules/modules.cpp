@@ -58,9 +58,8 @@ void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::s
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
       for (std::size_t blk = b0; blk < b1; ++blk) {
         std::size_t c0 = blk * kColBlock, cols = std::min(n, c0 + kColBlock) - c0;
-        if (m == 1) {  // decode: a matrix-vector product reads the weights once
-          cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)cols, (int)k, 1.f, w + c0 * k, (int)k, x,
-                      1, beta, y + c0, 1);
+        if (m == 1) {  // decode: a matrix-vector product, bound by reading the weights once
+          dispatch(gemv_kernel{}, y + c0, w + c0 * k, x, cols, k, accumulate);
         } else {
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)cols, (int)k, 1.f, x,
                       (int)k, w + c0 * k, (int)k, beta, y + c0, (int)n);
