@@ -96,6 +96,7 @@ class Config:
     attn_scaling_lengths: tuple[int, ...]
     attn_scaling_numpy_max_t: int  # NumPy's peak memory is measured up to this T
     quiet_wait: float  # max seconds to wait for other processes to go idle before timing
+    scaling_rounds: int = 12  # rounds of the paired thread-scaling measurement
 
 
 FULL = Config(
@@ -156,6 +157,7 @@ QUICK = Config(
     attn_scaling_lengths=(128, 256, 512, 1024),
     attn_scaling_numpy_max_t=512,
     quiet_wait=0.0,
+    scaling_rounds=2,
 )
 
 
@@ -804,6 +806,108 @@ def run_row_scaling(cfg: Config, rng: np.random.Generator, probe: dict) -> list[
     return rows_out
 
 
+SCALING_OPS = ("rms_norm", "swiglu", "rope")
+
+
+def run_thread_scaling(cfg: Config, rng: np.random.Generator) -> dict[str, Any]:
+    """2-thread speed-up of the memory-bound ops, each measurement paired with the triad probe.
+
+    On this shared host the bandwidth a second thread can add changes from minute to minute
+    (other tenants share the memory channels), so a speed-up is only meaningful next to the
+    probe's speed-up measured at the same moment. Each round times, for 1 then 2 threads, the
+    triad probe and then each op (out=, median of 5); the report keeps every round."""
+    x, w = rng_f32(rng, *cfg.norm_shape), rng_f32(rng, cfg.norm_shape[1])
+    xo = np.empty_like(x)
+    g, u = rng_f32(rng, *cfg.swiglu_shape), rng_f32(rng, *cfg.swiglu_shape)
+    go = np.empty_like(g)
+    q = rng_f32(rng, *cfg.rope_shape)
+    qo = np.empty_like(q)
+    calls = {
+        "rms_norm": (lambda: lk.rms_norm(x, w, 1e-6, out=xo), 8.0 * x.size),
+        "swiglu": (lambda: lk.swiglu(g, u, out=go), 12.0 * g.size),
+        "rope": (lambda: lk.rope(q, out=qo), 8.0 * q.size),
+    }
+    rounds = []
+    for _ in range(cfg.scaling_rounds):
+        entry: dict[str, Any] = {}
+        for t in cfg.threads:
+            set_threads(t)
+            entry.setdefault("triad_gbs", {})[str(t)] = lk._core._probe_triad_gbs(
+                t, cfg.triad_n, cfg.triad_inner
+            )
+            for name, (fn, nbytes) in calls.items():
+                fn()
+                seconds = time_per_call(fn, 5)
+                entry.setdefault(name, {})[str(t)] = nbytes / seconds / 1e9
+        rounds.append(entry)
+    lo, hi = str(min(cfg.threads)), str(max(cfg.threads))
+
+    def speedup(e: dict[str, Any], key: str) -> float:
+        return e[key][hi] / e[key][lo]
+
+    good = [e for e in rounds if speedup(e, "triad_gbs") >= 1.6]
+    summary = {}
+    for name in ("triad_gbs", *calls):
+        summary[name] = {
+            "median_speedup": statistics.median(speedup(e, name) for e in rounds),
+            "median_speedup_when_triad_scales": (
+                statistics.median(speedup(e, name) for e in good) if good else None
+            ),
+            "median_2t_fraction_of_triad": statistics.median(
+                e[name][hi] / e["triad_gbs"][hi] for e in rounds
+            ),
+        }
+    return {"rounds": rounds, "rounds_where_triad_scaled_1_6": len(good), "summary": summary}
+
+
+def render_thread_scaling(sc: dict[str, Any], cfg: Config) -> list[str]:
+    lo, hi = str(min(cfg.threads)), str(max(cfg.threads))
+    n = len(sc["rounds"])
+    out = [
+        "",
+        f"## Thread scaling of the memory-bound ops, paired with the triad probe ({n} rounds)",
+        "",
+        f"Each round measures the triad probe and then each op (out=, median of 5) at {lo} and "
+        f"then {hi} threads, so every op speed-up sits next to the machine's own speed-up at "
+        "that moment: on this shared host the bandwidth a second core adds varies from round "
+        f"to round. Shapes as above (rope on q alone). {sc['rounds_where_triad_scaled_1_6']} "
+        f"of {n} rounds had a triad speed-up of at least 1.6.",
+        "",
+    ]
+    rows = []
+    for name, label in [("triad_gbs", "triad probe"), *[(o, o) for o in SCALING_OPS]]:
+        s = sc["summary"][name]
+        rows.append(
+            [
+                label,
+                fmt(s["median_speedup"]),
+                fmt(s["median_speedup_when_triad_scales"]),
+                f"{100 * s['median_2t_fraction_of_triad']:.0f}%",
+            ]
+        )
+    out += md_table(
+        [
+            "",
+            f"{hi}T / {lo}T, median of all rounds",
+            f"{hi}T / {lo}T, median of rounds where the triad scaled >= 1.6",
+            f"{hi}T GB/s / same-round {hi}T triad",
+        ],
+        rows,
+    )
+    out += ["", "Per round (GB/s, " + f"{lo}T -> {hi}T):", ""]
+    rows = []
+    for i, e in enumerate(sc["rounds"], 1):
+        rows.append(
+            [str(i)]
+            + [
+                f"{e[k][lo]:.1f} -> {e[k][hi]:.1f} ({e[k][hi] / e[k][lo]:.2f}x)"
+                for k in ("triad_gbs", *SCALING_OPS)
+            ]
+        )
+    out += md_table(["round", "triad", *SCALING_OPS], rows)
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # attention
 # --------------------------------------------------------------------------------------
@@ -1324,6 +1428,9 @@ def render(report: dict[str, Any], cfg: Config) -> str:
             rows.append(row)
         out += md_table(header, rows)
 
+    if report.get("thread_scaling"):
+        out += render_thread_scaling(report["thread_scaling"], cfg)
+
     if report.get("attention"):
         out += render_attention(report, cfg)
 
@@ -1377,6 +1484,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="only the roofline probe and the attention benchmarks",
     )
+    parser.add_argument(
+        "--scaling-only",
+        action="store_true",
+        help="only the roofline probe and the paired thread-scaling rounds",
+    )
     args = parser.parse_args(argv)
     import_peers(args.torch_thp)
     # torch and transformers leave ~10^5 objects behind; freezing them keeps the gc.collect()
@@ -1398,7 +1510,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log("roofline probe")
     probe = roofline_probe(cfg)
     report["probe"] = probe
-    if not args.attention_only:
+    if args.scaling_only:
+        log("thread scaling, paired with the triad probe")
+        report["thread_scaling"] = run_thread_scaling(cfg, rng)
+    elif not args.attention_only:
         report["ops"] = []
         for make in CASES:
             case = make(cfg, rng)
@@ -1411,7 +1526,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_row_scaling:
             log("rms_norm vs row length")
             report["rms_norm_row_scaling"] = run_row_scaling(cfg, rng, probe)
-    if not args.no_attention:
+        log("thread scaling, paired with the triad probe")
+        report["thread_scaling"] = run_thread_scaling(cfg, rng)
+    if not (args.no_attention or args.scaling_only):
         b, hq, hkv, tk, d = cfg.attn_decode_shape
         attention: dict[str, Any] = {
             "llc_bytes": llc_bytes(),

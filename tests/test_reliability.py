@@ -324,6 +324,7 @@ def _control() -> None:
     hashlib.sha256(_CONTROL_DATA).digest()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("op", ["attention", "swiglu_ffn"])
 def test_gil_released_two_threads_faster(op, record_property):
     """Two Python threads each running one long kernel (1 kernel thread each) beat running
@@ -395,6 +396,7 @@ def _gil_cases() -> dict[str, Callable[[], Any]]:
 _GIL_CASES: dict[str, Callable[[], Any]] = {}
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "silu", "swiglu", "swiglu_ffn",
                                   "rope", "attention", "TransformerBlock", "Transformer"])
 def test_gil_released_per_op(name):
@@ -853,6 +855,7 @@ def _interleaved_ratio(a: Callable[[], Any], b: Callable[[], Any], repeats: int 
     return statistics.median(ta) / statistics.median(tb)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("op", "value"),
     [("silu", 1e-40), ("silu", -90.0), ("swiglu", 1e-40), ("swiglu", -90.0),

@@ -93,6 +93,12 @@ inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, con
   }
 }
 
+// Prefetches the cache lines of one row (a hint: addresses past the array do not fault).
+inline void prefetch_row(const void* p, std::size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (std::size_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+}
+
 template <class T>
 struct attn_tile_state {
   T* qt;    // (D, BQ)      scale * Q^T of the tile, zero-padded columns
@@ -137,7 +143,9 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   auto row_query = [&](std::size_t r) { return (it.row0 + r) % p.tq; };
 
   // --- pack scale * Q^T (D x BQ), padded rows with zeros; causal limits --------------------
-  if (!rowwise) std::memset(s.qt, 0, D * BQ * sizeof(T));  // padded columns must be zero
+  // padded columns (rows of the rowwise layout) must be zero
+  if (!rowwise) std::memset(s.qt, 0, D * BQ * sizeof(T));
+  else std::memset(s.qt, 0, (nrows + N) * D * sizeof(T));
   std::int64_t max_lim = -1;
   const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
   for (std::size_t r = 0; r < BQ; ++r) {
@@ -168,26 +176,46 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       std::min<std::size_t>(it.k1, static_cast<std::size_t>(std::max<std::int64_t>(max_lim + 1, 0)));
 
   // Scores of key tile [k0, k0 + nk) into S^T with causal and mask applied.
+  // Decode scores: blocks of RB rows x KB keys (RB * KB = N dot products) accumulate along D in
+  // registers, each K vector loaded once for all RB rows, then N horizontal sums in one
+  // reduce_lanes. Rows past nrows (up to a multiple of RB) hold zeros; the causal step below
+  // sets their scores to -inf like every padded column.
+  constexpr std::size_t KB = N < 4 ? N : 4, RB = N / KB;
   auto scores_rowwise = [&](std::size_t k0, std::size_t nk) {
-    for (std::size_t r = 0; r < nrows; ++r) {
-      const T* qr = s.qt + r * D;  // (D,)
-      std::size_t j = 0;
-      for (; j + N <= nk; j += N) {
-        V acc[N];
-        for (std::size_t jj = 0; jj < N; ++jj) acc[jj] = V(T(0));
-        for (std::size_t d = 0; d < D; d += N) {
-          const V qv = V::load_unaligned(qr + d);
-          for (std::size_t jj = 0; jj < N; ++jj)
-            acc[jj] = xsimd::fma(V::load_unaligned(kbase + (k0 + j + jj) * kr + d), qv, acc[jj]);
-        }
-        // (xsimd 8.1's avx512 haddp gives wrong float sums, so reduce one by one)
-        for (std::size_t jj = 0; jj < N; ++jj) s.st[(j + jj) * BQ + r] = xsimd::hadd(acc[jj]);
+    const T* kt = kbase + k0 * kr;  // (nk, D), row stride kr
+    const T* vt = vbase + k0 * vr;  // (nk, Dv), row stride vr
+    std::size_t j = 0;
+    for (; j + KB <= nk; j += KB) {
+      // Decode streams K and V from memory with little work per byte: ask for this tile's V
+      // rows (read by P.V next) and the next tile's K rows now, so the loads overlap the math.
+      for (std::size_t kk = 0; kk < KB; ++kk) {
+        prefetch_row(kt + (j + kk + 2 * BK) * kr, D * sizeof(T));
+        prefetch_row(vt + (j + kk + BK) * vr, Dv * sizeof(T));
       }
-      for (; j < nk; ++j) {
+      for (std::size_t r0 = 0; r0 < nrows; r0 += RB) {
+        V acc[N];
+        for (std::size_t a = 0; a < N; ++a) acc[a] = V(T(0));
+        for (std::size_t d = 0; d < D; d += N) {
+          V kv[KB];
+          for (std::size_t kk = 0; kk < KB; ++kk) kv[kk] = V::load_unaligned(kt + (j + kk) * kr + d);
+          for (std::size_t rr = 0; rr < RB; ++rr) {
+            const V qv = V::load_unaligned(s.qt + (r0 + rr) * D + d);
+            for (std::size_t kk = 0; kk < KB; ++kk)
+              acc[rr * KB + kk] = xsimd::fma(kv[kk], qv, acc[rr * KB + kk]);
+          }
+        }
+        alignas(64) T sums[N];
+        reduce_lanes(acc, sums);
+        for (std::size_t rr = 0; rr < RB; ++rr)
+          for (std::size_t kk = 0; kk < KB; ++kk) s.st[(j + kk) * BQ + r0 + rr] = sums[rr * KB + kk];
+      }
+    }
+    for (; j < nk; ++j) {  // key tail: one dot product per row
+      for (std::size_t r = 0; r < nrows; ++r) {
         V acc(T(0));
         for (std::size_t d = 0; d < D; d += N)
-          acc = xsimd::fma(V::load_unaligned(kbase + (k0 + j) * kr + d),
-                           V::load_unaligned(qr + d), acc);
+          acc = xsimd::fma(V::load_unaligned(kt + j * kr + d), V::load_unaligned(s.qt + r * D + d),
+                           acc);
         s.st[j * BQ + r] = xsimd::hadd(acc);
       }
     }

@@ -79,6 +79,46 @@ inline void stream_fence(bool stream) {
   if (stream) _mm_sfence();
 }
 
+// sums[i] = the sum of the lanes of acc[i], for i < N (N = the batch size): N horizontal sums
+// at once. The generic version reduces each batch on its own; the AVX-512 and AVX2 float
+// overloads below add the batches pairwise in a transpose tree, N - 1 additions for all N
+// sums instead of log2(N) shuffle + add steps for each. (xsimd 8.1's own multi-batch haddp
+// returns wrong float sums on AVX-512.)
+template <class Arch, class T>
+inline void reduce_lanes(const vec<Arch, T>* acc, T* sums) {
+  for (std::size_t i = 0; i < vec<Arch, T>::size; ++i) sums[i] = xsimd::hadd(acc[i]);
+}
+#if defined(__AVX512F__)
+inline void reduce_lanes(const vec<xsimd::avx512bw, float>* acc, float* sums) {
+  __m512 c[8], e[4], g[2];
+  for (int i = 0; i < 8; ++i) {  // lanes 0-7: acc[2i]'s halves added, 8-15: acc[2i + 1]'s
+    const __m512 a = acc[2 * i], b = acc[2 * i + 1];
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  for (int i = 0; i < 4; ++i)  // 128-bit lane k: 4 partial sums of acc[4i + k]
+    e[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // lane k: 2 partials of acc[8i + k], 2 of acc[8i + 4 + k]
+    g[i] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(e[2 * i], e[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // element 4k + m = the sum of acc[4m + k]
+  const __m512 h = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(sums, _mm512_permutexvar_ps(order, h));
+}
+#endif
+#if defined(__AVX2__)
+inline void reduce_lanes(const vec<xsimd::fma3<xsimd::avx2>, float>* acc, float* sums) {
+  const __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  const __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  // per 128-bit half: the half-sums of acc[0..3] (u0) and acc[4..7] (u1)
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  _mm256_storeu_ps(sums, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                       _mm256_permute2f128_ps(u0, u1, 0x31)));
+}
+#endif
+
 // Sum of x[i]^2 * scale^2 over a row: four independent accumulators hide FMA latency.
 template <class Arch, class T>
 inline T sum_squares(const T* x, std::size_t n, T scale) {
