@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import llmkernels as lk
 import numpy as np
 import pytest
-
-import llmkernels as lk
 
 ISA_ORDER = ["sse2", "avx2", "avx512"]
 SUPPORTED_ISAS = ISA_ORDER[: ISA_ORDER.index(lk._core.best_simd_arch()) + 1]

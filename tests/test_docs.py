@@ -5,10 +5,9 @@ from __future__ import annotations
 import doctest
 import inspect
 
+import llmkernels as lk
 import numpy as np
 import pytest
-
-import llmkernels as lk
 
 PUBLIC = [n for n in lk.__all__ if n != "__version__"]
 

@@ -3,10 +3,9 @@ and the argument, and leaves a given `out` untouched."""
 
 from __future__ import annotations
 
+import llmkernels as lk
 import numpy as np
 import pytest
-
-import llmkernels as lk
 
 X = np.ones((4, 8), np.float32)
 W = np.ones(8, np.float32)

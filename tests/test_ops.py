@@ -7,11 +7,10 @@ path; layouts (strided, Fortran order, out=, aliasing) are swept one at a time f
 
 from __future__ import annotations
 
+import llmkernels as lk
 import numpy as np
 import pytest
 from conftest import TOL
-
-import llmkernels as lk
 from llmkernels import reference as ref
 
 SIZES = [1, 7, 31, 33, 128, 1025, 4096]
@@ -147,8 +146,9 @@ def layouts(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", ["strided_rows", "strided_last_axis", "fortran", "transposed",
-                                    "negative_stride"])
+@pytest.mark.parametrize(
+    "layout", ["strided_rows", "strided_last_axis", "fortran", "transposed", "negative_stride"]
+)
 @pytest.mark.parametrize("op", list(OPS))
 def test_layouts(op, layout, dtype, rng):
     x = layouts(rng, dtype)[layout]
@@ -168,7 +168,10 @@ def test_out_and_aliasing(dtype, rng):
         (lambda o: lk.layer_norm(x, w, b, out=o), lambda: ref.layer_norm(x, w, b)),
         (lambda o: lk.silu(x, out=o), lambda: ref.silu(x)),
         (lambda o: lk.swiglu(x, up, out=o), lambda: ref.swiglu(x, up)),
-        (lambda o: lk.rope(x[None], rotary_dim=32, out=o), lambda: ref.rope(x[None], rotary_dim=32)),
+        (
+            lambda o: lk.rope(x[None], rotary_dim=32, out=o),
+            lambda: ref.rope(x[None], rotary_dim=32),
+        ),
     ]
     for call, expect in cases:
         e = expect()
@@ -252,8 +255,13 @@ def test_rope_positions_and_options(dtype, rng):
     # rotary_dim=0 is the identity
     np.testing.assert_array_equal(lk.rope(x, rotary_dim=0), x)
     # scaled frequencies from rope_inv_freq
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     inv = lk.rope_inv_freq(16, 500000.0, scaling)
     check(lk.rope(x, big, inv_freq=inv), ref.rope(x, big, inv_freq=inv), dtype)
 
@@ -295,8 +303,10 @@ def test_huge_and_tiny_rows(dtype, isa):
     check(lk.layer_norm(nc), ref.layer_norm(nc), dtype)
     # constant rows: LayerNorm gives exactly the bias
     c = np.full((2, 7), 3333.3333, dtype)
-    np.testing.assert_array_equal(lk.layer_norm(c, bias=np.arange(7, dtype=dtype)),
-                                  np.broadcast_to(np.arange(7, dtype=dtype), (2, 7)))
+    np.testing.assert_array_equal(
+        lk.layer_norm(c, bias=np.arange(7, dtype=dtype)),
+        np.broadcast_to(np.arange(7, dtype=dtype), (2, 7)),
+    )
     x = np.full((2, 33), 1e30, dtype)
     x[1] = -1e30
     check(lk.rms_norm(x), ref.rms_norm(x), dtype)
@@ -323,7 +333,9 @@ def test_nan_inf_propagate(dtype, isa):
         np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
         fin = np.isfinite(want)
         np.testing.assert_allclose(got[fin], want[fin], **TOL[np.dtype(dtype)])
-    v = np.array([-1e4, -100.0, -88.0, -20.0, 0.0, 20.0, 100.0, 1e4, np.inf, -np.inf, np.nan], dtype)
+    v = np.array(
+        [-1e4, -100.0, -88.0, -20.0, 0.0, 20.0, 100.0, 1e4, np.inf, -np.inf, np.nan], dtype
+    )
     got, want = lk.silu(v), ref.silu(v)
     np.testing.assert_allclose(got, want, **TOL[np.dtype(dtype)])
 
@@ -338,8 +350,9 @@ def test_empty_arrays():
         if len(shape) >= 2:
             assert lk.rope(x).shape == shape
     assert lk.swiglu(np.zeros((0, 4)), np.zeros((0, 4))).shape == (0, 4)
-    assert lk.swiglu_ffn(np.zeros((0, 4)), np.ones((4, 3)), np.ones((4, 3)), np.ones((3, 2))).shape \
-        == (0, 2)
+    assert lk.swiglu_ffn(
+        np.zeros((0, 4)), np.ones((4, 3)), np.ones((4, 3)), np.ones((3, 2))
+    ).shape == (0, 2)
     assert lk.rms_norm(np.zeros((3, 0))).shape == (3, 0)
 
 
@@ -351,7 +364,11 @@ def test_bitwise_identical_across_threads(dtype, threads, rng):
     x = data(rng, (257, 1031), dtype)
     w = data(rng, (1031,), dtype)
     up = data(rng, (257, 1031), dtype)
-    wg, wu, wd = data(rng, (1031, 64), dtype), data(rng, (1031, 64), dtype), data(rng, (64, 5), dtype)
+    wg, wu, wd = (
+        data(rng, (1031, 64), dtype),
+        data(rng, (1031, 64), dtype),
+        data(rng, (64, 5), dtype),
+    )
     calls = [
         lambda: lk.rms_norm(x, w),
         lambda: lk.layer_norm(x, w, w),

@@ -10,11 +10,13 @@ rounding, and llmkernels is held to the DESIGN tolerance against the reference o
 
 from __future__ import annotations
 
+import llmkernels as lk
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TOL
+from llmkernels import reference as ref
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
@@ -22,9 +24,6 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
-
-import llmkernels as lk
-from llmkernels import reference as ref
 
 SIZES = [1, 7, 33, 128, 1025]
 LEADS = [(5,), (2, 3)]

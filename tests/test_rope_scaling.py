@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from llmkernels import _rope_scaling
+from llmkernels._rope_scaling import rope_attention_factor, rope_inv_freq
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-from llmkernels import _rope_scaling
-from llmkernels._rope_scaling import rope_attention_factor, rope_inv_freq
 
 RTOL = 1e-6
 HF_MAJOR = int(transformers.__version__.split(".")[0])

@@ -15,11 +15,10 @@ import sys
 import textwrap
 import threading
 
+import llmkernels as lk
 import numpy as np
 import pytest
 from conftest import ISA_ORDER, SUPPORTED_ISAS, TOL
-
-import llmkernels as lk
 from llmkernels import reference as ref
 
 TIMEOUT = 120  # seconds per subprocess; the scripts take ~1-3 s

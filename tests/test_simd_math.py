@@ -17,12 +17,11 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import llmkernels as lk
 import numpy as np
 import pytest
 import torch
 from conftest import SUPPORTED_ISAS
-
-import llmkernels as lk
 
 F32 = np.finfo(np.float32)
 FLT_MIN = float(F32.tiny)  # smallest normal

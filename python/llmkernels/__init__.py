@@ -20,9 +20,8 @@ versions in :mod:`llmkernels.pure`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import os as _os
+from typing import Any
 
 
 def _load_core():  # type: ignore[no-untyped-def]
@@ -66,9 +65,10 @@ def _cpu_has_avx512() -> bool:
 
 
 _core = _load_core()
-from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn
-from ._rope_scaling import rope_attention_factor, rope_inv_freq
-from .modules import (
+# the Python layer imports _core, so it comes after _load_core() has set up OpenBLAS
+from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn  # noqa: E402
+from ._rope_scaling import rope_attention_factor, rope_inv_freq  # noqa: E402
+from .modules import (  # noqa: E402
     FeedForward,
     KVCache,
     LayerNorm,

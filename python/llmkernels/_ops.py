@@ -53,7 +53,9 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
         return arr
     if kind == "f":
         if arr.dtype.itemsize > 8:
-            raise TypeError(f"[{fn}] {name} has unsupported dtype {arr.dtype}; use float32 or float64")
+            raise TypeError(
+                f"[{fn}] {name} has unsupported dtype {arr.dtype}; use float32 or float64"
+            )
         return arr
     raise TypeError(
         f"[{fn}] {name} has unsupported dtype {arr.dtype}; expected a real floating-point, "
@@ -305,7 +307,8 @@ def swiglu_ffn(
 
     Example:
         >>> import llmkernels as lk, numpy as np
-        >>> np.round(lk.swiglu_ffn([[1.5]], [[2.0]], [[3.0]], b_gate=[0.5]), 4)  # seed 000's scalar example
+        >>> # seed 000's scalar example
+        >>> np.round(lk.swiglu_ffn([[1.5]], [[2.0]], [[3.0]], b_gate=[0.5]), 4)
         array([[15.2883]])
     """
     fn = "swiglu_ffn"
@@ -471,7 +474,9 @@ def rope(
         if not np.all(np.isfinite(freqs)):
             raise ValueError(f"[{fn}] inv_freq must be finite")
     lead = x.shape[:-1]
-    pos = np.arange(t, dtype=np.int64) if positions is None else _rope_positions(fn, positions, lead)
+    pos = (
+        np.arange(t, dtype=np.int64) if positions is None else _rope_positions(fn, positions, lead)
+    )
     dtype = _compute_dtype(x)
     if out is not None:
         _check_out(fn, out, x.shape, dtype)
@@ -576,7 +581,9 @@ def attention(
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"[{fn}] causal must be a bool, got {type(causal).__name__}")
     if not isinstance(return_weights, (bool, np.bool_)):
-        raise TypeError(f"[{fn}] return_weights must be a bool, got {type(return_weights).__name__}")
+        raise TypeError(
+            f"[{fn}] return_weights must be a bool, got {type(return_weights).__name__}"
+        )
     scale_value = 1.0 / np.sqrt(d) if scale is None else _check_real(fn, "scale", scale)
     dtype = _compute_dtype(q, k, v)
     batch_shape = q.shape[:-3]

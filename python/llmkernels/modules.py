@@ -149,7 +149,9 @@ class RMSNorm(_Module):
     _name = "RMSNorm"
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        self._impl = _core.RMSNormImpl(_positive_int(self._name, "dim", dim), _check_eps(self._name, eps))
+        self._impl = _core.RMSNormImpl(
+            _positive_int(self._name, "dim", dim), _check_eps(self._name, eps)
+        )
 
     @property
     def dim(self) -> int:
@@ -360,7 +362,11 @@ def _positions_and_mask(
         nxt = pos[:, -1] + 1 if seq else start.copy()
     else:
         counts = key_mask.sum(axis=1, dtype=np.int64)
-        nxt = start + counts if positions is None else np.where(counts > 0, pos.max(axis=1) + 1, start)
+        nxt = (
+            start + counts
+            if positions is None
+            else np.where(counts > 0, pos.max(axis=1) + 1, start)
+        )
     return pos, key_mask, nxt
 
 
@@ -441,7 +447,9 @@ class MultiHeadAttention(_Module):
     ) -> None:
         dim = _positive_int(self._name, "dim", dim)
         n_heads = _positive_int(self._name, "n_heads", n_heads)
-        n_kv = n_heads if n_kv_heads is None else _positive_int(self._name, "n_kv_heads", n_kv_heads)
+        n_kv = (
+            n_heads if n_kv_heads is None else _positive_int(self._name, "n_kv_heads", n_kv_heads)
+        )
         if n_heads % n_kv:
             raise ValueError(
                 f"[{self._name}] n_heads must be a multiple of n_kv_heads, got {n_heads}, {n_kv}"
@@ -463,7 +471,14 @@ class MultiHeadAttention(_Module):
         self.rope_scaling = scaling
         self._rope = _RopeSchedule(head_dim, float(rope_theta), scaling)
         self._impl = _core.MultiHeadAttentionImpl(
-            dim, n_heads, n_kv, head_dim, inv_freq.tolist(), factor, bool(bias), bool(bias),
+            dim,
+            n_heads,
+            n_kv,
+            head_dim,
+            inv_freq.tolist(),
+            factor,
+            bool(bias),
+            bool(bias),
             bool(causal),
         )
         self._init_random(_rng(seed))
@@ -504,7 +519,10 @@ class MultiHeadAttention(_Module):
         _check_cache(self._name, cache, b, t)
         pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
         y = self._impl.forward(
-            arr, pos, key_mask, cache._impl if cache is not None else None,
+            arr,
+            pos,
+            key_mask,
+            cache._impl if cache is not None else None,
             self._rope.frequencies(pos),
         )
         if cache is not None:
@@ -529,7 +547,9 @@ def _check_cache(cls: str, cache: Any, batch: int, seq: int) -> None:
     if cache is None:
         return
     if not isinstance(cache, KVCache):
-        raise TypeError(f"[{cls}] cache must be a KVCache (from new_cache), got {type(cache).__name__}")
+        raise TypeError(
+            f"[{cls}] cache must be a KVCache (from new_cache), got {type(cache).__name__}"
+        )
     if cache.batch != batch:
         raise ValueError(f"[{cls}] cache holds {cache.batch} sequences, the input has {batch}")
     if cache.length + seq > cache.max_seq_len:
@@ -571,7 +591,8 @@ class TransformerBlock(_Module):
 
     Example:
         >>> import llmkernels as lk, numpy as np
-        >>> block = lk.TransformerBlock.from_config({"dim": 16, "n_heads": 4, "hidden_dim": 32}, seed=0)
+        >>> config = {"dim": 16, "n_heads": 4, "hidden_dim": 32}
+        >>> block = lk.TransformerBlock.from_config(config, seed=0)
         >>> block(np.ones((1, 3, 16), np.float32)).shape
         (1, 3, 16)
     """
@@ -604,14 +625,19 @@ class TransformerBlock(_Module):
                 f"{attention.dim}"
             )
         if norm_position not in ("pre", "post"):
-            raise ValueError(f"[{self._name}] norm_position must be 'pre' or 'post', got {norm_position!r}")
+            raise ValueError(
+                f"[{self._name}] norm_position must be 'pre' or 'post', got {norm_position!r}"
+            )
         self.attention = attention
         self.feed_forward = feed_forward
         self.attention_norm = attention_norm
         self.ffn_norm = ffn_norm
         self.norm_position = norm_position
         self._impl = _core.TransformerBlockImpl(
-            attention._impl, feed_forward._impl, attention_norm._impl, ffn_norm._impl,
+            attention._impl,
+            feed_forward._impl,
+            attention_norm._impl,
+            ffn_norm._impl,
             norm_position == "pre",
         )
 
@@ -627,8 +653,14 @@ class TransformerBlock(_Module):
         seeds = rng.integers(0, 2**63 - 1, size=2)
         return cls(
             attention=MultiHeadAttention(
-                c.dim, c.n_heads, c.n_kv_heads, c.head_dim, rope_theta=c.rope_theta,
-                rope_scaling=c.rope_scaling_dict(), bias=c.attention_bias, seed=int(seeds[0]),
+                c.dim,
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim,
+                rope_theta=c.rope_theta,
+                rope_scaling=c.rope_scaling_dict(),
+                bias=c.attention_bias,
+                seed=int(seeds[0]),
             ),
             feed_forward=FeedForward(c.dim, c.hidden_dim, bias=c.mlp_bias, seed=int(seeds[1])),
             attention_norm=_make_norm(c.norm, c.dim, c.norm_eps),
@@ -662,7 +694,10 @@ class TransformerBlock(_Module):
         _check_cache(self._name, cache, b, t)
         pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
         y = self._impl.forward(
-            arr, pos, key_mask, cache._impl if cache is not None else None,
+            arr,
+            pos,
+            key_mask,
+            cache._impl if cache is not None else None,
             self.attention._rope.frequencies(pos),
         )
         if cache is not None:
@@ -717,7 +752,9 @@ class Transformer(_Module):
             head = sd.pop("lm_head.weight", None)
             emb = sd.get("model.embed_tokens.weight")
             if head is not None:
-                head_arr = np.asarray(head.detach().cpu().numpy() if hasattr(head, "detach") else head)
+                head_arr = np.asarray(
+                    head.detach().cpu().numpy() if hasattr(head, "detach") else head
+                )
                 emb_arr = (
                     np.asarray(emb.detach().cpu().numpy() if hasattr(emb, "detach") else emb)
                     if emb is not None
@@ -737,8 +774,12 @@ class Transformer(_Module):
                     f"[Transformer.load_state_dict] missing keys {missing}; unexpected keys "
                     f"{unexpected}"
                 )
-            super().load_state_dict(sd | {"lm_head.weight": sd["model.embed_tokens.weight"]}
-                                    if "model.embed_tokens.weight" in sd else sd, strict=False)
+            super().load_state_dict(
+                sd | {"lm_head.weight": sd["model.embed_tokens.weight"]}
+                if "model.embed_tokens.weight" in sd
+                else sd,
+                strict=False,
+            )
             return
         super().load_state_dict(sd, strict=strict)
 
@@ -787,7 +828,9 @@ class Transformer(_Module):
         if ids_arr.ndim == 1:
             ids_arr = ids_arr[None]
         if ids_arr.ndim != 2:
-            raise ValueError(f"[{self._name}] ids must have shape (B, T) or (T,), got {ids_arr.shape}")
+            raise ValueError(
+                f"[{self._name}] ids must have shape (B, T) or (T,), got {ids_arr.shape}"
+            )
         if ids_arr.size and (ids_arr.min() < 0 or ids_arr.max() >= self.config.vocab_size):
             raise ValueError(
                 f"[{self._name}] ids must be in [0, vocab_size={self.config.vocab_size})"
@@ -799,8 +842,11 @@ class Transformer(_Module):
             _check_cache(self._name, cache.layers[0], b, t)
         pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
         logits = self._impl.forward(
-            np.ascontiguousarray(ids_arr, dtype=np.int64), pos, key_mask,
-            [c._impl for c in cache.layers] if cache is not None else [], bool(last_only),
+            np.ascontiguousarray(ids_arr, dtype=np.int64),
+            pos,
+            key_mask,
+            [c._impl for c in cache.layers] if cache is not None else [],
+            bool(last_only),
             self._rope.frequencies(pos),
         )
         if cache is not None:
@@ -867,7 +913,10 @@ class Transformer(_Module):
 
 
 def _sample(
-    logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
+    logits: np.ndarray,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
     rng: np.random.Generator,
 ) -> np.ndarray:
     """Next token per row of ``logits (B, vocab)``."""
