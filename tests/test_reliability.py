@@ -863,7 +863,7 @@ def _interleaved_ratio(a: Callable[[], Any], b: Callable[[], Any], repeats: int 
     ids=["silu-subnormal", "silu-(-90)", "swiglu-subnormal", "swiglu-(-90)",
          "rms_norm-subnormal", "layer_norm-subnormal", "rope-subnormal"],
 )
-def test_no_denormal_slowdown(op, value, record_property):
+def test_no_denormal_slowdown(op, value, isa, record_property):
     """DESIGN.md §4 "no denormal slowdowns (flush or avoid)": an array full of subnormals
     (1e-40 float32), or of values whose exp(x) intermediate is subnormal (silu(-90):
     exp(-90) = 8e-40), is not more than 3x slower than normal values (0.75 / -20). Subnormal
