@@ -99,6 +99,53 @@ inline void prefetch_row(const void* p, std::size_t bytes) {
   for (std::size_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
 }
 
+// Decode scores S^T[j][r] = q_r . k_j for a tile of a few rows (rowwise layout: q (rows, D),
+// D a multiple of N): blocks of RB rows x KB keys (RB * KB = N dot products) accumulate along D
+// in registers, each K vector loaded once for all RB rows, then N horizontal sums in one
+// reduce_lanes. Rows past nrows (up to a multiple of RB) hold zeros in q; the caller sets their
+// scores to -inf like every padded column. S^T has row stride kAttnRowTile.
+template <class Arch, class T, std::size_t RB>
+inline void rowwise_scores(const T* q, std::size_t nrows, std::size_t D, const T* kt,
+                           std::size_t kr, const T* vt, std::size_t vr, std::size_t dv,
+                           std::size_t nk, T* st) {
+  using V = vec<Arch, T>;
+  constexpr std::size_t N = V::size, KB = N / RB, BQ = kAttnRowTile, BK = kAttnKeyTile;
+  std::size_t j = 0;
+  for (; j + KB <= nk; j += KB) {
+    // Decode streams K and V from memory with little work per byte: ask for the V rows of the
+    // next tile and the K rows two tiles ahead now, so the loads overlap the math.
+    for (std::size_t kk = 0; kk < KB; ++kk) {
+      prefetch_row(kt + (j + kk + 2 * BK) * kr, D * sizeof(T));
+      prefetch_row(vt + (j + kk + BK) * vr, dv * sizeof(T));
+    }
+    for (std::size_t r0 = 0; r0 < nrows; r0 += RB) {
+      V acc[N];
+      for (std::size_t a = 0; a < N; ++a) acc[a] = V(T(0));
+      for (std::size_t d = 0; d < D; d += N) {
+        V kv[KB];
+        for (std::size_t kk = 0; kk < KB; ++kk) kv[kk] = V::load_unaligned(kt + (j + kk) * kr + d);
+        for (std::size_t rr = 0; rr < RB; ++rr) {
+          const V qv = V::load_unaligned(q + (r0 + rr) * D + d);
+          for (std::size_t kk = 0; kk < KB; ++kk)
+            acc[rr * KB + kk] = xsimd::fma(kv[kk], qv, acc[rr * KB + kk]);
+        }
+      }
+      alignas(64) T sums[N];
+      reduce_lanes(acc, sums);
+      for (std::size_t rr = 0; rr < RB; ++rr)
+        for (std::size_t kk = 0; kk < KB; ++kk) st[(j + kk) * BQ + r0 + rr] = sums[rr * KB + kk];
+    }
+  }
+  for (; j < nk; ++j) {  // key tail: one dot product per row
+    for (std::size_t r = 0; r < nrows; ++r) {
+      V acc(T(0));
+      for (std::size_t d = 0; d < D; d += N)
+        acc = xsimd::fma(V::load_unaligned(kt + j * kr + d), V::load_unaligned(q + r * D + d), acc);
+      st[j * BQ + r] = xsimd::hadd(acc);
+    }
+  }
+}
+
 template <class T>
 struct attn_tile_state {
   T* qt;    // (D, BQ)      scale * Q^T of the tile, zero-padded columns
@@ -176,48 +223,17 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       std::min<std::size_t>(it.k1, static_cast<std::size_t>(std::max<std::int64_t>(max_lim + 1, 0)));
 
   // Scores of key tile [k0, k0 + nk) into S^T with causal and mask applied.
-  // Decode scores: blocks of RB rows x KB keys (RB * KB = N dot products) accumulate along D in
-  // registers, each K vector loaded once for all RB rows, then N horizontal sums in one
-  // reduce_lanes. Rows past nrows (up to a multiple of RB) hold zeros; the causal step below
-  // sets their scores to -inf like every padded column.
-  constexpr std::size_t KB = N < 4 ? N : 4, RB = N / KB;
   auto scores_rowwise = [&](std::size_t k0, std::size_t nk) {
     const T* kt = kbase + k0 * kr;  // (nk, D), row stride kr
     const T* vt = vbase + k0 * vr;  // (nk, Dv), row stride vr
-    std::size_t j = 0;
-    for (; j + KB <= nk; j += KB) {
-      // Decode streams K and V from memory with little work per byte: ask for this tile's V
-      // rows (read by P.V next) and the next tile's K rows now, so the loads overlap the math.
-      for (std::size_t kk = 0; kk < KB; ++kk) {
-        prefetch_row(kt + (j + kk + 2 * BK) * kr, D * sizeof(T));
-        prefetch_row(vt + (j + kk + BK) * vr, Dv * sizeof(T));
-      }
-      for (std::size_t r0 = 0; r0 < nrows; r0 += RB) {
-        V acc[N];
-        for (std::size_t a = 0; a < N; ++a) acc[a] = V(T(0));
-        for (std::size_t d = 0; d < D; d += N) {
-          V kv[KB];
-          for (std::size_t kk = 0; kk < KB; ++kk) kv[kk] = V::load_unaligned(kt + (j + kk) * kr + d);
-          for (std::size_t rr = 0; rr < RB; ++rr) {
-            const V qv = V::load_unaligned(s.qt + (r0 + rr) * D + d);
-            for (std::size_t kk = 0; kk < KB; ++kk)
-              acc[rr * KB + kk] = xsimd::fma(kv[kk], qv, acc[rr * KB + kk]);
-          }
-        }
-        alignas(64) T sums[N];
-        reduce_lanes(acc, sums);
-        for (std::size_t rr = 0; rr < RB; ++rr)
-          for (std::size_t kk = 0; kk < KB; ++kk) s.st[(j + kk) * BQ + r0 + rr] = sums[rr * KB + kk];
-      }
-    }
-    for (; j < nk; ++j) {  // key tail: one dot product per row
-      for (std::size_t r = 0; r < nrows; ++r) {
-        V acc(T(0));
-        for (std::size_t d = 0; d < D; d += N)
-          acc = xsimd::fma(V::load_unaligned(kt + j * kr + d), V::load_unaligned(s.qt + r * D + d),
-                           acc);
-        s.st[j * BQ + r] = xsimd::hadd(acc);
-      }
+    // as many rows per register block as the tile has (1, 2 or 4), so no FMA runs on padding
+    const std::size_t rb = std::min<std::size_t>(nrows <= 2 ? nrows : 4, N);
+    if (rb == 1) {
+      rowwise_scores<Arch, T, 1>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
+    } else if (rb == 2) {
+      rowwise_scores<Arch, T, 2>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
+    } else {
+      rowwise_scores<Arch, T, (N < 4 ? N : 4)>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
     }
   };
   auto scores = [&](std::size_t k0, std::size_t nk) {
