@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -54,49 +55,47 @@ constexpr int gemm_rows() {
   return std::is_base_of<xsimd::avx512f, Arch>::value ? 6 : 3;
 }
 
+// C (R x n_vec*N) (+)= A (R x k) . B for one block of R rows: 4 vectors of columns at a time,
+// then single vectors.
+template <class Arch, class T, int R>
+inline void gemm_row_block(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
+                           std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t n_vec,
+                           std::size_t k_len, bool accumulate) {
+  constexpr std::size_t N = vec<Arch, T>::size;
+  std::size_t j = 0;
+  for (; j + 4 <= n_vec; j += 4)
+    micro_gemm<Arch, T, R, 4>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, k_len, accumulate);
+  for (; j < n_vec; ++j)
+    micro_gemm<Arch, T, R, 1>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, k_len, accumulate);
+}
+
 // C (m x n_vec*N) (+)= A (m x k, strides a_rs/a_ks) . B (k x n_vec*N, row stride ldb).
 template <class Arch, class T>
 inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
                        std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t m,
                        std::size_t n_vec, std::size_t k_len, bool accumulate) {
   constexpr int R = gemm_rows<Arch>();
-  constexpr std::size_t N = vec<Arch, T>::size;
   std::size_t r = 0;
-  for (; r + R <= m; r += R) {
-    std::size_t j = 0;
-    for (; j + 4 <= n_vec; j += 4)
-      micro_gemm<Arch, T, R, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                ldc, k_len, accumulate);
-    for (; j < n_vec; ++j)
-      micro_gemm<Arch, T, R, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                ldc, k_len, accumulate);
-  }
+  for (; r + R <= m; r += R)
+    gemm_row_block<Arch, T, R>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, n_vec, k_len,
+                               accumulate);
   if constexpr (R > 4) {  // a 4-row block for decode tiles (a 4-head GQA group)
-    for (; r + 4 <= m; r += 4) {
-      std::size_t j = 0;
-      for (; j + 4 <= n_vec; j += 4)
-        micro_gemm<Arch, T, 4, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                  ldc, k_len, accumulate);
-      for (; j < n_vec; ++j)
-        micro_gemm<Arch, T, 4, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                  ldc, k_len, accumulate);
-    }
+    for (; r + 4 <= m; r += 4)
+      gemm_row_block<Arch, T, 4>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, n_vec, k_len,
+                                 accumulate);
   }
-  for (; r < m; ++r) {  // row tail
-    std::size_t j = 0;
-    for (; j + 4 <= n_vec; j += 4)
-      micro_gemm<Arch, T, 1, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                ldc, k_len, accumulate);
-    for (; j < n_vec; ++j)
-      micro_gemm<Arch, T, 1, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                ldc, k_len, accumulate);
-  }
+  for (; r < m; ++r)  // row tail
+    gemm_row_block<Arch, T, 1>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, n_vec, k_len,
+                               accumulate);
 }
 
-// Prefetches the cache lines of one row (a hint: addresses past the array do not fault).
-inline void prefetch_row(const void* p, std::size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (std::size_t b = 0; b < bytes; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+// Prefetches the cache lines of `bytes` bytes at `offset` bytes past `base`. A hint: the
+// address may lie past the end of the array (it does not fault), so it is computed as an
+// integer, not with pointer arithmetic beyond the array.
+inline void prefetch_row(const void* base, std::size_t offset, std::size_t bytes) {
+  const std::uintptr_t p = reinterpret_cast<std::uintptr_t>(base) + offset;
+  for (std::size_t b = 0; b < bytes; b += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + b), _MM_HINT_T0);
 }
 
 // Decode scores S^T[j][r] = q_r . k_j for a tile of a few rows (rowwise layout: q (rows, D),
@@ -115,8 +114,8 @@ inline void rowwise_scores(const T* q, std::size_t nrows, std::size_t D, const T
     // Decode streams K and V from memory with little work per byte: ask for the V rows of the
     // next tile and the K rows two tiles ahead now, so the loads overlap the math.
     for (std::size_t kk = 0; kk < KB; ++kk) {
-      prefetch_row(kt + (j + kk + 2 * BK) * kr, D * sizeof(T));
-      prefetch_row(vt + (j + kk + BK) * vr, dv * sizeof(T));
+      prefetch_row(kt, (j + kk + 2 * BK) * kr * sizeof(T), D * sizeof(T));
+      prefetch_row(vt, (j + kk + BK) * vr * sizeof(T), dv * sizeof(T));
     }
     for (std::size_t r0 = 0; r0 < nrows; r0 += RB) {
       V acc[N];
