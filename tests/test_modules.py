@@ -267,6 +267,43 @@ def test_feed_forward_single_token_tails(dim, hidden, isa, threads, rng):
     np.testing.assert_allclose(ff(np.stack([x, x]))[1], expected, **BLOCK_TOL)
 
 
+# Token counts around each projection path's edges: matrix-vector groups of 4 tokens (1-8),
+# packed tokens in vectors of 4/8/16 and panels of 64 (9-511), the BLAS (>= 512).
+PROJECTION_TOKENS = [2, 3, 4, 5, 8, 9, 15, 16, 17, 33, 63, 64, 65, 100, 511, 512]
+
+
+@pytest.mark.parametrize("tokens", PROJECTION_TOKENS)
+@pytest.mark.parametrize(("dim", "hidden"), [(7, 31), (33, 2049)])
+def test_feed_forward_token_counts(tokens, dim, hidden, isa, threads, rng):
+    """Every projection path and its tails (tokens, features not a multiple of the register
+    block, an input length past the k chunk of 2048) against the reference, bitwise equal for 1
+    and 2 threads."""
+    ff = lk.FeedForward(dim, hidden, seed=0)
+    randomize(ff, 4)
+    w = ff.state_dict()
+    x = rng.standard_normal((tokens, dim)).astype(np.float32)
+    expected = ref.swiglu_ffn(
+        x, w["gate_proj.weight"].T, w["up_proj.weight"].T, w["down_proj.weight"].T
+    )
+    results = []
+    for n in (1, 2):
+        lk.set_num_threads(n)
+        results.append(ff(x))
+    np.testing.assert_allclose(results[0], expected, **BLOCK_TOL)
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("tokens", [5, 9, 33, 65, 130])
+def test_block_token_counts(tokens, isa, rng):
+    """The residual adds fused into the output projections (accumulating into y) on every
+    projection path."""
+    cfg = block_config("d48hd16", 2, "llama3", attention_bias=True, mlp_bias=True)
+    block = make_block(cfg)
+    x = rng.standard_normal((1, tokens, cfg["dim"])).astype(np.float32)
+    expected = ref.transformer_block(x, block.state_dict(), cfg)
+    np.testing.assert_allclose(block(x), expected, **BLOCK_TOL)
+
+
 @pytest.mark.parametrize("bias", [False, True], ids=["nobias", "bias"])
 @pytest.mark.parametrize("rope", list(ROPES))
 @pytest.mark.parametrize("n_kv_heads", [1, 2, 4])

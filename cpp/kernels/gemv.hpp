@@ -1,8 +1,11 @@
-// Matrix-vector product for decode-time projections: y = W x (+ y), W row-major (rows, k).
+// Matrix-vector products for decode-time projections: y[t] = W x[t] (+ y[t]) for one token or
+// a few (a batch of decode steps), W row-major (rows, k).
 //
-// One token's projection reads every weight once and does 2 FLOPs per 4 bytes, so it is bound
-// by memory bandwidth: the loop keeps several rows' streams in flight (R rows at a time, two
-// accumulators per row to cover the FMA latency) and reduces each row once at its end.
+// A token's projection reads every weight once and does 2 FLOPs per 4 bytes, so it is bound by
+// memory bandwidth. The loop keeps several rows' streams in flight (R rows at a time), applies
+// each weight vector to up to 4 tokens while it is in a register (the weights are read once for
+// the group), and reduces each (row, token) sum once at the end. One token uses two
+// accumulators per row to cover the FMA latency; several tokens already give enough chains.
 // Every row goes through the same arithmetic whether it is in an R-row block or the row tail,
 // so results do not depend on how rows are split across threads.
 #pragma once
@@ -13,42 +16,83 @@
 namespace llmk {
 namespace {
 
-// y[r] (+)= dot(w[r * k : (r + 1) * k], x) for r < R
-template <class Arch, class T, int R>
-inline void gemv_rows(T* y, const T* w, const T* x, std::size_t k, bool accumulate) {
+// y[t * ldy + r] (+)= dot(w[r * k : (r + 1) * k], x[t * ldx : t * ldx + k]) for r < R, t < M
+template <class Arch, class T, int R, int M>
+inline void gemv_rows(T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx, std::size_t k,
+                      bool accumulate) {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
-  V a0[R], a1[R];
-  for (int r = 0; r < R; ++r) a0[r] = a1[r] = V(T(0));
+  constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token)
+  V acc[A][R][M];
+  for (int a = 0; a < A; ++a)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) acc[a][r][t] = V(T(0));
   std::size_t i = 0;
-  for (; i + 2 * N <= k; i += 2 * N) {
-    const V x0 = V::load_unaligned(x + i), x1 = V::load_unaligned(x + i + N);
-    for (int r = 0; r < R; ++r) {
-      a0[r] = xsimd::fma(V::load_unaligned(w + r * k + i), x0, a0[r]);
-      a1[r] = xsimd::fma(V::load_unaligned(w + r * k + i + N), x1, a1[r]);
+  for (; i + A * N <= k; i += A * N) {
+    for (int a = 0; a < A; ++a) {
+      V xv[M];
+      for (int t = 0; t < M; ++t) xv[t] = V::load_unaligned(x + t * ldx + i + a * N);
+      for (int r = 0; r < R; ++r) {
+        const V wv = V::load_unaligned(w + r * k + i + a * N);
+        for (int t = 0; t < M; ++t) acc[a][r][t] = xsimd::fma(wv, xv[t], acc[a][r][t]);
+      }
     }
   }
-  if (i + N <= k) {
-    const V x0 = V::load_unaligned(x + i);
-    for (int r = 0; r < R; ++r) a0[r] = xsimd::fma(V::load_unaligned(w + r * k + i), x0, a0[r]);
+  if (A > 1 && i + N <= k) {  // one more full vector
+    V xv[M];
+    for (int t = 0; t < M; ++t) xv[t] = V::load_unaligned(x + t * ldx + i);
+    for (int r = 0; r < R; ++r) {
+      const V wv = V::load_unaligned(w + r * k + i);
+      for (int t = 0; t < M; ++t) acc[0][r][t] = xsimd::fma(wv, xv[t], acc[0][r][t]);
+    }
     i += N;
   }
   for (int r = 0; r < R; ++r) {
-    T sum = xsimd::hadd(a0[r] + a1[r]);
-    for (std::size_t t = i; t < k; ++t) sum += w[r * k + t] * x[t];  // scalar tail
-    y[r] = accumulate ? y[r] + sum : sum;
+    for (int t = 0; t < M; ++t) {
+      V v = acc[0][r][t];
+      for (int a = 1; a < A; ++a) v += acc[a][r][t];
+      T sum = xsimd::hadd(v);
+      for (std::size_t j = i; j < k; ++j) sum += w[r * k + j] * x[t * ldx + j];  // scalar tail
+      T& dst = y[t * ldy + r];
+      dst = accumulate ? dst + sum : sum;
+    }
   }
+}
+
+// Every row of w against M tokens.
+template <class Arch, class T, int M>
+inline void gemv_tokens(T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,
+                        std::size_t rows, std::size_t k, bool accumulate) {
+  constexpr int R = 4;
+  std::size_t r = 0;
+  for (; r + R <= rows; r += R)
+    gemv_rows<Arch, T, R, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate);
+  for (; r < rows; ++r) gemv_rows<Arch, T, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate);
 }
 
 }  // namespace
 
 template <class Arch, class T>
-void gemv_kernel::operator()(Arch, T* y, const T* w, const T* x, std::size_t rows, std::size_t k,
+void gemv_kernel::operator()(Arch, T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,
+                             std::size_t m, std::size_t rows, std::size_t k,
                              bool accumulate) const {
-  constexpr int R = 4;
-  std::size_t r = 0;
-  for (; r + R <= rows; r += R) gemv_rows<Arch, T, R>(y + r, w + r * k, x, k, accumulate);
-  for (; r < rows; ++r) gemv_rows<Arch, T, 1>(y + r, w + r * k, x, k, accumulate);
+  constexpr std::size_t G = 4;  // tokens per pass over the weights
+  std::size_t t = 0;
+  for (; t + G <= m; t += G)
+    gemv_tokens<Arch, T, G>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate);
+  switch (m - t) {
+    case 1:
+      gemv_tokens<Arch, T, 1>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate);
+      break;
+    case 2:
+      gemv_tokens<Arch, T, 2>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate);
+      break;
+    case 3:
+      gemv_tokens<Arch, T, 3>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate);
+      break;
+    default:
+      break;
+  }
 }
 
 }  // namespace llmk

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/attention.hpp"
+#include "kernels/gemm.hpp"
 #include "kernels/gemv.hpp"
 #include "kernels/layer_norm.hpp"
 #include "kernels/probe.hpp"
@@ -23,8 +24,12 @@
   template void llmk::sigmoid_kernel::operator()<A, T>(A, T*, const T*, std::size_t) const;    \
   template void llmk::add_bias_kernel::operator()<A, T>(A, T*, const T*, std::size_t,          \
                                                         std::size_t) const;                    \
-  template void llmk::gemv_kernel::operator()<A, T>(A, T*, const T*, const T*, std::size_t,     \
+  template void llmk::gemv_kernel::operator()<A, T>(A, T*, std::size_t, const T*, const T*,   \
+                                                    std::size_t, std::size_t, std::size_t,     \
                                                     std::size_t, bool) const;                  \
+  template void llmk::gemm_xt_kernel::operator()<A, T>(A, T*, std::size_t, const T*,           \
+                                                      std::size_t, const T*, std::size_t,       \
+                                                      std::size_t, bool) const;                 \
   template void llmk::rope_kernel::operator()<A, T>(A, T*, const T*, const std::int64_t*,      \
                                                     const T*, const T*, std::size_t,           \
                                                     std::size_t, std::size_t, bool, bool) const; \

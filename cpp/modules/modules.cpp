@@ -17,7 +17,18 @@ namespace {
 
 // Thread-local, grow-only scratch buffers, one slot per purpose: no allocation per call in
 // steady state, and no sharing between threads that use the same module.
-enum Slot { kNormOut, kResidual, kQKV, kAttnOut, kGateUp, kHidden, kRope, kBlockTmp, kSlots };
+enum Slot {
+  kNormOut,
+  kResidual,
+  kQKV,
+  kAttnOut,
+  kGateUp,
+  kHidden,
+  kRope,
+  kBlockTmp,
+  kPackedX,
+  kSlots
+};
 
 float* scratch(Slot slot, std::size_t n) {
   thread_local std::vector<std::vector<float>> slots(kSlots);
@@ -27,7 +38,31 @@ float* scratch(Slot slot, std::size_t n) {
 }
 
 constexpr std::size_t kRowBlock = 256;  // rows per BLAS call when m is large (prefill)
-constexpr std::size_t kColBlock = 256;  // output features per BLAS call otherwise (decode)
+constexpr std::size_t kColBlock = 256;  // output features per task otherwise (thread split)
+// Up to this many tokens, projections are matrix-vector products (the weights read once per
+// group of 4 tokens, in place); above it, up to 2 * kRowBlock, the tokens are packed and the
+// weights still read in place (gemm_xt_kernel); larger prefills go to the BLAS, whose packing
+// of the weights is then paid for by enough tokens. Crossovers measured on FeedForward at
+// dim 512 / 2048 (benchmarks: FeedForward rows of `make bench`).
+constexpr std::size_t kGemvMaxRows = 8;
+
+// x (m, k) -> panels of kGemmPanel rows, each transposed (k, kGemmPanel), zero past row m: the
+// packed operand of gemm_xt_kernel.
+void pack_panels(const float* x, std::size_t m, std::size_t k, float* xt) {
+  constexpr std::size_t P = kGemmPanel, kTile = 16;  // 16 x 16 tiles: a few cache lines each side
+  for (std::size_t p0 = 0; p0 < m; p0 += P) {
+    float* panel = xt + p0 * k;
+    for (std::size_t i0 = 0; i0 < P; i0 += kTile) {
+      for (std::size_t k0 = 0; k0 < k; k0 += kTile) {
+        const std::size_t k1 = std::min(k, k0 + kTile);
+        for (std::size_t i = i0; i < i0 + kTile; ++i) {
+          const std::size_t t = p0 + i;
+          for (std::size_t kk = k0; kk < k1; ++kk) panel[kk * P + i] = t < m ? x[t * k + kk] : 0.f;
+        }
+      }
+    }
+  }
+}
 
 void add_bias(float* y, const float* bias, std::size_t m, std::size_t n) {
   if (!bias) return;
@@ -41,7 +76,6 @@ void add_bias(float* y, const float* bias, std::size_t m, std::size_t n) {
 void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
             const float* bias, float* y, bool accumulate) {
   if (m == 0 || n == 0) return;
-  const float beta = accumulate ? 1.f : 0.f;
   if (k == 0) {
     if (!accumulate) std::memset(y, 0, m * n * sizeof(float));
   } else if (m >= 2 * kRowBlock) {
@@ -50,21 +84,23 @@ void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::s
       for (std::size_t blk = b0; blk < b1; ++blk) {
         std::size_t r0 = blk * kRowBlock, rows = std::min(m, r0 + kRowBlock) - r0;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n, (int)k, 1.f,
-                    x + r0 * k, (int)k, w, (int)k, beta, y + r0 * n, (int)n);
+                    x + r0 * k, (int)k, w, (int)k, accumulate ? 1.f : 0.f, y + r0 * n, (int)n);
       }
     });
-  } else {
+  } else if (m > kGemvMaxRows) {  // a short prefill: tokens packed, weights read in place
+    float* xt = scratch(kPackedX, (m + kGemmPanel - 1) / kGemmPanel * kGemmPanel * k);
+    pack_panels(x, m, k, xt);
     const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
-      for (std::size_t blk = b0; blk < b1; ++blk) {
-        std::size_t c0 = blk * kColBlock, cols = std::min(n, c0 + kColBlock) - c0;
-        if (m == 1) {  // decode: a matrix-vector product, bound by reading the weights once
-          dispatch(gemv_kernel{}, y + c0, w + c0 * k, x, cols, k, accumulate);
-        } else {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)cols, (int)k, 1.f, x,
-                      (int)k, w + c0 * k, (int)k, beta, y + c0, (int)n);
-        }
-      }
+      const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
+      dispatch(gemm_xt_kernel{}, y + c0, n, static_cast<const float*>(xt), m, w + c0 * k, c1 - c0,
+               k, accumulate);
+    });
+  } else {  // decode: matrix-vector products, bound by reading the weights
+    const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
+    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
+      const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
+      dispatch(gemv_kernel{}, y + c0, n, w + c0 * k, x, k, m, c1 - c0, k, accumulate);
     });
   }
   add_bias(y, bias, m, n);
