@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -28,10 +29,15 @@ constexpr int kSpinIterations = 4000;
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
 
+// Chunks are claimed, not assigned: the caller and every awake worker take the next unclaimed
+// chunk until none is left. A worker that is not running when a job starts (asleep, or
+// descheduled because other runtimes' spinning threads -- torch's OpenMP, NumPy's OpenBLAS --
+// share the cores) then costs nothing: the caller runs its chunks. Which thread runs a chunk
+// does not change the result (chunk bounds depend only on the job).
 class Pool {
  public:
   explicit Pool(int workers) {
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { worker_loop(i); });
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { worker_loop(); });
   }
   ~Pool() {
     {
@@ -44,33 +50,49 @@ class Pool {
   }
   int workers() const { return static_cast<int>(threads_.size()); }
 
-  // Runs job(k, chunks) for k in [0, chunks): chunk 0 on the caller, the rest on workers.
+  // Runs job(k, chunks) once for every k in [0, chunks), on the caller and the workers.
   void run(int chunks, const std::function<void(int, int)>& job) {
     std::lock_guard<std::mutex> serial(run_mutex_);  // one parallel job at a time
-    const int used_workers = std::min(chunks - 1, workers());
+    std::uint32_t gen;
     {
       std::lock_guard<std::mutex> lk(m_);
       job_ = &job;
       chunks_ = chunks;
-      active_ = used_workers;
-      pending_.store(used_workers, std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_release);
+      done_.store(0, std::memory_order_relaxed);
+      gen = static_cast<std::uint32_t>(generation_.fetch_add(1, std::memory_order_release) + 1);
+      ticket_.store(std::uint64_t{gen} << 32, std::memory_order_release);
     }
     cv_.notify_all();
     t_in_worker = true;
-    job(0, chunks);
-    for (int k = used_workers + 1; k < chunks; ++k) job(k, chunks);  // more chunks than workers
+    run_chunks(gen, job, chunks);
     t_in_worker = false;
-    for (int i = 0; i < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++i)
+    for (int i = 0; i < kSpinIterations && done_.load(std::memory_order_acquire) != chunks; ++i)
       cpu_relax();
-    if (pending_.load(std::memory_order_acquire) != 0) {
+    if (done_.load(std::memory_order_acquire) != chunks) {
       std::unique_lock<std::mutex> lk(m_);
-      done_cv_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      done_cv_.wait(lk, [&] { return done_.load(std::memory_order_acquire) == chunks; });
     }
   }
 
  private:
-  void worker_loop(int index) {
+  // Claims and runs chunks of job `gen` until none is left; a ticket is (generation << 32 |
+  // next chunk), so a late worker cannot claim a chunk of a later job with an earlier job's
+  // pointer. Returns after counting each chunk it ran in done_.
+  void run_chunks(std::uint32_t gen, const std::function<void(int, int)>& job, int chunks) {
+    for (;;) {
+      std::uint64_t t = ticket_.load(std::memory_order_acquire);
+      do {
+        if ((t >> 32) != gen || static_cast<int>(t & 0xffffffffu) >= chunks) return;
+      } while (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel));
+      job(static_cast<int>(t & 0xffffffffu), chunks);
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
+        std::lock_guard<std::mutex> lk(m_);
+        done_cv_.notify_one();
+      }
+    }
+  }
+
+  void worker_loop() {
     t_in_worker = true;
     unsigned long seen = 0;
     for (;;) {
@@ -85,15 +107,10 @@ class Pool {
         cv_.wait(lk, [&] { return generation_.load(std::memory_order_relaxed) != seen; });
         if (stop_) return;
         seen = generation_.load(std::memory_order_relaxed);
-        if (index >= active_) continue;
         job = job_;
         chunks = chunks_;
       }
-      (*job)(index + 1, chunks);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lk(m_);
-        done_cv_.notify_one();
-      }
+      run_chunks(static_cast<std::uint32_t>(seen), *job, chunks);
     }
   }
 
@@ -102,8 +119,9 @@ class Pool {
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int, int)>* job_ = nullptr;
-  int chunks_ = 0, active_ = 0;
-  std::atomic<int> pending_{0};
+  int chunks_ = 0;
+  std::atomic<int> done_{0};
+  std::atomic<std::uint64_t> ticket_{0};
   std::atomic<unsigned long> generation_{0};
   bool stop_ = false;
 };
