@@ -246,14 +246,13 @@ def test_feed_forward_module(dim, hidden, bias, isa, rng):
     np.testing.assert_allclose(ff(x[1, 3]), expected[1, 3], **BLOCK_TOL)  # any leading shape
 
 
-@pytest.mark.parametrize(("dim", "hidden"), [(1, 7), (7, 31), (31, 33), (33, 1), (1025, 67)])
-def test_feed_forward_single_token_tails(dim, hidden, isa, threads, rng):
-    """One token takes the matrix-vector path (the decode projections): every SIMD tail of the
-    input length and of the row count, against the reference, bitwise equal for 1 and 2 threads."""
+def feed_forward_across_threads(dim, hidden, shape, rng):
+    """A randomized FeedForward on x of `shape`: against the reference, and bitwise equal for 1
+    and 2 threads. Returns (module, x, expected)."""
     ff = lk.FeedForward(dim, hidden, seed=0)
     randomize(ff, 4)
     w = ff.state_dict()
-    x = rng.standard_normal(dim).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
     expected = ref.swiglu_ffn(
         x, w["gate_proj.weight"].T, w["up_proj.weight"].T, w["down_proj.weight"].T
     )
@@ -263,6 +262,14 @@ def test_feed_forward_single_token_tails(dim, hidden, isa, threads, rng):
         results.append(ff(x))
     np.testing.assert_allclose(results[0], expected, **BLOCK_TOL)
     np.testing.assert_array_equal(results[0], results[1])
+    return ff, x, expected
+
+
+@pytest.mark.parametrize(("dim", "hidden"), [(1, 7), (7, 31), (31, 33), (33, 1), (1025, 67)])
+def test_feed_forward_single_token_tails(dim, hidden, isa, threads, rng):
+    """One token takes the matrix-vector path (the decode projections): every SIMD tail of the
+    input length and of the row count, against the reference, bitwise equal for 1 and 2 threads."""
+    ff, x, expected = feed_forward_across_threads(dim, hidden, (dim,), rng)
     # the same token inside a batch goes through the matrix-matrix path
     np.testing.assert_allclose(ff(np.stack([x, x]))[1], expected, **BLOCK_TOL)
 
@@ -278,19 +285,7 @@ def test_feed_forward_token_counts(tokens, dim, hidden, isa, threads, rng):
     """Every projection path and its tails (tokens, features not a multiple of the register
     block, an input length past the k chunk of 2048) against the reference, bitwise equal for 1
     and 2 threads."""
-    ff = lk.FeedForward(dim, hidden, seed=0)
-    randomize(ff, 4)
-    w = ff.state_dict()
-    x = rng.standard_normal((tokens, dim)).astype(np.float32)
-    expected = ref.swiglu_ffn(
-        x, w["gate_proj.weight"].T, w["up_proj.weight"].T, w["down_proj.weight"].T
-    )
-    results = []
-    for n in (1, 2):
-        lk.set_num_threads(n)
-        results.append(ff(x))
-    np.testing.assert_allclose(results[0], expected, **BLOCK_TOL)
-    np.testing.assert_array_equal(results[0], results[1])
+    feed_forward_across_threads(dim, hidden, (tokens, dim), rng)
 
 
 @pytest.mark.parametrize("tokens", [5, 9, 33, 65, 130])
