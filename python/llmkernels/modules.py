@@ -818,10 +818,17 @@ class Transformer(_Module):
         mask: Any = None,
         cache: ModelCache | None = None,
         last_only: bool = False,
-    ) -> np.ndarray:
+        return_attention: bool = False,
+        return_stats: bool = False,
+    ) -> Any:
         """Logits ``(B, T, vocab)`` float32 for token ids ``(B, T)`` (or ``(T,)``), or
         ``(B, 1, vocab)`` with ``last_only``. ``mask``: ``(B, T)`` padding mask (True = real
-        token, e.g. left padding for batched prompts)."""
+        token, e.g. left padding for batched prompts).
+
+        ``return_attention`` / ``return_stats`` (no cache): run layer by layer through
+        :func:`llmkernels.inspect.trace` and return ``(logits, weights)``, ``(logits, stats)``
+        or ``(logits, weights, stats)``: ``weights`` a list of ``(B, Hq, T, T)`` arrays, one per
+        layer; ``stats`` a :class:`llmkernels.inspect.ResidualStats`."""
         ids_arr = np.asarray(ids)
         if ids_arr.dtype.kind not in "iu":
             raise TypeError(f"[{self._name}] ids must be integers, got dtype {ids_arr.dtype}")
@@ -841,6 +848,12 @@ class Transformer(_Module):
                 raise TypeError(f"[{self._name}] cache must come from this model's new_cache()")
             _check_cache(self._name, cache.layers[0], b, t)
         pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+        if return_attention is not False or return_stats is not False:
+            from .inspect import call_hook
+
+            return call_hook(
+                self, ids_arr, pos, key_mask, cache, last_only, return_attention, return_stats
+            )
         logits = self._impl.forward(
             np.ascontiguousarray(ids_arr, dtype=np.int64),
             pos,
