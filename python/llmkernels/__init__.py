@@ -66,6 +66,7 @@ def _cpu_has_avx512() -> bool:
 
 _core = _load_core()
 # the Python layer imports _core, so it comes after _load_core() has set up OpenBLAS
+from . import inspect as inspect  # noqa: E402  (lk.inspect: attention weights, residual RMS)
 from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn  # noqa: E402
 from ._rope_scaling import rope_attention_factor, rope_inv_freq  # noqa: E402
 from .modules import (  # noqa: E402
