@@ -32,7 +32,6 @@ import json
 import math
 import numbers
 import os
-import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -596,19 +595,16 @@ def read_config_json(path: str | os.PathLike[str]) -> ModelConfig:
         ConfigError: ``"[config] <file>: <problem>"`` for an unreadable or malformed file,
             ``"[config] <key>: <problem>"`` for an invalid configuration.
     """
+    from ._files import read_small
+
     name = os.fspath(path)
-    try:
-        if not stat.S_ISREG(os.stat(name).st_mode):
-            raise _err(name, "not a regular file")
-        with open(name, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_CONFIG_BYTES:
-                raise _err(name, f"file of {size} bytes exceeds the 1 MiB limit")
-            raw = f.read(size + 1)  # +1: notice a file that grew since fstat
-    except OSError as exc:
-        raise _err(name, f"cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise _err(name, "file exceeds the 1 MiB limit")
+    # opened first, then checked (a FIFO swapped in cannot block the open): see _files
+    raw = read_small(
+        name,
+        MAX_CONFIG_BYTES,
+        lambda problem: _err(name, problem),
+        lambda: _err(name, "cannot read: no such file"),
+    )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

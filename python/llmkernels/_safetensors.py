@@ -19,15 +19,17 @@ Every error is a :class:`CheckpointError` (a ``ValueError``) reading
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import re
-import stat
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
+
+from ._files import open_regular, read_small
 
 __all__ = [
     "DTYPES",
@@ -132,22 +134,15 @@ def _is_int(value: object) -> bool:
 
 
 def _open_regular(path: str) -> tuple[BinaryIO, int]:
-    """Open a regular file for binary reading; return it and its size (from the open fd)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"{_PREFIX} {path}: no such file") from None
-    except OSError as exc:
-        raise _err(path, f"cannot stat: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _err(path, "not a regular file")
-    try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"{_PREFIX} {path}: no such file") from None
-    except OSError as exc:
-        raise _err(path, f"cannot open: {exc.strerror or exc}") from None
-    return f, os.fstat(f.fileno()).st_size  # type: ignore[return-value]
+    """Open a regular file for binary reading; return it and its size (from the open fd).
+
+    Opened first (non-blocking, so a FIFO cannot hang the open), then ``fstat``-ed: what is
+    checked is what is read (see :mod:`llmkernels._files` for the symlink policy)."""
+    return open_regular(
+        path,
+        lambda problem: _err(path, problem),
+        lambda: CheckpointNotFoundError(f"{_PREFIX} {path}: no such file"),
+    )
 
 
 def _read_exact(f: BinaryIO, file: str, offset: int, nbytes: int) -> np.ndarray:
@@ -400,15 +395,12 @@ def _check_dir(path: str) -> None:
 def _read_index(directory: str) -> dict[str, str]:
     """The validated ``weight_map`` of ``model.safetensors.index.json``."""
     index_path = os.path.join(directory, INDEX_FILE)
-    f, size = _open_regular(index_path)
-    with f:
-        if size > MAX_INDEX_BYTES:
-            raise _err(
-                index_path, f"file of {size} bytes exceeds the {MAX_INDEX_BYTES >> 20} MiB limit"
-            )
-        raw = f.read(size + 1)  # +1: notice a file that grew since fstat
-    if len(raw) != size:
-        raise _err(index_path, "file changed while being read")
+    raw = read_small(
+        index_path,
+        MAX_INDEX_BYTES,
+        lambda problem: _err(index_path, problem),
+        lambda: CheckpointNotFoundError(f"{_PREFIX} {index_path}: no such file"),
+    )
     index = _parse_json(index_path, raw, "index")
     if not isinstance(index, dict):
         raise _err(index_path, f"must hold a JSON object, got {type(index).__name__}")
@@ -589,32 +581,55 @@ def check_key_shapes(
             )
 
 
-def load_pretrained(
-    path: str | os.PathLike[str], dtype: Any = np.float32
-) -> tuple[Any, dict[str, np.ndarray]]:
-    """Read an HF LLaMA directory: ``config.json`` and the safetensors weights.
+_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.")
 
-    The weights are checked against :func:`llmkernels._config.hf_key_shapes` from the headers
-    before any tensor data is read; only the expected tensors are loaded, as ``dtype``
-    (float32 by default), in ``hf_key_shapes`` order. A ``lm_head.weight`` saved although
-    ``tie_word_embeddings`` is true is ignored (as transformers does: the embedding wins).
+
+def _check_layer_count(cfg: Any, located: Mapping[str, Any], source: str) -> None:
+    """Refuse a config with more layers than the files hold *before* listing its keys: a
+    139-byte ``config.json`` with ``num_hidden_layers: 2**24`` must not build 150 million key
+    names (or allocate a model) to find out. Same message as :func:`check_key_shapes`."""
+    from ._config import block_key_shapes, hf_key_shapes
+
+    held = 1 + max((int(m.group(1)) for k in located if (m := _LAYER_KEY.match(k))), default=-1)
+    if cfg.n_layers <= held:
+        return
+    block = list(block_key_shapes(cfg))
+    # the keys of the layers the files could hold, and the non-layer keys, checked as usual
+    base = dataclasses.replace(cfg, n_layers=max(held, 1))
+    low = [k for k in hf_key_shapes(base) if held or not _LAYER_KEY.match(k)]
+    missing_low = [k for k in low if k not in located]
+    first_new = [f"model.layers.{held}.{k}" for k in block]
+    missing = missing_low + first_new
+    count = len(missing_low) + (cfg.n_layers - held) * len(block)
+    head = ", ".join(missing[:5]) + (f" and {count - 5} more" if count > 5 else "")
+    raise CheckpointError(
+        f"{_PREFIX} {source}: missing {count} tensor(s): {head} (the config has "
+        f"num_hidden_layers={cfg.n_layers}, the checkpoint holds {held} layer(s))"
+    )
+
+
+def read_pretrained(path: str | os.PathLike[str]) -> tuple[Any, dict[str, tuple[str, TensorInfo]]]:
+    """Check an HF LLaMA directory from ``config.json`` and the safetensors headers only.
+
+    Every tensor the config implies must be in the files with its shape and a floating dtype
+    (and nothing else, but HF's RoPE buffers and a tied ``lm_head.weight``), so nothing is
+    allocated for a config the files do not back.
 
     Returns:
-        ``(ModelConfig, {hf_key: array})``.
-
-    Raises:
-        ConfigError (``"[config] ..."``) for the config; CheckpointError for the weights.
+        ``(ModelConfig, {hf_key: (file, TensorInfo)})`` for the expected keys, in
+        :func:`llmkernels._config.hf_key_shapes` order.
     """
     from ._config import hf_key_shapes, read_config_json
 
     directory = os.fspath(path)
     _check_dir(directory)
     config_path = os.path.join(directory, "config.json")
-    if not os.path.exists(config_path):
+    if not os.path.lexists(config_path):
         raise CheckpointNotFoundError(f"{_PREFIX} {config_path}: no such file")
     cfg = read_config_json(config_path)
-    expected = hf_key_shapes(cfg)
     located = read_checkpoint_index(directory)
+    _check_layer_count(cfg, located, directory)
+    expected = hf_key_shapes(cfg)
     ignore = ("lm_head.weight",) if cfg.tie_embeddings else ()
     check_key_shapes(
         {k: v[1].shape for k, v in located.items()}, expected, source=directory, ignore=ignore
@@ -623,4 +638,97 @@ def load_pretrained(
         file, info = located[key]
         if info.dtype not in _FLOAT_DTYPES:
             raise _err(file, f"tensor {key} has dtype {info.dtype}; weights must be floating")
-    return cfg, _load_located(located, list(expected), _check_dtype(dtype))
+    return cfg, {key: located[key] for key in expected}
+
+
+_CHUNK_BYTES = 8 << 20  # conversion scratch: the only memory the loader adds to the model's
+
+
+def _readinto_exact(f: BinaryIO, file: str, offset: int, buf: memoryview) -> None:
+    f.seek(offset)
+    got, n = 0, len(buf)
+    while got < n:
+        k = f.readinto(buf[got:])  # type: ignore[attr-defined]
+        if not k:
+            raise _err(file, f"file ended after {offset + got} bytes (it changed while read?)")
+        got += k
+
+
+def _read_into(f: BinaryIO, file: str, offset: int, info: TensorInfo, dst: np.ndarray) -> None:
+    """Tensor ``info`` (at absolute ``offset``) into ``dst``, a C-contiguous float array of its
+    shape: read straight into ``dst`` when the dtypes agree, else through an 8 MiB scratch
+    widened chunk by chunk (no tensor-sized temporary)."""
+    storage = DTYPES[info.dtype]
+    flat = dst.reshape(-1)
+    if storage == dst.dtype:
+        _readinto_exact(f, file, offset, memoryview(flat.view(np.uint8)))
+        return
+    step = max(1, _CHUNK_BYTES // storage.itemsize)
+    scratch = np.empty(min(flat.size, step) * storage.itemsize, np.uint8)
+    for start in range(0, flat.size, step):
+        n = min(step, flat.size - start)
+        raw = scratch[: n * storage.itemsize]
+        _readinto_exact(f, file, offset + start * storage.itemsize, memoryview(raw))
+        src = raw.view(storage)
+        out = flat[start : start + n]
+        if info.dtype == "BF16" and out.dtype == np.float32:
+            # bfloat16 is the top half of a float32
+            np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
+        elif info.dtype == "BF16":
+            np.copyto(out, (src.astype(np.uint32) << 16).view(np.float32))
+        else:
+            np.copyto(out, src, casting="unsafe")
+
+
+def load_into(
+    located: Mapping[str, tuple[str, TensorInfo]],
+    dests: Mapping[str, np.ndarray],
+    progress: Any = None,
+) -> None:
+    """Copy each tensor of ``located`` into ``dests[name]`` (arrays of the tensor's shape, e.g.
+    the model's own storage), one file and one tensor at a time, in file order.
+
+    ``progress(nbytes)`` is called after each tensor with the bytes read.
+    """
+    by_file: dict[str, list[str]] = {}
+    for name in dests:
+        by_file.setdefault(located[name][0], []).append(name)
+    for file, names in by_file.items():
+        f, size = _open_regular(file)
+        with f:
+            # re-read the header through the descriptor: the file must still be the one indexed
+            tensors, _, data_offset = _read_header_from(f, file, size)
+            for name in names:
+                if tensors.get(name) != located[name][1]:
+                    raise _err(file, f"tensor {_short(name)} changed since the header was read")
+            for name in sorted(names, key=lambda k: tensors[k].offsets):
+                info, dst = tensors[name], dests[name]
+                if dst.shape != info.shape or not dst.flags.c_contiguous:
+                    raise ValueError(
+                        f"{_PREFIX} {name}: destination must be C-contiguous {info.shape}"
+                    )
+                if dst.size:
+                    _read_into(f, file, data_offset + info.offsets[0], info, dst)
+                if progress is not None:
+                    progress(info.offsets[1] - info.offsets[0])
+
+
+def load_pretrained(
+    path: str | os.PathLike[str], dtype: Any = np.float32
+) -> tuple[Any, dict[str, np.ndarray]]:
+    """Read an HF LLaMA directory: ``config.json`` and the safetensors weights.
+
+    The weights are checked against :func:`llmkernels._config.hf_key_shapes` from the headers
+    before any tensor data is read (:func:`read_pretrained`); only the expected tensors are
+    loaded, as ``dtype`` (float32 by default), in ``hf_key_shapes`` order. A
+    ``lm_head.weight`` saved although ``tie_word_embeddings`` is true is ignored (as
+    transformers does: the embedding wins).
+
+    Returns:
+        ``(ModelConfig, {hf_key: array})``.
+
+    Raises:
+        ConfigError (``"[config] ..."``) for the config; CheckpointError for the weights.
+    """
+    cfg, located = read_pretrained(path)
+    return cfg, _load_located(located, list(located), _check_dtype(dtype))

@@ -16,6 +16,9 @@ A block is ``h = x + attn(norm1(x)); y = h + ffn(norm2(h))`` (pre-norm, LLaMA) o
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import math
 import numbers
 import os
 import sys
@@ -40,6 +43,34 @@ __all__ = [
 ]
 
 _INIT_STD = 0.02  # HF's initializer_range
+
+# Set while a model is built only to be overwritten by a checkpoint: the weights are allocated
+# (by C++) but not randomly filled, which would cost as much time as the load itself.
+_SKIP_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("_SKIP_INIT", default=False)
+
+
+@contextlib.contextmanager
+def _no_random_init() -> Iterator[None]:
+    token = _SKIP_INIT.set(True)
+    try:
+        yield
+    finally:
+        _SKIP_INIT.reset(token)
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    """An array-like or torch tensor as a NumPy array; torch dtypes NumPy lacks (bfloat16,
+    float8) are widened to float32 first, as a transformers user expects them to load."""
+    if hasattr(value, "detach") and hasattr(value, "is_floating_point"):
+        t = value.detach().cpu()
+        if t.is_floating_point() and str(t.dtype) not in (
+            "torch.float16",
+            "torch.float32",
+            "torch.float64",
+        ):
+            t = t.float()
+        return np.asarray(t.numpy())
+    return np.asarray(value)
 
 
 def _rng(seed: int | None) -> np.random.Generator:
@@ -99,7 +130,12 @@ class _Module:
         for key, value in state_dict.items():
             if key not in own:
                 continue
-            arr = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value)
+            try:
+                arr = _to_numpy(value)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                raise TypeError(
+                    f"[{self._name}.load_state_dict] {key}: cannot read as an array ({exc})"
+                ) from None
             if arr.dtype.kind not in "fiu":
                 raise TypeError(
                     f"[{self._name}.load_state_dict] {key}: dtype {arr.dtype} is not a real number"
@@ -114,6 +150,8 @@ class _Module:
             np.copyto(dst, src, casting="unsafe")
 
     def _init_random(self, rng: np.random.Generator) -> None:
+        if _SKIP_INIT.get():
+            return
         for key, arr in self.state_dict().items():
             if key.endswith("layernorm.weight") or key.endswith("norm.weight") or key == "weight":
                 arr[...] = 1.0
@@ -518,6 +556,8 @@ class MultiHeadAttention(_Module):
         b, t, _ = arr.shape
         _check_cache(self._name, cache, b, t)
         pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+        if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
+            return np.zeros((b, t, self.dim), np.float32)
         y = self._impl.forward(
             arr,
             pos,
@@ -693,6 +733,8 @@ class TransformerBlock(_Module):
         b, t, _ = arr.shape
         _check_cache(self._name, cache, b, t)
         pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+        if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
+            return np.zeros((b, t, self.dim), np.float32)
         y = self._impl.forward(
             arr,
             pos,
@@ -738,8 +780,8 @@ class Transformer(_Module):
             c.vocab_size, c.dim, [b._impl for b in self.blocks], self.norm._impl, c.tie_embeddings
         )
         for key, arr in self._own_params().items():
-            if key == "lm_head.weight" and c.tie_embeddings:
-                continue  # a view of the embedding
+            if (key == "lm_head.weight" and c.tie_embeddings) or _SKIP_INIT.get():
+                continue  # a view of the embedding / weights about to be loaded
             arr[...] = rng.standard_normal(arr.shape, dtype=np.float32) * _INIT_STD
         # one rotary schedule for the whole model, as HF's LlamaModel.rotary_emb
         self._rope = _RopeSchedule(c.head_dim, c.rope_theta, c.rope_scaling_dict())
@@ -752,11 +794,9 @@ class Transformer(_Module):
             head = sd.pop("lm_head.weight", None)
             emb = sd.get("model.embed_tokens.weight")
             if head is not None:
-                head_arr = np.asarray(
-                    head.detach().cpu().numpy() if hasattr(head, "detach") else head
-                )
+                head_arr = _to_numpy(head)
                 emb_arr = (
-                    np.asarray(emb.detach().cpu().numpy() if hasattr(emb, "detach") else emb)
+                    _to_numpy(emb)
                     if emb is not None
                     else self.state_dict()["model.embed_tokens.weight"]
                 )
@@ -789,20 +829,38 @@ class Transformer(_Module):
         yield "model.norm", self.norm
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str]) -> Transformer:
+    def from_pretrained(
+        cls, path: str | os.PathLike[str], *, dtype: Any = None, progress: bool | None = None
+    ) -> Transformer:
         """Load an HF LLaMA checkpoint directory: ``config.json`` and ``model.safetensors`` (or
-        shards with ``model.safetensors.index.json``). Never unpickles; every tensor is checked
-        (dtype, shape, offsets) before the model is built, so a bad file raises a clear error."""
-        from ._safetensors import load_pretrained
+        shards with ``model.safetensors.index.json``). Never unpickles; the config and every
+        tensor (key, dtype, shape, offsets) are checked from the headers before the model is
+        built, so a bad file raises a clear error and nothing is allocated for a config the
+        files do not back. The model is then built without random initialisation and each
+        tensor is read straight into its storage (bf16/f16 widened chunk by chunk): peak memory
+        is the model plus a few MiB.
 
-        path = os.fspath(path)
-        if not os.path.isdir(path):
-            raise ValueError(f"[from_pretrained] {path!r} is not a directory")
+        ``dtype``: ``None`` or ``"float32"`` (the weights are float32 for now). ``progress``:
+        a tqdm bar over the bytes read (default: on for checkpoints over 256 MiB when stderr
+        is a terminal).
+        """
+        from ._safetensors import load_into, read_pretrained
+
+        _check_load_dtype("from_pretrained", dtype)
+        path = _checkpoint_dir(path)
         # config and every tensor's key/shape are checked against the headers before any data
         # is read or any weights are allocated
-        config, tensors = load_pretrained(path)
-        model = cls(config)
-        model.load_state_dict(tensors)
+        config, located = read_pretrained(path)
+        with _no_random_init():
+            model = cls(config)
+        dests = model.state_dict()
+        total = sum(info.offsets[1] - info.offsets[0] for _, info in located.values())
+        show = (sys.stderr.isatty() and total > 256 << 20) if progress is None else progress
+        bar = _progress(total, show, desc="load", unit="B")
+        try:
+            load_into(located, {k: dests[k] for k in located}, bar.update)
+        finally:
+            bar.close()
         return model
 
     def new_cache(self, batch: int, max_seq_len: int | None = None) -> ModelCache:
@@ -828,7 +886,11 @@ class Transformer(_Module):
         ``return_attention`` / ``return_stats`` (no cache): run layer by layer through
         :func:`llmkernels.inspect.trace` and return ``(logits, weights)``, ``(logits, stats)``
         or ``(logits, weights, stats)``: ``weights`` a list of ``(B, Hq, T, T)`` arrays, one per
-        layer; ``stats`` a :class:`llmkernels.inspect.ResidualStats`."""
+        layer; ``stats`` a :class:`llmkernels.inspect.ResidualStats`.
+
+        ``ids`` may be a tokenizer's output as it is: a ``BatchEncoding`` or a dict with
+        ``input_ids`` (and ``attention_mask``, used as ``mask``), NumPy, lists or torch."""
+        ids, mask = _model_inputs(self._name, ids, mask)
         ids_arr = np.asarray(ids)
         if ids_arr.dtype.kind not in "iu":
             raise TypeError(f"[{self._name}] ids must be integers, got dtype {ids_arr.dtype}")
@@ -843,6 +905,11 @@ class Transformer(_Module):
                 f"[{self._name}] ids must be in [0, vocab_size={self.config.vocab_size})"
             )
         b, t = ids_arr.shape
+        if b == 0 or t == 0:
+            raise ValueError(
+                f"[{self._name}] ids holds no tokens (shape {ids_arr.shape}): give at least one "
+                "token per sequence"
+            )
         if cache is not None:
             if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.blocks):
                 raise TypeError(f"[{self._name}] cache must come from this model's new_cache()")
@@ -875,6 +942,8 @@ class Transformer(_Module):
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
         seed: int | None = None,
         mask: Any = None,
         progress: bool | None = None,
@@ -882,34 +951,45 @@ class Transformer(_Module):
         """Autoregressive decoding with a KV cache: one prefill, then one C++ call per token.
 
         ``temperature=0`` is greedy (argmax); otherwise samples from
-        ``softmax(logits / temperature)`` restricted to the ``top_k`` tokens and the ``top_p``
-        nucleus, with a NumPy generator seeded by ``seed``. ``ids (B, T)`` (left-padded with
-        ``mask`` for prompts of different lengths). Returns ``(B, T + max_new_tokens)``.
-        ``progress``: a tqdm bar (default: on when stderr is a terminal).
+        ``softmax(logits / temperature)`` restricted to the ``top_k`` tokens, the ``top_p``
+        nucleus and the tokens with at least ``min_p`` times the top probability, with a NumPy
+        generator seeded by ``seed``. ``repetition_penalty`` divides the positive (multiplies
+        the negative) logits of tokens already in the sequence, as in transformers. ``ids``
+        ``(B, T)`` (left-padded with ``mask`` for prompts of different lengths; a right-padded
+        batch is moved to the left) or a tokenizer's output (``BatchEncoding`` / dict with
+        ``input_ids`` and ``attention_mask``). Returns ``(B, T + max_new_tokens)``.
+        ``progress``: a tqdm bar (default: on when stderr is a terminal). No stopping at EOS
+        here: :func:`llmkernels.generate` works on text and stops at EOS and stop strings.
         """
+        ids, mask = _model_inputs("generate", ids, mask)
         ids_arr = np.asarray(ids)
         if ids_arr.ndim == 1:
             ids_arr = ids_arr[None]
-        steps = int(max_new_tokens)
-        if steps < 0:
-            raise ValueError("[generate] max_new_tokens must be >= 0")
-        if temperature < 0:
-            raise ValueError("[generate] temperature must be >= 0")
-        if top_k is not None and top_k < 1:
-            raise ValueError("[generate] top_k must be >= 1")
-        if top_p is not None and not 0 < top_p <= 1:
-            raise ValueError("[generate] top_p must be in (0, 1]")
+        steps = _check_max_tokens("generate", "max_new_tokens", max_new_tokens)
+        sampling = _Sampling.checked(
+            "generate", temperature, top_k, top_p, min_p, repetition_penalty, seed
+        )
+        if ids_arr.ndim != 2 or ids_arr.shape[0] == 0 or ids_arr.shape[1] == 0:
+            raise ValueError(
+                f"[generate] ids must hold a prompt of at least one token per sequence, "
+                f"got shape {ids_arr.shape}"
+            )
+        if ids_arr.dtype.kind not in "iu":
+            raise TypeError(f"[{self._name}] ids must be integers, got dtype {ids_arr.dtype}")
+        ids_arr, mask = _left_align("generate", ids_arr, mask)
         b, t = ids_arr.shape
         if steps == 0:
             return ids_arr.astype(np.int64)
+        _check_cache_size("generate", "max_new_tokens", self.config, b, t, steps)
         cache = self.new_cache(b, t + steps)
-        rng = np.random.default_rng(seed)
+        sampler = sampling.sampler(b, self.config.vocab_size)
+        sampler.see(ids_arr, mask)
         out = [ids_arr.astype(np.int64)]
         show = sys.stderr.isatty() if progress is None else progress
         bar = _progress(steps, show)
         logits = self(ids_arr, mask=mask, cache=cache, last_only=True)[:, -1]
         for step in range(steps):
-            nxt = _sample(logits, temperature, top_k, top_p, rng)
+            nxt = sampler(logits)
             out.append(nxt[:, None])
             bar.update(1)
             if step + 1 < steps:
@@ -931,26 +1011,267 @@ def _sample(
     top_k: int | None,
     top_p: float | None,
     rng: np.random.Generator,
+    *,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    seen: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Next token per row of ``logits (B, vocab)``."""
+    """Next token per row of ``logits (B, vocab)``, with transformers' processors in its
+    order: repetition penalty (on the raw logits, tokens marked in ``seen (B, vocab)``),
+    then greedy argmax when ``temperature == 0``, else temperature, top-k, top-p, min-p and
+    a draw from ``rng``. The one sampler of :meth:`Transformer.generate` and
+    :func:`llmkernels.generate`.
+    """
+    z = np.asarray(logits, dtype=np.float64)
+    if repetition_penalty is not None and repetition_penalty != 1.0 and seen is not None:
+        z = np.where(seen, np.where(z < 0, z * repetition_penalty, z / repetition_penalty), z)
     if temperature == 0:
-        return np.argmax(logits, axis=-1).astype(np.int64)
-    z = logits.astype(np.float64) / temperature
+        return np.argmax(z, axis=-1).astype(np.int64)
+    z = z / temperature
     if top_k is not None and top_k < z.shape[-1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]
         z = np.where(z < kth, -np.inf, z)
-    z -= z.max(axis=-1, keepdims=True)
+    z = z - z.max(axis=-1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(axis=-1, keepdims=True)
     if top_p is not None and top_p < 1:
-        order = np.argsort(-p, axis=-1)
+        order = np.argsort(-p, axis=-1, kind="stable")
         sorted_p = np.take_along_axis(p, order, axis=-1)
         keep_sorted = np.cumsum(sorted_p, axis=-1) - sorted_p < top_p  # always keeps the top one
         keep = np.zeros_like(keep_sorted)
         np.put_along_axis(keep, order, keep_sorted, axis=-1)
         p = np.where(keep, p, 0.0)
         p /= p.sum(axis=-1, keepdims=True)
+    if min_p is not None and min_p > 0:
+        p = np.where(p >= min_p * p.max(axis=-1, keepdims=True), p, 0.0)
+        p /= p.sum(axis=-1, keepdims=True)
     return np.array([rng.choice(p.shape[-1], p=row) for row in p], dtype=np.int64)
+
+
+class _Sampler:
+    """Sampling state of one generation: parameters, generator and the tokens seen so far
+    (for the repetition penalty)."""
+
+    def __init__(self, params: _Sampling, batch: int, vocab: int) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        penalty = params.repetition_penalty
+        self.seen = (
+            np.zeros((batch, vocab), bool) if penalty is not None and penalty != 1.0 else None
+        )
+
+    def see(self, ids: np.ndarray, mask: Any = None) -> None:
+        """Mark the tokens of ``ids (B, T)`` (real ones only when ``mask``) as seen."""
+        if self.seen is None:
+            return
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = np.broadcast_to(np.arange(ids.shape[0])[:, None], ids.shape)
+        if mask is not None:
+            real = np.asarray(mask) != 0
+            ids, rows = ids[real], rows[real]
+        self.seen[rows, ids] = True
+
+    def __call__(self, logits: np.ndarray) -> np.ndarray:
+        q = self.params
+        nxt = _sample(
+            logits,
+            q.temperature,
+            q.top_k,
+            q.top_p,
+            self.rng,
+            min_p=q.min_p,
+            repetition_penalty=q.repetition_penalty,
+            seen=self.seen,
+        )
+        self.see(nxt[:, None])
+        return nxt
+
+
+class _Sampling:
+    """Validated sampling parameters (errors read ``"[<fn>] <argument> ..."``)."""
+
+    def __init__(
+        self,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        min_p: float | None,
+        repetition_penalty: float | None,
+        seed: int | None,
+    ) -> None:
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.min_p, self.repetition_penalty, self.seed = min_p, repetition_penalty, seed
+
+    @classmethod
+    def checked(
+        cls,
+        fn: str,
+        temperature: Any,
+        top_k: Any,
+        top_p: Any,
+        min_p: Any,
+        repetition_penalty: Any,
+        seed: Any,
+    ) -> _Sampling:
+        t = _real(fn, "temperature", temperature)
+        if not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"[{fn}] temperature must be a finite number >= 0, got {t}")
+        k = None
+        if top_k is not None:
+            if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+                raise ValueError(f"[{fn}] top_k must be an int >= 1 or None, got {top_k!r}")
+            k = int(top_k)
+        p = None
+        if top_p is not None:
+            p = _real(fn, "top_p", top_p)
+            if not 0 < p <= 1:  # NaN fails too
+                raise ValueError(f"[{fn}] top_p must be in (0, 1], got {p}")
+        m = None
+        if min_p is not None:
+            m = _real(fn, "min_p", min_p)
+            if not 0 <= m <= 1:
+                raise ValueError(f"[{fn}] min_p must be in [0, 1], got {m}")
+        r = None
+        if repetition_penalty is not None:
+            r = _real(fn, "repetition_penalty", repetition_penalty)
+            if not (math.isfinite(r) and r > 0):
+                raise ValueError(
+                    f"[{fn}] repetition_penalty must be a finite number > 0, got {r}"
+                )
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0
+        ):
+            raise ValueError(f"[{fn}] seed must be an int >= 0 or None, got {seed!r}")
+        return cls(t, k, p, m, r, None if seed is None else int(seed))
+
+    def sampler(self, batch: int, vocab: int) -> _Sampler:
+        return _Sampler(self, batch, vocab)
+
+
+def _real(fn: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"[{fn}] {name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"[{fn}] {name} is out of range, got {str(value)[:40]}") from None
+
+
+def _check_max_tokens(fn: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"[{fn}] {name} must be an int >= 0, got {str(value)[:40]}")
+    return int(value)
+
+
+_MAX_CACHE_LEN = 1 << 24  # KVCache's limits (max_seq_len and elements per layer)
+_MAX_CACHE_ELEMS = 1 << 33
+
+
+def _check_cache_size(fn: str, name: str, cfg: ModelConfig, batch: int, t: int, n: int) -> None:
+    """The KV cache ``t + n`` tokens need must be one :class:`KVCache` can hold."""
+    total = t + n
+    if total > _MAX_CACHE_LEN or batch * total * cfg.n_kv_heads * cfg.head_dim > _MAX_CACHE_ELEMS:
+        raise ValueError(
+            f"[{fn}] {name} = {n} is too large: the prompt ({t}) plus the new tokens need a KV "
+            f"cache of {total} positions for {batch} sequence(s), over the limit "
+            f"(2**24 positions, 2**33 elements per layer)"
+        )
+
+
+def _check_load_dtype(fn: str, dtype: Any) -> None:
+    if dtype is None or (isinstance(dtype, str) and dtype == "float32"):
+        return
+    try:
+        if np.dtype(dtype) == np.float32:
+            return
+    except TypeError:
+        pass
+    raise ValueError(
+        f"[{fn}] dtype {dtype!r} is not supported: the weights are float32 for now "
+        "(dtype=None or 'float32'); bf16/f16 checkpoints are widened to float32"
+    )
+
+
+def _checkpoint_dir(path: Any) -> str:
+    """``path`` as a local directory; a hub id gets told to download it first."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise TypeError(
+            f"[from_pretrained] path must be a directory path, got {type(path).__name__}"
+        ) from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if os.path.isdir(p):
+        return p
+    parts = p.split("/")
+    if (
+        not os.path.lexists(p)
+        and len(parts) == 2
+        and all(parts)
+        and not p.startswith((".", "~"))
+    ):
+        raise ValueError(
+            f"[from_pretrained] {p!r} is not a directory; it looks like a Hugging Face hub id. "
+            f"llmkernels does not download: fetch it first, e.g. `huggingface-cli download {p}` "
+            f"or `huggingface_hub.snapshot_download({p!r})`, and pass the local directory "
+            "(it needs config.json and *.safetensors)"
+        )
+    raise ValueError(f"[from_pretrained] {p!r} is not a directory")
+
+
+def _model_inputs(fn: str, ids: Any, mask: Any) -> tuple[Any, Any]:
+    """Unpack a tokenizer's output (``BatchEncoding`` / dict with ``input_ids`` and
+    ``attention_mask``) and torch tensors into arrays; a 1-D mask goes with 1-D ids."""
+    if isinstance(ids, Mapping):
+        if "input_ids" not in ids:
+            raise ValueError(
+                f"[{fn}] a mapping given as ids must hold 'input_ids' (a tokenizer's output), "
+                f"got keys {list(ids)[:5]}"
+            )
+        if mask is None:
+            mask = ids.get("attention_mask")
+        ids = ids["input_ids"]
+    if hasattr(ids, "detach"):
+        ids = ids.detach().cpu().numpy()
+    if hasattr(mask, "detach"):
+        mask = mask.detach().cpu().numpy()
+    if isinstance(ids, (list, tuple)):
+        try:
+            ids = np.asarray(ids)
+        except ValueError:
+            raise ValueError(
+                f"[{fn}] ids must be a rectangular (B, T) batch; pad prompts of different "
+                "lengths (e.g. tokenizer(..., padding=True)) and pass the attention mask"
+            ) from None
+    if mask is not None:
+        mask = np.asarray(mask)
+        if mask.ndim == 1 and np.ndim(ids) == 1:
+            mask = mask[None]
+    return ids, mask
+
+
+def _left_align(fn: str, ids: np.ndarray, mask: Any) -> tuple[np.ndarray, Any]:
+    """Generation appends at the right: move right padding (transformers' default) to the
+    left. Each row's real tokens must be one contiguous run."""
+    if mask is None:
+        return ids, mask
+    m = np.asarray(mask)
+    if m.shape != ids.shape:
+        return ids, mask  # the model reports the shape error
+    real = m != 0
+    if not real.any(axis=1).all():
+        raise ValueError(f"[{fn}] every sequence needs at least one real token (mask is all 0)")
+    if real[:, -1].all():
+        return ids, mask
+    counts = real.sum(axis=1)
+    first = real.argmax(axis=1)
+    if not all(real[i, first[i] : first[i] + counts[i]].all() for i in range(len(real))):
+        raise ValueError(f"[{fn}] mask: each sequence's real tokens must be contiguous")
+    trailing = ids.shape[1] - (first + counts)
+    ids = np.stack([np.roll(row, k) for row, k in zip(ids, trailing, strict=True)])
+    m = np.stack([np.roll(row, k) for row, k in zip(m, trailing, strict=True)])
+    return ids, m
 
 
 class _NoBar:
@@ -961,11 +1282,13 @@ class _NoBar:
         pass
 
 
-def _progress(total: int, show: bool) -> Any:
+def _progress(total: int, show: bool, desc: str = "generate", unit: str = "tok") -> Any:
     if not show:
         return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=total, desc="generate", unit="tok")
+    if unit == "B":
+        return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
+    return tqdm(total=total, desc=desc, unit=unit)
