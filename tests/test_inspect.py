@@ -544,3 +544,13 @@ def test_residual_rms_pre_vs_post() -> None:
 def test_residual_rms_errors(stats: Any) -> None:
     with pytest.raises(TypeError, match=r"^\[residual_rms\] stats"):
         plot.residual_rms(stats)
+
+
+def test_attention_grid_tick_labels_are_literal() -> None:
+    """Tokens are shown as they are: a newline as ``\\n``, ``$`` not starting mathtext."""
+    w = [np.tril(np.ones((1, 1, 4, 4))) / np.arange(1, 5)[:, None]]
+    tokens = ["$x", "\n", "y$", "\t"]
+    fig = plot.attention_grid(w, tokens)
+    (ax,) = _image_axes(fig)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [r"\$x", "\\n", r"y\$", "\\t"]
+    fig.canvas.draw()  # two unescaped "$" would raise a mathtext error here

@@ -215,6 +215,12 @@ def _pick(fn: str, name: str, chosen: int | Sequence[int] | None, n: int) -> lis
     return [int(i) % n for i in items]
 
 
+def _tick_text(token: str) -> str:
+    """A token as a tick label: whitespace made visible, ``$`` escaped (two of them would
+    start matplotlib's mathtext)."""
+    return token.replace("\n", "\\n").replace("\t", "\\t").replace("$", r"\$")
+
+
 def attention_grid(
     weights: Sequence[Any],
     tokens: Sequence[str] | None = None,
@@ -276,6 +282,8 @@ def attention_grid(
         q_tok, k_tok = _token_labels(tokens, t_q, t_k)
     except ValueError as exc:
         raise ValueError(str(exc).replace("[attention_heatmap]", f"[{fn}]")) from None
+    if q_tok is not None and k_tok is not None:
+        q_tok, k_tok = [_tick_text(x) for x in q_tok], [_tick_text(x) for x in k_tok]
     if labels is not None:
         if len(labels) != len(arrays) or any(len(row) != n_heads for row in labels):
             raise ValueError(
