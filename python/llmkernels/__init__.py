@@ -79,10 +79,18 @@ from .modules import (  # noqa: E402
     Transformer,
     TransformerBlock,
 )
+from .text import ChatSession, GenerationResponse, generate, load, stream_generate  # noqa: E402
+from .tokenizer import Tokenizer  # noqa: E402
 
 __version__: str = _core.__version__
 
 __all__ = [
+    "ChatSession",
+    "GenerationResponse",
+    "Tokenizer",
+    "generate",
+    "load",
+    "stream_generate",
     "FeedForward",
     "KVCache",
     "LayerNorm",

@@ -732,3 +732,30 @@ def load_pretrained(
     """
     cfg, located = read_pretrained(path)
     return cfg, _load_located(located, list(located), _check_dtype(dtype))
+
+
+def save_file(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray]) -> None:
+    """Write float32/float16/float64 tensors as a safetensors file (what ``load_file`` and
+    the ``safetensors`` package read): for examples and tests, without that package."""
+    codes = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<f8"): "F64"}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    arrays, offset = [], 0
+    for name, value in tensors.items():
+        arr = np.ascontiguousarray(value)
+        code = codes.get(arr.dtype.newbyteorder("<") if arr.dtype.byteorder == "=" else arr.dtype)
+        if code is None:
+            raise TypeError(f"[save_file] {name}: dtype {arr.dtype} is not float16/32/64")
+        header[name] = {
+            "dtype": code,
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
+        arrays.append(arr)
+        offset += arr.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # data aligned to 8 bytes, as the reference writer does
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for arr in arrays:
+            f.write(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes())

@@ -1,0 +1,709 @@
+"""Text in, text out: :func:`load`, :func:`generate`, :func:`stream_generate`, :class:`ChatSession`.
+
+::
+
+    model, tokenizer = lk.load("path/to/model")          # config.json, *.safetensors, tokenizer
+    print(lk.generate(model, tokenizer, "Once upon a time", max_tokens=50))
+    for piece in lk.stream_generate(model, tokenizer, [{"role": "user", "content": "Hi"}]):
+        print(piece.text, end="", flush=True)
+
+The prompt is a string (tokenized with the tokenizer's BOS handling), a conversation (a list of
+``{"role", "content"}`` dicts, rendered with the chat template and a generation prompt), or a
+list of token ids. A list of strings or conversations generates as one left-padded batch
+(:func:`generate` only). Generation stops at ``max_tokens``, at any EOS id
+(``tokenizer.eos_token_ids``: the tokenizer's and ``generation_config.json``'s) or when the
+text contains a ``stop`` string: the token that completes it is the last one generated (as
+transformers' ``stop_strings``) and the text is cut before the stop string (as mlx-lm).
+
+Sampling parameters left to ``None`` come from ``generation_config.json`` as transformers
+reads it (``do_sample`` false or absent: greedy; else its ``temperature``, ``top_k`` (50 by
+default), ``top_p``, ``min_p``, ``repetition_penalty``); the one sampler is
+:meth:`llmkernels.Transformer.generate`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .modules import (
+    Transformer,
+    _check_cache_size,
+    _check_load_dtype,
+    _check_max_tokens,
+    _checkpoint_dir,
+    _Sampling,
+)
+from .tokenizer import Tokenizer
+
+__all__ = ["ChatSession", "GenerationResponse", "generate", "load", "stream_generate"]
+
+
+def load(
+    path: str | os.PathLike[str], dtype: Any = None, *, progress: bool | None = None
+) -> tuple[Transformer, Tokenizer]:
+    """``model, tokenizer = load(path)``: an HF model directory (``config.json``,
+    ``*.safetensors``, ``tokenizer.json`` and the optional ``tokenizer_config.json``,
+    ``generation_config.json``, ``chat_template.jinja``).
+
+    ``dtype``: ``None`` or ``"float32"`` (weights are float32 for now; bf16/f16 checkpoints
+    are widened). A hub id (``"meta-llama/Llama-3.2-1B"``) is not downloaded: the error says
+    how to fetch it. ``progress``: a bar while loading (default: large checkpoints on a
+    terminal).
+
+    Example:
+        >>> import llmkernels as lk
+        >>> lk.load("no-such-org/no-such-model")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: [from_pretrained] 'no-such-org/no-such-model' is not a directory; it looks like a Hugging Face hub id. ...
+    """  # noqa: E501
+    _check_load_dtype("load", dtype)
+    directory = _checkpoint_dir(path)
+    tokenizer = Tokenizer.from_pretrained(directory)  # cheap: fail before the weights
+    model = Transformer.from_pretrained(directory, dtype=dtype, progress=progress)
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"[load] {directory}: the tokenizer has {tokenizer.vocab_size} tokens, the model's "
+            f"vocabulary only {model.config.vocab_size}"
+        )
+    return model, tokenizer
+
+
+@dataclasses.dataclass
+class GenerationResponse:
+    """One streamed piece (as mlx-lm's ``GenerationResponse``).
+
+    Attributes:
+        text: the new text (may be ``""`` while a character or a possible stop string is
+            incomplete; the pieces concatenate to the whole generated text).
+        token: the token just generated (``None`` for a final flush).
+        prompt_tokens, prompt_tps: prompt length and prefill speed (tokens/s).
+        generation_tokens, generation_tps: tokens generated so far and the decode speed
+            (tokens/s after the first token).
+        peak_memory: the process's peak resident memory so far, in GB.
+        finish_reason: ``None`` while generating, then ``"stop"`` (EOS or stop string) or
+            ``"length"`` (``max_tokens``).
+
+    Example:
+        >>> import tempfile, llmkernels as lk
+        >>> from llmkernels.text import write_tiny_model
+        >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
+        >>> r = list(lk.stream_generate(model, tok, "Hi", max_tokens=3))[-1]
+        >>> r.prompt_tokens, r.generation_tokens, r.finish_reason  # "<s>Hi": 3 tokens
+        (3, 3, 'length')
+    """
+
+    text: str
+    token: int | None
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: str | None = None
+
+
+def _peak_memory_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+
+
+def _is_messages(x: Any) -> bool:
+    return (
+        isinstance(x, Sequence)
+        and not isinstance(x, str)
+        and len(x) > 0
+        and all(isinstance(m, Mapping) for m in x)
+    )
+
+
+def _prompt_ids(fn: str, tokenizer: Tokenizer, prompt: Any) -> list[int]:
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    elif _is_messages(prompt):
+        ids = list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True))
+    elif isinstance(prompt, np.ndarray) and prompt.ndim == 1 and prompt.dtype.kind in "iu":
+        ids = [int(i) for i in prompt]
+    elif (
+        isinstance(prompt, Sequence)
+        and not isinstance(prompt, str)
+        and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt)
+    ):
+        ids = [int(i) for i in prompt]
+    else:
+        raise TypeError(
+            f"[{fn}] prompt must be a str, a list of messages (dicts with 'role' and 'content') "
+            f"or a list of token ids, got {type(prompt).__name__}"
+        )
+    if not ids:
+        raise ValueError(
+            f"[{fn}] prompt is empty: it has no tokens (the tokenizer adds no BOS to an empty "
+            "string); give some text"
+        )
+    return ids
+
+
+def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> _Sampling:
+    """Parameters left to ``None`` from generation_config.json, as transformers reads it."""
+    gc = tokenizer.generation_config
+    sample = bool(gc.get("do_sample", False))
+    defaults: dict[str, Any] = {
+        "temperature": float(gc.get("temperature", 1.0) or 0.0) if sample else 0.0,
+        "top_k": (gc.get("top_k", 50) or None) if sample else None,
+        "top_p": gc.get("top_p") if sample else None,
+        "min_p": gc.get("min_p") if sample else None,
+        "repetition_penalty": gc.get("repetition_penalty"),
+    }
+    values = {k: (defaults.get(k) if v is None else v) for k, v in given.items()}
+    return _Sampling.checked(
+        fn,
+        values["temperature"],
+        values["top_k"],
+        values["top_p"],
+        values["min_p"],
+        values["repetition_penalty"],
+        values["seed"],
+    )
+
+
+def _stop_list(fn: str, stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) and s for s in stop):
+        raise TypeError(f"[{fn}] stop must be a non-empty str or a list of them")
+    return list(stop)
+
+
+class _Detokenizer:
+    """Incremental decoding of one sequence: each call returns the new text of the tokens so
+    far. The suffix after a moving offset is decoded with a few tokens of context before it,
+    so decoders that treat a leading space or a byte fallback specially see the same thing as
+    when decoding everything; a piece ending in U+FFFD (a UTF-8 character split across
+    tokens) is held back until the character is complete."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.prefix = 0  # start of the decoded window (context)
+        self.read = 0  # tokens up to here are emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        before = self._decode(self.tokens[self.prefix : self.read])
+        text = self._decode(self.tokens[self.prefix :])
+        if len(text) > len(before) and not text.endswith("\ufffd"):
+            piece = text[len(before) :]
+            self.prefix, self.read = max(self.read - 4, 0), len(self.tokens)
+            if self.read - self.prefix > 8:
+                self.prefix = self.read - 4
+            return piece
+        return ""
+
+    def flush(self) -> str:
+        """What is held back (an incomplete character decodes to U+FFFD, as decode does)."""
+        before = self._decode(self.tokens[self.prefix : self.read])
+        text = self._decode(self.tokens[self.prefix :])
+        self.read = len(self.tokens)
+        return text[len(before) :] if text.startswith(before) else ""
+
+
+class _StopText:
+    """The generated text, released only where no stop string can still begin."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self.text = ""
+        self.released = 0
+        self.longest = max((len(s) for s in stops), default=0)
+
+    def add(self, piece: str) -> tuple[str, bool]:
+        """Append ``piece``; return the text safe to release and whether a stop string was
+        found (the text is then cut before it)."""
+        start = max(0, len(self.text) - self.longest + 1)
+        self.text += piece
+        if self.stops:
+            hits = [i for s in self.stops if (i := self.text.find(s, start)) >= 0]
+            if hits:
+                cut = min(hits)
+                out = self.text[self.released : cut]
+                self.released = cut
+                self.text = self.text[:cut]
+                return out, True
+        keep = 0
+        for s in self.stops:  # a suffix that may grow into a stop string is held back
+            for n in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:n]):
+                    keep = max(keep, n)
+                    break
+        end = len(self.text) - keep
+        out = self.text[self.released : end] if end > self.released else ""
+        self.released = max(self.released, end)
+        return out, False
+
+    def rest(self) -> str:
+        out = self.text[self.released :]
+        self.released = len(self.text)
+        return out
+
+
+def _check_model(fn: str, model: Any, tokenizer: Any) -> None:
+    if not isinstance(model, Transformer):
+        raise TypeError(f"[{fn}] model must be an llmkernels.Transformer (from lk.load)")
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"[{fn}] tokenizer must be an llmkernels Tokenizer (from lk.load)")
+
+
+def _stream(
+    fn: str,
+    model: Transformer,
+    tokenizer: Tokenizer,
+    ids: list[int],
+    max_tokens: int,
+    params: _Sampling,
+    stops: list[str],
+    session: ChatSession | None = None,
+) -> Iterator[GenerationResponse]:
+    """Generate for one prompt; with ``session``, reuse its KV cache where the new prompt
+    extends the tokens it holds."""
+    eos = set(tokenizer.eos_token_ids)
+    sampler = params.sampler(1, model.config.vocab_size)
+    sampler.see(np.asarray([ids]))
+    t0 = time.perf_counter()
+    if session is not None:
+        cache, todo = session._prepare(ids, max_tokens)
+    else:
+        _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), max_tokens)
+        cache, todo = model.new_cache(1, len(ids) + max(max_tokens, 1)), ids
+    logits = model(np.asarray([todo], np.int64), cache=cache, last_only=True)[:, -1]
+    t1 = time.perf_counter()
+    prompt_tps = len(todo) / max(t1 - t0, 1e-9)
+    detok, stop_text = _Detokenizer(tokenizer), _StopText(stops)
+    n = 0
+    fed: list[int] = list(ids)  # tokens the cache holds
+    t_first = t1
+
+    def response(text: str, token: int | None, reason: str | None) -> GenerationResponse:
+        elapsed = time.perf_counter() - t_first
+        tps = (n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0
+        return GenerationResponse(
+            text, token, len(ids), prompt_tps, n, tps, _peak_memory_gb(), reason
+        )
+
+    try:
+        while n < max_tokens:
+            token = int(sampler(logits)[0])
+            n += 1
+            if n == 1:
+                t_first = time.perf_counter()
+            if token in eos:
+                yield response(_late(detok, stop_text), token, "stop")
+                return
+            text, stopped = stop_text.add(detok.add(token))
+            if stopped:
+                yield response(text, token, "stop")
+                return
+            if n == max_tokens:
+                tail, stopped = stop_text.add(detok.flush())
+                tail += "" if stopped else stop_text.rest()
+                yield response(text + tail, token, "stop" if stopped else "length")
+                return
+            yield response(text, token, None)
+            logits = model(np.asarray([[token]], np.int64), cache=cache, last_only=True)[:, -1]
+            fed.append(token)
+    finally:
+        if session is not None:
+            session._cached = fed
+
+
+def _late(detok: _Detokenizer, stop_text: _StopText) -> str:
+    """Text held back by the detokenizer when an EOS ends the generation."""
+    tail, stopped = stop_text.add(detok.flush())
+    return tail if stopped else tail + stop_text.rest()
+
+
+def stream_generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt: Any,
+    max_tokens: int = 256,
+    *,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+) -> Iterator[GenerationResponse]:
+    """Yield :class:`GenerationResponse` pieces as they are decoded (see the module doc for the
+    prompt forms, stopping and sampling defaults). ``"".join(r.text for r in ...)`` equals
+    :func:`generate`'s text.
+
+    Example:
+        >>> import tempfile, llmkernels as lk
+        >>> from llmkernels.text import write_tiny_model
+        >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
+        >>> pieces = list(lk.stream_generate(model, tok, "Hello", max_tokens=8))
+        >>> "".join(p.text for p in pieces) == lk.generate(model, tok, "Hello", max_tokens=8)
+        True
+        >>> pieces[-1].generation_tokens, pieces[-1].finish_reason
+        (8, 'length')
+    """
+    fn = "stream_generate"
+    _check_model(fn, model, tokenizer)
+    steps = _check_max_tokens(fn, "max_tokens", max_tokens)
+    params = _sampling(
+        fn,
+        tokenizer,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+    )
+    stops = _stop_list(fn, stop)
+    ids = _prompt_ids(fn, tokenizer, prompt)
+    return _stream(fn, model, tokenizer, ids, steps, params, stops)
+
+
+def generate(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompt: Any,
+    max_tokens: int = 256,
+    *,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    verbose: bool = False,
+) -> str | list[str]:
+    """The generated text for a prompt (a list of prompts: a list of texts, generated as one
+    left-padded batch). ``verbose``: print the prompt and generation speeds after.
+
+    Example:
+        >>> import tempfile, llmkernels as lk
+        >>> from llmkernels.text import write_tiny_model
+        >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
+        >>> text = lk.generate(model, tok, "Hello", max_tokens=12)  # greedy: the same each time
+        >>> text == lk.generate(model, tok, "Hello", max_tokens=12), len(text) <= 12
+        (True, True)
+        >>> len(lk.generate(model, tok, ["Hello", "Hi"], max_tokens=5))  # one padded batch
+        2
+    """
+    fn = "generate"
+    _check_model(fn, model, tokenizer)
+    steps = _check_max_tokens(fn, "max_tokens", max_tokens)
+    params = _sampling(
+        fn,
+        tokenizer,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+    )
+    stops = _stop_list(fn, stop)
+    batch = (
+        isinstance(prompt, Sequence)
+        and not isinstance(prompt, str)
+        and len(prompt) > 0
+        and all(isinstance(p, str) or _is_messages(p) for p in prompt)
+        and not _is_messages(prompt)
+    )
+    if not batch:
+        ids = _prompt_ids(fn, tokenizer, prompt)
+        pieces, last = [], None
+        for r in _stream(fn, model, tokenizer, ids, steps, params, stops):
+            pieces.append(r.text)
+            last = r
+        if verbose and last is not None:
+            _report(last)
+        return "".join(pieces)
+    return _generate_batch(
+        fn,
+        model,
+        tokenizer,
+        [_prompt_ids(fn, tokenizer, p) for p in prompt],
+        steps,
+        params,
+        stops,
+        verbose,
+    )
+
+
+def _generate_batch(
+    fn: str,
+    model: Transformer,
+    tokenizer: Tokenizer,
+    prompts: list[list[int]],
+    steps: int,
+    params: _Sampling,
+    stops: list[str],
+    verbose: bool,
+) -> list[str]:
+    b, t = len(prompts), max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = np.full((b, t), pad, np.int64)
+    mask = np.zeros((b, t), bool)
+    for i, p in enumerate(prompts):
+        ids[i, t - len(p) :] = p
+        mask[i, t - len(p) :] = True
+    if steps == 0:
+        return [""] * b
+    _check_cache_size(fn, "max_tokens", model.config, b, t, steps)
+    eos = set(tokenizer.eos_token_ids)
+    sampler = params.sampler(b, model.config.vocab_size)
+    sampler.see(ids, mask)
+    cache = model.new_cache(b, t + steps)
+    t0 = time.perf_counter()
+    logits = model(ids, mask=mask, cache=cache, last_only=True)[:, -1]
+    t1 = time.perf_counter()
+    detoks = [_Detokenizer(tokenizer) for _ in range(b)]
+    texts = [_StopText(stops) for _ in range(b)]
+    out = [""] * b
+    done = np.zeros(b, bool)
+    n = 0
+    for step in range(steps):
+        nxt = sampler(logits)
+        n += 1
+        for i in np.flatnonzero(~done):
+            token = int(nxt[i])
+            if token in eos:
+                out[i] += _late(detoks[i], texts[i])
+                done[i] = True
+                continue
+            piece, stopped = texts[i].add(detoks[i].add(token))
+            out[i] += piece
+            if stopped:
+                done[i] = True
+        if done.all() or step + 1 == steps:
+            break
+        # finished rows keep decoding a pad token (their output is no longer read)
+        feed = np.where(done, pad, nxt)
+        logits = model(feed[:, None], cache=cache, last_only=True)[:, -1]
+    for i in np.flatnonzero(~done):
+        out[i] += _late(detoks[i], texts[i])
+    if verbose:
+        t2 = time.perf_counter()
+        print(
+            f"Prompt: {b}x{t} tokens, {b * t / max(t1 - t0, 1e-9):.1f} tokens-per-sec\n"
+            f"Generation: {b}x{n} tokens, {b * n / max(t2 - t1, 1e-9):.1f} tokens-per-sec\n"
+            f"Peak memory: {_peak_memory_gb():.3f} GB"
+        )
+    return out
+
+
+def _report(r: GenerationResponse) -> None:
+    print(
+        f"Prompt: {r.prompt_tokens} tokens, {r.prompt_tps:.1f} tokens-per-sec\n"
+        f"Generation: {r.generation_tokens} tokens, {r.generation_tps:.1f} tokens-per-sec\n"
+        f"Peak memory: {r.peak_memory:.3f} GB"
+    )
+
+
+class ChatSession:
+    """A conversation that keeps its KV cache across turns: each turn renders the whole
+    conversation with the chat template and, when the rendering extends the tokens the cache
+    holds, prefills only the new part (else it prefills everything again, e.g. when the
+    template re-renders an earlier turn differently).
+
+    Attributes:
+        messages: the conversation so far.
+        prefilled: tokens prefilled by the last turn (``len(prompt)`` when the cache was not
+            reused).
+
+    Example:
+        >>> import tempfile, llmkernels as lk
+        >>> from llmkernels.text import write_tiny_model
+        >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
+        >>> chat = lk.ChatSession(model, tok)
+        >>> reply = "".join(r.text for r in chat.send("Hi", max_tokens=4))
+        >>> first = chat.prefilled
+        >>> reply = "".join(r.text for r in chat.send("And?", max_tokens=4))
+        >>> chat.prefilled < first + 10, len(chat.messages)  # only the new turn was prefilled
+        (True, 4)
+    """
+
+    def __init__(
+        self, model: Transformer, tokenizer: Tokenizer, *, system: str | None = None
+    ) -> None:
+        _check_model("ChatSession", model, tokenizer)
+        self.model, self.tokenizer = model, tokenizer
+        self.messages: list[dict[str, Any]] = (
+            [{"role": "system", "content": system}] if system else []
+        )
+        self._cache: Any = None
+        self._cached: list[int] = []
+        self.prefilled = 0
+
+    def _prepare(self, ids: list[int], max_tokens: int) -> tuple[Any, list[int]]:
+        need = len(ids) + max(max_tokens, 1)
+        n = len(self._cached)
+        cfg = self.model.config
+        reuse = (
+            self._cache is not None
+            and self._cache.length == n
+            and 0 < n < len(ids)
+            and ids[:n] == self._cached
+            and need <= self._cache.layers[0].max_seq_len
+        )
+        if reuse:
+            self.prefilled = len(ids) - n
+            return self._cache, ids[n:]
+        _check_cache_size("chat", "max_tokens", cfg, 1, len(ids), max_tokens)
+        capacity = self._cache.layers[0].max_seq_len if self._cache is not None else 0
+        if need > capacity:
+            # room for a few more turns without reallocating
+            capacity = min(max(need, 2 * capacity, 1024), max(need, cfg.max_seq_len))
+            self._cache = self.model.new_cache(1, capacity)
+        else:
+            self._cache.reset()
+        self._cached = []
+        self.prefilled = len(ids)
+        return self._cache, ids
+
+    def send(
+        self, content: str, max_tokens: int = 256, **sampling: Any
+    ) -> Iterator[GenerationResponse]:
+        """Add a user turn and stream the reply (the same options as :func:`stream_generate`);
+        the reply joins the conversation when the stream ends."""
+        fn = "chat"
+        steps = _check_max_tokens(fn, "max_tokens", max_tokens)
+        stop = sampling.pop("stop", None)
+        names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
+        unknown = set(sampling) - set(names)
+        if unknown:
+            raise TypeError(f"[{fn}] unknown arguments {sorted(unknown)}")
+        params = _sampling(fn, self.tokenizer, **{k: sampling.get(k) for k in names})
+        stops = _stop_list(fn, stop)
+        self.messages.append({"role": "user", "content": content})
+        ids = _prompt_ids(fn, self.tokenizer, self.messages)
+        reply: list[str] = []
+        try:
+            for r in _stream(fn, self.model, self.tokenizer, ids, steps, params, stops, self):
+                reply.append(r.text)
+                yield r
+        finally:
+            self.messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+_TINY_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def write_tiny_model(
+    directory: str | os.PathLike[str], *, seed: int = 0, dim: int = 64, n_layers: int = 2
+) -> str:
+    """Write a tiny random-weight LLaMA checkpoint with a byte-level tokenizer (256 byte
+    tokens, ``<s>``, ``</s>``, ``<pad>`` and chat markers) and a chat template into
+    ``directory`` — an HF-style directory :func:`load` reads, for examples and tests (its
+    output is noise). Returns the directory.
+
+    Example:
+        >>> import tempfile, llmkernels as lk
+        >>> from llmkernels.text import write_tiny_model
+        >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
+        >>> tok.decode(tok.encode("héllo"), skip_special_tokens=True)
+        'héllo'
+    """
+    import json
+
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    from ._safetensors import save_file
+
+    path = os.fspath(directory)
+    os.makedirs(path, exist_ok=True)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: ord(c))
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    tok = RustTokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+    tok.add_special_tokens(specials)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    tok.save(os.path.join(path, "tokenizer.json"))
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    end = tok.token_to_id("<|end|>")
+    eos = tok.token_to_id("</s>")
+    files = {
+        "tokenizer_config.json": {
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "pad_token": "<pad>",
+            "chat_template": _TINY_TEMPLATE,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        "generation_config.json": {"bos_token_id": bos, "eos_token_id": [eos, end]},
+        "config.json": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": vocab_size,
+            "hidden_size": dim,
+            "intermediate_size": 2 * dim,
+            "num_hidden_layers": n_layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": False,
+            "bos_token_id": bos,
+            "eos_token_id": eos,
+        },
+    }
+    for name, content in files.items():
+        with open(os.path.join(path, name), "w", encoding="utf-8") as f:
+            json.dump(content, f, indent=1)
+    model = Transformer(files["config.json"], seed=seed)
+    # weights larger than HF's 0.02 init, so the noise it generates varies
+    rng = np.random.default_rng(seed)
+    state = {
+        k: (v if v.ndim == 1 else rng.standard_normal(v.shape, np.float32) * 0.3)
+        for k, v in model.state_dict().items()
+    }
+    # the LM head scores only printable ASCII bytes, so the noise decodes to readable text
+    byte_of = {c: b for b, c in enumerate(_bytes_to_unicode())}
+    printable = np.array(
+        [32 <= byte_of.get(c, -1) < 127 for c in alphabet] + [False] * len(specials)
+    )
+    state["lm_head.weight"][~printable] = 0.0
+    save_file(os.path.join(path, "model.safetensors"), state)
+    return path
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's byte -> printable character table (ByteLevel's alphabet), by byte value."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return [chars[b] for b in range(256)]
