@@ -40,9 +40,9 @@ void attention(py::array q, py::array k, py::array v, double scale, bool causal,
     if (m.ndim() != 4 || m.shape(0) != B || m.shape(1) != Hq || m.shape(2) != Tq ||
         m.shape(3) != Tk)
       fail(fn, "mask must be a (B, Hq, Tq, Tk) view");
-    if (m.dtype().is(py::dtype::of<std::uint8_t>()) || m.dtype().is(py::dtype::of<bool>())) {
+    if (dtype_is<std::uint8_t>(m) || dtype_is<bool>(m)) {
       mask_kind = 1;
-    } else if (m.dtype().is(q.dtype())) {
+    } else if (same_dtype(m.dtype(), q.dtype())) {
       mask_kind = 2;
     } else {
       throw py::type_error("[attention] mask must be bool or of q's dtype");

@@ -29,14 +29,24 @@ inline std::string shape_str(const py::array& a) {
   return s + ")";
 }
 
-inline bool is_f32(const py::array& a) { return a.dtype().is(py::dtype::of<float>()); }
-inline bool is_f64(const py::array& a) { return a.dtype().is(py::dtype::of<double>()); }
+// dtypes are compared as NumPy compares them (PyArray_EquivTypes), not by identity: a dtype that
+// went through pickle, or carries metadata, is a different object equal to float32. Non-native
+// byte order is not equivalent (the Python layer converts it before calling).
+inline bool same_dtype(const py::dtype& a, const py::dtype& b) {
+  return py::detail::npy_api::get().PyArray_EquivTypes_(a.ptr(), b.ptr());
+}
+template <class T>
+inline bool dtype_is(const py::array& a) {
+  return same_dtype(a.dtype(), py::dtype::of<T>());
+}
+inline bool is_f32(const py::array& a) { return dtype_is<float>(a); }
+inline bool is_f64(const py::array& a) { return dtype_is<double>(a); }
 
 // Checks a kernel operand: C-contiguous, of dtype `like` (or float32/float64 if like is null),
 // writeable if it is an output.
 inline void check_operand(const char* fn, const char* name, const py::array& a,
                           const py::array* like, bool writeable) {
-  if (like ? !a.dtype().is(like->dtype()) : !(is_f32(a) || is_f64(a)))
+  if (like ? !same_dtype(a.dtype(), like->dtype()) : !(is_f32(a) || is_f64(a)))
     throw py::type_error(std::string("[") + fn + "] " + name + " has dtype " +
                          std::string(py::str(a.dtype())) + ", expected " +
                          (like ? std::string(py::str(like->dtype())) : "float32 or float64"));

@@ -156,8 +156,8 @@ py::tuple rope_tables(py::array_t<std::int64_t, py::array::c_style> positions,
     }
     return py::make_tuple(cos_tab, sin_tab);
   };
-  if (dtype.is(py::dtype::of<float>())) return build(float{});
-  if (dtype.is(py::dtype::of<double>())) return build(double{});
+  if (same_dtype(dtype, py::dtype::of<float>())) return build(float{});
+  if (same_dtype(dtype, py::dtype::of<double>())) return build(double{});
   throw py::type_error("[rope] dtype must be float32 or float64");
 }
 

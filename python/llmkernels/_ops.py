@@ -10,6 +10,7 @@ GIL released.
 from __future__ import annotations
 
 import numbers
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -56,6 +57,8 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
             raise TypeError(
                 f"[{fn}] {name} has unsupported dtype {arr.dtype}; use float32 or float64"
             )
+        if not arr.dtype.isnative:  # e.g. '>f4' from a file: the kernels read native floats
+            arr = arr.astype(arr.dtype.newbyteorder("="))
         return arr
     raise TypeError(
         f"[{fn}] {name} has unsupported dtype {arr.dtype}; expected a real floating-point, "
@@ -124,10 +127,18 @@ def _detach_from_out(arr: np.ndarray, out: np.ndarray, allow_exact: bool) -> np.
     return arr
 
 
+def _to_float(fn: str, name: str, value: numbers.Real) -> float:
+    """``float(value)``; an int too large for a float (``10**400``) is a ValueError naming it."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"[{fn}] {name} must be finite (got an integer beyond float range)") from None
+
+
 def _check_eps(fn: str, eps: Any) -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(f"[{fn}] eps must be a real number, got {type(eps).__name__}")
-    eps = float(eps)
+    eps = _to_float(fn, "eps", eps)
     if not (eps >= 0.0) or not np.isfinite(eps):
         raise ValueError(f"[{fn}] eps must be a finite number >= 0, got {eps}")
     return eps
@@ -342,9 +353,19 @@ def swiglu_ffn(
     def c(a: np.ndarray | None) -> np.ndarray | None:
         return None if a is None else _contiguous(a, dtype)
 
-    x2 = _contiguous(x, dtype).reshape(-1, d)
-    result = _core.swiglu_ffn(x2, c(wg), c(wu), c(wd), c(bg), c(bu), c(bd))
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
     out_dim = h if wd is None else wd.shape[1]
+    x2 = _contiguous(x, dtype).reshape(rows, d)
+    if rows == 0 or d == 0 or h == 0 or out_dim == 0:
+        # empty sizes follow NumPy's matmul: a product over an empty inner dimension is zeros
+        def lin(a: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+            y = a @ c(w)
+            return y if b is None else y + c(b)
+
+        hidden = silu(lin(x2, wg, bg)) * lin(x2, wu, bu)
+        result = hidden if wd is None else lin(hidden, wd, bd)
+        return np.ascontiguousarray(result, dtype).reshape(x.shape[:-1] + (out_dim,))
+    result = _core.swiglu_ffn(x2, c(wg), c(wu), c(wd), c(bg), c(bu), c(bd))
     return result.reshape(x.shape[:-1] + (out_dim,))
 
 
@@ -356,7 +377,7 @@ def swiglu_ffn(
 def _check_real(fn: str, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"[{fn}] {name} must be a real number, got {type(value).__name__}")
-    value = float(value)
+    value = _to_float(fn, name, value)
     if not np.isfinite(value):
         raise ValueError(f"[{fn}] {name} must be finite, got {value}")
     return value
@@ -381,29 +402,39 @@ def _rope_positions(fn: str, positions: Any, lead: tuple[int, ...]) -> np.ndarra
     return pos.astype(np.int64, copy=False)
 
 
+# cos/sin tables memoised by (positions, frequencies, factor, dtype): every layer of a forward
+# pass and every benchmark repeat reuses them. An LRU bounded by bytes (documented in the README:
+# at most _TABLE_CACHE_BYTES are kept for the life of the process), shared by threads under a lock.
 _TABLE_CACHE: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-_TABLE_CACHE_SIZE = 16
-_TABLE_CACHE_MAX_ENTRIES = 1 << 22  # cos + sin entries per cached table
+_TABLE_CACHE_BYTES = 32 << 20  # all cached tables together
+_TABLE_CACHE_LOCK = threading.Lock()
+_table_cache_used = 0
 
 
 def _rope_tables(
     pos: np.ndarray, freqs: np.ndarray, attention_factor: float, dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables (P, half), memoised: repeated calls at the same positions (every layer of
-    a forward pass, every benchmark repeat) skip the float64 sin/cos."""
-    if pos.size * freqs.size > _TABLE_CACHE_MAX_ENTRIES:
+    """cos/sin tables (P, half), from the LRU cache when the same call was made recently."""
+    global _table_cache_used
+    nbytes = 2 * pos.size * freqs.size * np.dtype(dtype).itemsize
+    if nbytes > _TABLE_CACHE_BYTES // 4:  # large tables are not kept: they would evict the rest
         return _core.rope_tables(pos, freqs, attention_factor, dtype)
-    key = (pos.tobytes(), freqs.tobytes(), attention_factor, dtype.str)
-    hit = _TABLE_CACHE.get(key)
-    if hit is not None:
-        _TABLE_CACHE.move_to_end(key)
-        return hit
-    tables = _core.rope_tables(pos, freqs, attention_factor, dtype)
+    key = (pos.tobytes(), freqs.tobytes(), attention_factor, np.dtype(dtype).str)
+    with _TABLE_CACHE_LOCK:
+        hit = _TABLE_CACHE.get(key)
+        if hit is not None:
+            _TABLE_CACHE.move_to_end(key)
+            return hit
+    tables = _core.rope_tables(pos, freqs, attention_factor, dtype)  # outside the lock
     for t in tables:
         t.flags.writeable = False
-    _TABLE_CACHE[key] = tables
-    if len(_TABLE_CACHE) > _TABLE_CACHE_SIZE:
-        _TABLE_CACHE.popitem(last=False)
+    with _TABLE_CACHE_LOCK:
+        if key not in _TABLE_CACHE:
+            _TABLE_CACHE[key] = tables
+            _table_cache_used += nbytes
+        while _table_cache_used > _TABLE_CACHE_BYTES and _TABLE_CACHE:
+            _, (c, s_) = _TABLE_CACHE.popitem(last=False)
+            _table_cache_used -= c.nbytes + s_.nbytes
     return tables
 
 
@@ -593,6 +624,8 @@ def attention(
     mask_view = None
     if mask is not None:
         m = np.asarray(mask)
+        if out is not None and isinstance(out, np.ndarray) and np.may_share_memory(m, out):
+            m = m.copy()  # the kernel reads mask rows after writing out rows: never overlap
         if m.dtype.kind == "b":
             m = m.view(np.uint8)
         elif m.dtype.kind == "f":
