@@ -86,8 +86,9 @@ def _positive_int(cls: str, name: str, value: Any) -> int:
 
 
 def _check_eps(cls: str, eps: Any) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 <= float(eps) < 1):
-        raise ValueError(f"[{cls}] eps must be a number in [0, 1), got {eps!r}")
+    # compared before float(): an int like 10**400 has no float (OverflowError)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 <= eps < 1):
+        raise ValueError(f"[{cls}] eps must be a number in [0, 1), got {str(eps)[:40]}")
     return float(eps)
 
 
@@ -363,6 +364,10 @@ class ModelCache:
             c.reset()
 
 
+# Positions are bounded so that a cache's next position (max + 1) never wraps int64.
+_MAX_POSITION = 2**62
+
+
 def _positions_and_mask(
     cls: str, batch: int, seq: int, positions: Any, mask: Any, cache: KVCache | ModelCache | None
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -393,9 +398,14 @@ def _positions_and_mask(
             raise ValueError(
                 f"[{cls}] positions must have shape (T,) or (B, T) = {(batch, seq)}, got {p.shape}"
             ) from None
+        # by value, before any cast: uint64 2**64-1 must not become -1
         if pos.size and pos.min() < 0:
             raise ValueError(f"[{cls}] positions must be >= 0")
+        if pos.size and pos.max() > _MAX_POSITION:
+            raise ValueError(f"[{cls}] positions must be <= 2**62, got {pos.max()}")
     pos = np.ascontiguousarray(pos, dtype=np.int64)
+    if positions is None and pos.size and pos.max() > _MAX_POSITION:
+        raise ValueError(f"[{cls}] the cache's positions would pass 2**62")
     if key_mask is None:
         nxt = pos[:, -1] + 1 if seq else start.copy()
     else:
