@@ -132,7 +132,9 @@ def _to_float(fn: str, name: str, value: numbers.Real) -> float:
     try:
         return float(value)
     except OverflowError:
-        raise ValueError(f"[{fn}] {name} must be finite (got an integer beyond float range)") from None
+        raise ValueError(
+            f"[{fn}] {name} must be finite (got an integer beyond float range)"
+        ) from None
 
 
 def _check_eps(fn: str, eps: Any) -> float:
