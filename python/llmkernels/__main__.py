@@ -12,6 +12,14 @@ minute), then draws its PNG plots when matplotlib is installed. Installed from a
 progress bar (tqdm, when installed) on a terminal; it is off when stderr is not a TTY.
 
 ``info`` prints :func:`llmkernels.build_info`: version, SIMD path, threads and BLAS.
+
+``generate --model DIR --prompt TEXT`` loads an HF model directory (:func:`llmkernels.load`),
+streams the generated text to stdout (the prompt goes through the chat template when the
+tokenizer has one, unless ``--ignore-chat-template``), then prints the prompt and generation
+speeds and the peak memory to stderr. ``chat --model DIR`` is a REPL (``/reset`` starts over,
+``q``, ``exit`` or end of input quits) that keeps the KV cache across turns: each turn prefills
+only the new tokens (:class:`llmkernels.ChatSession`). Both show a progress bar while loading
+a large checkpoint on a terminal.
 """
 
 from __future__ import annotations
@@ -529,8 +537,11 @@ def bench(
             out = root / ("build/bench-quick" if quick else "benchmarks/results")
         return _run_benchmarks(root, quick, out.resolve(), plots, run_args)
     if run_args:
-        print(f"python -m llmkernels bench: unrecognized arguments: {' '.join(run_args)} "
-              "(they are for benchmarks/run.py, which is not available here)", file=sys.stderr)
+        print(
+            f"python -m llmkernels bench: unrecognized arguments: {' '.join(run_args)} "
+            "(they are for benchmarks/run.py, which is not available here)",
+            file=sys.stderr,
+        )
         return 2
     print(f"llmkernels {lk.__version__}: built-in side-by-side timings"
           + (" (quick)" if quick else ""))  # fmt: skip
@@ -561,11 +572,120 @@ def _info(lk: Any, as_json: bool = False) -> None:
         print(info)
 
 
+def _text_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        "-m",
+        required=True,
+        help="HF model directory (config.json, *.safetensors, tokenizer.json)",
+    )
+    p.add_argument("--max-tokens", "-n", type=int, default=256, help="tokens to generate")
+    p.add_argument(
+        "--temp",
+        type=float,
+        default=None,
+        help="temperature (0: greedy; default: generation_config.json)",
+    )
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k best tokens")
+    p.add_argument("--min-p", type=float, default=None, help="min-p sampling threshold")
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=None,
+        help="transformers' repetition penalty (> 1 discourages repeats)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32",),
+        help="weights dtype (float32 for now; bf16/f16 files are widened)",
+    )
+
+
+def _sampling_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "temperature": args.temp,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "seed": args.seed,
+    }
+
+
+def _stats(r: Any, prefilled: int | None = None) -> str:
+    prompt = r.prompt_tokens if prefilled is None else prefilled
+    return (
+        f"Prompt: {prompt} tokens, {r.prompt_tps:.1f} tokens-per-sec\n"
+        f"Generation: {r.generation_tokens} tokens, {r.generation_tps:.1f} tokens-per-sec\n"
+        f"Peak memory: {r.peak_memory:.3f} GB"
+    )
+
+
+def _text_command(lk: Any, args: argparse.Namespace) -> int:
+    try:
+        model, tokenizer = lk.load(args.model, dtype=args.dtype)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "generate":
+        text = sys.stdin.read() if args.prompt == "-" else args.prompt
+        prompt: Any = text
+        if tokenizer.chat_template is not None and not args.ignore_chat_template:
+            prompt = [{"role": "user", "content": text}]
+        last = None
+        try:
+            for r in lk.stream_generate(
+                model, tokenizer, prompt, args.max_tokens, stop=args.stop, **_sampling_args(args)
+            ):
+                print(r.text, end="", flush=True)
+                last = r
+        except (ValueError, TypeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(flush=True)
+        if last is not None:
+            print("==========\n" + _stats(last), file=sys.stderr, flush=True)
+        return 0
+    session = lk.ChatSession(model, tokenizer, system=args.system)
+    if tokenizer.chat_template is None:
+        print("error: this tokenizer has no chat template", file=sys.stderr)
+        return 2
+    print("llmkernels chat: type a message ('/reset' starts over, 'q' quits)", file=sys.stderr)
+    while True:
+        try:
+            line = input(">> ")
+        except EOFError:
+            print()
+            return 0
+        if line.strip() in ("q", "exit", "quit"):
+            return 0
+        if line.strip() == "/reset":
+            session = lk.ChatSession(model, tokenizer, system=args.system)
+            continue
+        if not line.strip():
+            continue
+        last = None
+        try:
+            for r in session.send(line, args.max_tokens, **_sampling_args(args)):
+                print(r.text, end="", flush=True)
+                last = r
+        except (ValueError, TypeError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(flush=True)
+        if last is not None:
+            print(_stats(last, session.prefilled), file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     parser = argparse.ArgumentParser(
         prog="python -m llmkernels",
-        description="llmkernels: seed demo, side-by-side benchmarks, build info.",
+        description="llmkernels: seed demo, side-by-side benchmarks, build info, text "
+        "generation and chat with an HF model directory.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="seed worked examples, then side-by-side timings")
@@ -602,6 +722,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     info_p = sub.add_parser("info", help="version, SIMD path, threads, BLAS (build_info())")
     info_p.add_argument("--json", action="store_true", help="print as JSON")
+    gen_p = sub.add_parser("generate", help="generate text from a prompt with an HF model dir")
+    _text_arguments(gen_p)
+    gen_p.add_argument("--prompt", "-p", required=True, help="the prompt ('-': read stdin)")
+    gen_p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="tokenize the prompt as it is (default: as a user turn of the chat template, "
+        "when the tokenizer has one)",
+    )
+    gen_p.add_argument(
+        "--stop", action="append", default=None, help="stop string (may be repeated)"
+    )
+    chat_p = sub.add_parser("chat", help="chat REPL with an HF model dir (KV cache kept)")
+    _text_arguments(chat_p)
+    chat_p.add_argument("--system", default=None, help="system prompt")
     # arguments bench does not know go to benchmarks/run.py (e.g. --no-attention)
     args, run_args = parser.parse_known_args(argv)
     if run_args and args.command != "bench":
@@ -612,6 +747,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "info":
         _info(lk, as_json=args.json)
         return 0
+    if args.command in ("generate", "chat"):
+        return _text_command(lk, args)
     if args.command == "bench":
         return bench(lk, args.quick, args.builtin, args.out, not args.no_plots, run_args)
     print(f"llmkernels {lk.__version__}\n")
