@@ -46,7 +46,12 @@ warnings.resetwarnings()
 
 def test_examples_present() -> None:
     names = {p.name for p in NOTEBOOKS}
-    assert {"quickstart.ipynb", "attention_explained.ipynb", "side_by_side.ipynb"} <= names
+    assert {
+        "quickstart.ipynb",
+        "attention_explained.ipynb",
+        "side_by_side.ipynb",
+        "chat_and_inspect.ipynb",
+    } <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -102,3 +107,5 @@ def test_notebook_runs(
     assert "figures drawn:" in last
     if path.stem in ("attention_explained", "side_by_side"):
         assert int(last.split("figures drawn:")[1]) >= 3, last
+    if path.stem == "chat_and_inspect":  # the head grid and the residual-stream RMS
+        assert int(last.split("figures drawn:")[1]) >= 2, last
