@@ -92,9 +92,7 @@ def make_model(cfg: Mapping[str, Any], seed: int = 0) -> lk.Transformer:
         if key == "lm_head.weight" and model.config.tie_embeddings:
             continue  # a view of the embedding
         if arr.ndim == 1:
-            arr[...] = (0.2 if key.endswith("bias") else 1.0) + 0.2 * rng.standard_normal(
-                arr.shape
-            )
+            arr[...] = (0.2 if key.endswith("bias") else 1.0) + 0.2 * rng.standard_normal(arr.shape)
         elif "embed_tokens" in key:
             arr[...] = rng.standard_normal(arr.shape)
         else:
@@ -554,3 +552,16 @@ def test_attention_grid_tick_labels_are_literal() -> None:
     (ax,) = _image_axes(fig)
     assert [t.get_text() for t in ax.get_xticklabels()] == [r"\$x", "\\n", r"y\$", "\\t"]
     fig.canvas.draw()  # two unescaped "$" would raise a mathtext error here
+
+
+def test_tokenizer_output_and_weight_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = make_model(config())
+    logits, weights = model({"input_ids": IDS, "attention_mask": MASK}, return_attention=True)
+    assert_logits_close(logits, model(IDS, mask=MASK))
+    np.testing.assert_array_equal(weights[0], model(IDS, mask=MASK, return_attention=True)[1][0])
+    # 3 layers x 2 x 4 heads x 9 x 9 float32 = 7776 bytes
+    monkeypatch.setattr(li, "MAX_WEIGHT_BYTES", 7775)
+    with pytest.raises(ValueError, match=r"^\[Transformer\] return_attention would hold"):
+        model(IDS, return_attention=True)
+    logits, stats = model(IDS, return_stats=True)  # stats alone keep no weights
+    assert_logits_close(logits, model(IDS))

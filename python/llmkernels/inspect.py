@@ -45,6 +45,7 @@ __all__ = [
     "HEAD_CLASSES",
     "LOCAL_THRESHOLD",
     "LOCAL_WINDOW",
+    "MAX_WEIGHT_BYTES",
     "PREVIOUS_THRESHOLD",
     "ResidualStats",
     "SELF_THRESHOLD",
@@ -171,9 +172,11 @@ def _self_attention(
     key_mask: np.ndarray | None,
     inv_freq: np.ndarray,
     factor: float,
-) -> tuple[np.ndarray, np.ndarray]:
+    keep_weights: bool = True,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """LLaMA attention of ``x (B, T, dim)`` float32: ``(out (B, T, dim), weights (B, Hq, T,
-    T))``. The formula of ``reference._self_attention``, run on the package's kernels."""
+    T) or None)``. The formula of ``reference._self_attention``, run on the package's
+    kernels."""
     b, t, _ = x.shape
     hq, hkv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
     p = attn.state_dict()
@@ -185,7 +188,10 @@ def _self_attention(
     q = _rope(q, pos[:, None, :], **rope_kw)
     k = _rope(k, pos[:, None, :], **rope_kw)
     mask = None if key_mask is None else key_mask.astype(bool)[:, None, None, :]
-    out, weights = _attention(q, k, v, causal=True, mask=mask, return_weights=True)
+    if keep_weights:
+        out, weights = _attention(q, k, v, causal=True, mask=mask, return_weights=True)
+    else:  # stats only: the streaming kernel, no score matrix
+        out, weights = _attention(q, k, v, causal=True, mask=mask), None
     out = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(b, t, hq * hd)
     return _linear(out, p, "o_proj"), weights
 
@@ -196,6 +202,7 @@ def _forward(
     pos: np.ndarray,
     key_mask: np.ndarray | None,
     last_only: bool,
+    keep_weights: bool = True,
 ) -> Trace:
     """The layer-by-layer forward on validated inputs: ``ids (B, T)`` int, ``pos (B, T)`` int64,
     ``key_mask (B, T)`` uint8 or None (as ``Transformer.__call__`` prepares them)."""
@@ -216,14 +223,18 @@ def _forward(
         if block.norm_position == "pre":
             # h = x + attn(norm1(x)); y = h + ffn(norm2(h))
             n1 = block.attention_norm(x)
-            a, w = _self_attention(block.attention, n1, pos, key_mask, inv_freq, factor)
+            a, w = _self_attention(
+                block.attention, n1, pos, key_mask, inv_freq, factor, keep_weights
+            )
             h = x + a
             n2 = block.ffn_norm(h)
             y = h + block.feed_forward(n2)
             seen = (x, n1, h, n2, y)
         else:
             # h = norm1(x + attn(x)); y = norm2(h + ffn(h))
-            a, w = _self_attention(block.attention, x, pos, key_mask, inv_freq, factor)
+            a, w = _self_attention(
+                block.attention, x, pos, key_mask, inv_freq, factor, keep_weights
+            )
             s1 = x + a
             h = block.attention_norm(s1)
             s2 = h + block.feed_forward(h)
@@ -231,7 +242,8 @@ def _forward(
             seen = (s1, h, s2, y, y)
         for name, value in zip(STAT_NAMES, seen, strict=True):
             stats[name].append(_rms(value, real))
-        weights_per_layer.append(w)
+        if w is not None:
+            weights_per_layer.append(w)
         x = y
     final = model.norm(x)
     head = params["lm_head.weight"]  # a view of the embedding when tied
@@ -319,6 +331,11 @@ def residual_stats(
     return trace(model, ids, positions=positions, mask=mask).stats
 
 
+#: Largest attention-weight storage ``return_attention`` builds (``n_layers * B * Hq * T * T``
+#: float32): a 22-layer, 32-head model at T = 2048 would need 11 GiB.
+MAX_WEIGHT_BYTES = 2 << 30
+
+
 def call_hook(
     model: Transformer,
     ids: np.ndarray,
@@ -339,7 +356,17 @@ def call_hook(
             "[Transformer] return_attention/return_stats look at a prompt from its start: "
             "call without cache"
         )
-    tr = _forward(model, ids, pos, key_mask, bool(last_only))
+    if return_attention:
+        b, t = ids.shape
+        c = model.config
+        size = c.n_layers * b * c.n_heads * t * t * 4
+        if size > MAX_WEIGHT_BYTES:
+            raise ValueError(
+                f"[Transformer] return_attention would hold {size / 2**30:.1f} GiB of weights "
+                f"({c.n_layers} layers x {b} x {c.n_heads} heads x {t} x {t} float32; limit "
+                f"{MAX_WEIGHT_BYTES / 2**30:.0f} GiB): use a shorter prompt"
+            )
+    tr = _forward(model, ids, pos, key_mask, bool(last_only), bool(return_attention))
     out: tuple[Any, ...] = (tr.logits,)
     if return_attention:
         out += (tr.attention,)
