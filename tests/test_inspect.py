@@ -210,14 +210,12 @@ def test_traced_logits_equal_model_logits(name: str, isa: str) -> None:
 
 
 def test_trace_with_explicit_positions() -> None:
+    """Positions far from 0 (llama3's frequency bands) and per-sequence (B, T) positions."""
     model = make_model(config(rope_theta=500000.0, rope_scaling=LLAMA3))
-    positions = np.arange(9) + 100
-    logits, weights = model(IDS, positions=positions, return_attention=True)
-    assert_logits_close(logits, model(IDS, positions=positions))
-    # relative positions only: the same prompt later in a sequence has the same weights
-    # without scaling, not with llama3's position-dependent bands
-    _, at_zero = model(IDS, return_attention=True)
-    assert weights[0].shape == at_zero[0].shape
+    for positions in (np.arange(9) + 100, np.stack([np.arange(9), np.arange(9) * 3 + 7])):
+        logits, weights = model(IDS, positions=positions, return_attention=True)
+        assert_logits_close(logits, model(IDS, positions=positions))
+        assert weights[0].shape == (2, 4, 9, 9)
 
 
 @pytest.mark.parametrize("name", ["pre_rms_gqa", "post_layer_mqa", "dynamic", "yarn"])
