@@ -1,0 +1,88 @@
+"""``llmkernels generate`` and ``llmkernels chat`` end to end, in a subprocess (issue 15 item 8).
+
+The model directory is :func:`llmkernels.text.write_tiny_model`'s (random weights, byte-level
+tokenizer, chat template); the reference is the in-process text API on the same directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import llmkernels as lk
+import pytest
+from llmkernels.text import write_tiny_model
+
+TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(write_tiny_model(tmp_path_factory.mktemp("cli_model"), seed=3))
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    return subprocess.run(
+        [sys.executable, "-m", "llmkernels", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env=env,
+        check=False,
+    )
+
+
+def test_generate_streams_the_text_and_reports_speed(model_dir: Path) -> None:
+    model, tok = lk.load(model_dir)
+    expected = lk.generate(model, tok, [{"role": "user", "content": "Hello"}], max_tokens=24)
+    p = run("generate", "--model", str(model_dir), "--prompt", "Hello", "--max-tokens", "24")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == expected + "\n"
+    assert re.search(r"Prompt: \d+ tokens, [\d.]+ tokens-per-sec", p.stderr)
+    assert re.search(r"Generation: 24 tokens, [\d.]+ tokens-per-sec", p.stderr)
+    assert re.search(r"Peak memory: [\d.]+ GB", p.stderr)
+
+    raw = lk.generate(model, tok, "Hello", max_tokens=10, temperature=0.8, top_p=0.9, seed=5)
+    p = run(
+        "generate", "--model", str(model_dir), "--prompt", "Hello", "-n", "10",
+        "--temp", "0.8", "--top-p", "0.9", "--seed", "5", "--ignore-chat-template",
+        "--dtype", "float32",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == raw + "\n"
+
+
+def test_generate_errors(model_dir: Path) -> None:
+    p = run("generate", "--model", "meta-llama/Llama-3.2-1B", "--prompt", "x")
+    assert p.returncode == 2 and "huggingface-cli download" in p.stderr
+    p = run("generate", "--model", str(model_dir), "--prompt", "x", "--temp", "nan")
+    assert p.returncode == 2 and "[stream_generate] temperature" in p.stderr
+    p = run("generate", "--model", str(model_dir))
+    assert p.returncode == 2 and "--prompt" in p.stderr
+
+
+def test_chat_from_stdin_keeps_the_cache(model_dir: Path) -> None:
+    model, tok = lk.load(model_dir)
+    session = lk.ChatSession(model, tok)
+    replies, prefilled = [], []
+    for turn in ("Hi there", "And then?", "Bye"):
+        replies.append("".join(r.text for r in session.send(turn, max_tokens=12)))
+        prefilled.append(session.prefilled)
+    p = run("chat", "--model", str(model_dir), "-n", "12", stdin="Hi there\nAnd then?\nBye\n")
+    assert p.returncode == 0, p.stderr
+    for reply in replies:
+        assert reply in p.stdout
+    got = [int(n) for n in re.findall(r"Prompt: (\d+) tokens", p.stderr)]
+    assert got == prefilled
+    # turns after the first prefill only their new tokens, not the whole conversation
+    full = len(tok.apply_chat_template(session.messages[:-1]))
+    assert got[0] == prefilled[0] and max(got[1:]) < full / 2
+    p = run("chat", "--model", str(model_dir), "-n", "4", stdin="hello\n/reset\nhello\nq\n")
+    assert p.returncode == 0, p.stderr
+    first, second = re.findall(r"Prompt: (\d+) tokens", p.stderr)
+    assert first == second  # /reset starts a new conversation
