@@ -563,3 +563,10 @@ def test_tokenizer_output_and_weight_size_limit(monkeypatch: pytest.MonkeyPatch)
         model(IDS, return_attention=True)
     logits, stats = model(IDS, return_stats=True)  # stats alone keep no weights
     assert_logits_close(logits, model(IDS))
+
+
+def test_stats_with_a_fully_padded_batch() -> None:
+    model = make_model(config())
+    stats = li.residual_stats(model, IDS[:, :3], mask=np.zeros((2, 3), bool))
+    assert np.all(np.isnan(stats.per_layer("block_out")))  # no real token: NaN, no warning
+    assert np.isnan(stats.residual()).all()

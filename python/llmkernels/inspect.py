@@ -118,7 +118,12 @@ class ResidualStats:
                 f"'final_norm_in', 'final_norm_out', got {name!r}"
             )
         values = getattr(self, name)
-        return np.nanmean(values.reshape(values.shape[:-2] + (-1,)), axis=-1)
+        flat = values.reshape(values.shape[:-2] + (-1,))
+        real = ~np.isnan(flat)
+        count = real.sum(axis=-1)
+        total = np.where(real, flat, 0.0).sum(axis=-1)
+        # NaN (and no "mean of empty slice" warning) when no token is real
+        return np.divide(total, count, out=np.full(total.shape, np.nan), where=count > 0)
 
     def residual(self) -> np.ndarray:
         """``(L + 1,)`` mean RMS of the residual stream at the block boundaries: entering block
