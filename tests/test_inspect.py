@@ -193,7 +193,9 @@ def ref_trace(
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_traced_logits_equal_model_logits(name: str, isa: str) -> None:
     model = make_model(config(**CONFIGS[name]))
-    for ids, mask in ((IDS, None), (IDS, MASK), (IDS[1, :1], None)):
+    long_ids = np.random.default_rng(1).integers(0, 97, size=(1, 70))  # past a 64-key tile
+    cases = ((IDS, None), (IDS, MASK), (IDS[1, :1], None), (IDS[:, ::2], None), (long_ids, None))
+    for ids, mask in cases:  # T = 9, padded, T = 1, non-contiguous T = 5, T = 70
         expected = model(ids, mask=mask)
         logits, weights = model(ids, mask=mask, return_attention=True)
         assert_logits_close(logits, expected)
