@@ -444,8 +444,9 @@ def read_checkpoint_index(
     directory = os.fspath(path)
     _check_dir(directory)
     single = os.path.join(directory, SINGLE_FILE)
-    if os.path.exists(single) or not os.path.exists(os.path.join(directory, INDEX_FILE)):
-        if not os.path.exists(single):
+    # lexists: a dangling or looping symlink is opened and reported as what it is
+    if os.path.lexists(single) or not os.path.lexists(os.path.join(directory, INDEX_FILE)):
+        if not os.path.lexists(single):
             raise CheckpointNotFoundError(
                 f"{_PREFIX} {directory}: no {SINGLE_FILE} or {INDEX_FILE} in the directory"
             )
@@ -456,7 +457,7 @@ def read_checkpoint_index(
     weight_map = _read_index(directory)
     shards = sorted(set(weight_map.values()))
     for shard in shards:
-        if not os.path.exists(os.path.join(directory, shard)):
+        if not os.path.lexists(os.path.join(directory, shard)):
             raise CheckpointNotFoundError(
                 f"{_PREFIX} {index_path}: shard {shard!r} listed in the index does not exist"
             )

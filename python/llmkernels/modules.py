@@ -1249,6 +1249,8 @@ def _model_inputs(fn: str, ids: Any, mask: Any) -> tuple[Any, Any]:
     if isinstance(ids, (list, tuple)):
         try:
             ids = np.asarray(ids)
+            if ids.size == 0:  # [] or [[]]: no tokens (reported by the caller), not floats
+                ids = ids.astype(np.int64)
         except ValueError:
             raise ValueError(
                 f"[{fn}] ids must be a rectangular (B, T) batch; pad prompts of different "
