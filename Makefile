@@ -33,7 +33,7 @@ SAN_SKIP := --deselect tests/test_reliability.py::test_no_leak_ops \
 	--deselect tests/test_reliability.py::test_no_leak_modules_and_model \
 	--deselect tests/test_attention.py::test_memory_is_streaming
 
-.PHONY: demo test test-matrix test-sanitize bench lint stubs clean sysdeps
+.PHONY: demo test test-matrix test-sanitize test-wheel wheel bench lint stubs clean sysdeps
 
 demo: $(VENV)/.installed-compare
 	$(PY) -m llmkernels demo
@@ -55,6 +55,23 @@ test-matrix: $(VENV)/.installed-test
 # the whole suite on an ASan + UBSan build of the extension (any report fails the run)
 test-sanitize: $(SAN_VENV)/.installed-test
 	$(SAN_ENV) $(SAN_PY) -m pytest -q $(PAR) --capture=sys $(SAN_SKIP)
+
+# `make wheel`: an sdist, a wheel built from it (so the sdist is shown to build), and that wheel
+# repaired by auditwheel (with patchelf) into a manylinux wheel in wheelhouse/ that carries the
+# shared libraries it needs (OpenBLAS and its Fortran runtime): `pip install` alone suffices.
+WHEEL_VENV := build/wheel-venv
+wheel: sysdeps
+	rm -rf dist wheelhouse
+	test -x $(WHEEL_VENV)/bin/python || $(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q --disable-pip-version-check build auditwheel patchelf
+	$(WHEEL_VENV)/bin/python -m build --sdist --outdir dist .
+	$(WHEEL_VENV)/bin/pip wheel -q --disable-pip-version-check --no-deps -w dist dist/llmkernels-*.tar.gz
+	PATH="$(abspath $(WHEEL_VENV))/bin:$$PATH" $(WHEEL_VENV)/bin/auditwheel repair -w wheelhouse dist/llmkernels-*-linux_x86_64.whl
+	$(WHEEL_VENV)/bin/auditwheel show wheelhouse/*.whl
+
+# the wheels installed into fresh venvs, smoke-tested from outside the repository
+test-wheel: wheel
+	bash .ci/test_wheel
 
 bench: $(VENV)/.installed-compare
 	$(PY) benchmarks/run.py --out benchmarks/results
@@ -116,4 +133,4 @@ $(SAN_VENV)/.installed-test: $(SAN_VENV)/.venv-ready $(SOURCES) Makefile | sysde
 	touch $@
 
 clean:
-	rm -rf build $(VENV) $(SAN_VENV) .pytest_cache
+	rm -rf build dist wheelhouse $(VENV) $(SAN_VENV) .pytest_cache

@@ -43,6 +43,17 @@ def _load_core():  # type: ignore[no-untyped-def]
         _os.environ[key] = wanted
     try:
         from . import _core as core
+    except ImportError as exc:
+        if "cannot open shared object file" not in str(exc):
+            raise
+        # A source/plain wheel build links the system OpenBLAS; the manylinux wheel (`make
+        # wheel`) carries its own copy and never gets here.
+        raise ImportError(
+            f"llmkernels: the compiled extension needs a shared library that is not installed "
+            f"({exc}). It was built against the system OpenBLAS: install it (Debian/Ubuntu: "
+            f"`apt-get install libopenblas0-pthread`), or install llmkernels' manylinux wheel, "
+            f"which carries its own copy."
+        ) from exc
     finally:
         if wanted:
             if previous is None:
