@@ -1,0 +1,178 @@
+"""Checkpoint loading: peak memory and time of ``Transformer.from_pretrained`` (issue 15 item 4).
+
+Targets: peak RSS while loading <= 1.3x the loaded model's size (float32 weights), and load
+time <= 2x the time to read the checkpoint files once with the page cache warm.
+
+A synthetic LLaMA checkpoint (random weights, default ~124M parameters: 32000 x 768, 12
+layers) is written in bf16 (how HF checkpoints ship) and in f32. Each load runs in a fresh
+subprocess (so the peak RSS is the load's): VmHWM after the load is the peak RSS; the
+baseline (interpreter, NumPy, llmkernels imported) is reported beside it. The file read time
+is the best of a few reads of every file into one reused buffer, after a first read that
+warms the page cache. ``--old`` also measures the previous path (the whole state dict read
+into NumPy arrays, a randomly initialised model, then ``load_state_dict``).
+
+    python benchmarks/bench_load.py [--layers 12 --dim 768 --vocab 32000] [--old]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+CHILD = r"""
+import json, sys, time
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM"):
+            return int(line.split()[1]) * 1024
+import numpy as np
+import llmkernels as lk
+from llmkernels._safetensors import load_pretrained
+path, mode = sys.argv[1], sys.argv[2]
+base = hwm()
+t0 = time.perf_counter()
+alloc = None
+if mode == "new":
+    model = lk.Transformer.from_pretrained(path, progress=False)
+    peak = hwm()
+    # the share of the load spent allocating the model (C++ zero-filled vectors: page faults),
+    # measured by building a second, uninitialised model after the load
+    from llmkernels import modules
+    ta = time.perf_counter()
+    with modules._no_random_init():
+        other = lk.Transformer(model.config)
+    alloc = time.perf_counter() - ta
+    del other
+else:
+    cfg, tensors = load_pretrained(path)
+    model = lk.Transformer(cfg, seed=0)
+    model.load_state_dict(tensors)
+    del tensors
+    peak = hwm()
+t1 = time.perf_counter() - (alloc or 0.0)
+nbytes = sum(v.nbytes for k, v in model.state_dict().items()
+             if not (k == "lm_head.weight" and model.config.tie_embeddings))
+print(json.dumps({"seconds": t1 - t0, "peak": peak, "base": base, "model_bytes": nbytes,
+                  "alloc": alloc}))
+"""
+
+
+def write_checkpoint(d: Path, args: argparse.Namespace, bf16: bool) -> None:
+    from llmkernels._config import ModelConfig, hf_key_shapes
+
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": args.vocab,
+        "hidden_size": args.dim,
+        "intermediate_size": args.hidden,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.kv_heads,
+        "tie_word_embeddings": False,
+    }
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    shapes = hf_key_shapes(ModelConfig.from_dict(cfg))
+    rng = np.random.default_rng(0)
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    code, itemsize = ("BF16", 2) if bf16 else ("F32", 4)
+    for name, shape in shapes.items():
+        n = int(np.prod(shape)) * itemsize
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(d / "model.safetensors", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for shape in shapes.values():
+            x = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
+            f.write((x.view(np.uint32) >> 16).astype(np.uint16).tobytes() if bf16 else x.tobytes())
+
+
+def read_time(d: Path, fresh: bool, repeats: int = 3) -> float:
+    """Best time to read every file once (page cache warm) into one reused buffer, or
+    (``fresh``) into newly allocated memory, as a loader must (page faults included)."""
+    files = [p for p in d.iterdir() if p.is_file()]
+    size = max(p.stat().st_size for p in files)
+    best = float("inf")
+    buf = np.empty(size, np.uint8)
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        for p in files:
+            if fresh:
+                buf = np.empty(size, np.uint8)
+            view = memoryview(buf)
+            with open(p, "rb", buffering=0) as f:
+                n = p.stat().st_size
+                got = 0
+                while got < n:
+                    got += f.readinto(view[got:n])
+        if i:  # the first read warms the page cache
+            best = min(best, time.perf_counter() - t0)
+        del view
+    return best
+
+
+def load_in_child(d: Path, mode: str, repeats: int) -> dict:
+    runs = []
+    for _ in range(repeats):
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(d), mode],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        runs.append(json.loads(out.stdout))
+    best = min(runs, key=lambda r: r["seconds"])
+    best["peak"] = max(r["peak"] for r in runs)
+    return best
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--old", action="store_true", help="also measure the previous load path")
+    args = p.parse_args()
+    mib = 1 << 20
+    print(
+        "| checkpoint | path | file MiB | model MiB | read s | read fresh s | load s | "
+        "of which alloc s | load/read | peak RSS MiB | peak/model | (peak-base)/model |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        for bf16 in (True, False):
+            d = Path(tmp) / ("bf16" if bf16 else "f32")
+            write_checkpoint(d, args, bf16)
+            size = sum(f.stat().st_size for f in d.iterdir())
+            for mode in ("new", "old") if args.old else ("new",):
+                # read and load measured back to back: this host is shared and noisy
+                t_read = read_time(d, fresh=False)
+                t_fresh = read_time(d, fresh=True)
+                r = load_in_child(d, mode, args.repeats)
+                m = r["model_bytes"]
+                alloc = f"{r['alloc']:.3f}" if r["alloc"] is not None else "-"
+                print(
+                    f"| {d.name} | {mode} | {size / mib:.0f} | {m / mib:.0f} | {t_read:.3f} | "
+                    f"{t_fresh:.3f} | {r['seconds']:.3f} | {alloc} | "
+                    f"{r['seconds'] / t_read:.2f} | {r['peak'] / mib:.0f} | "
+                    f"{r['peak'] / m:.2f} | {(r['peak'] - r['base']) / m:.2f} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
