@@ -55,6 +55,18 @@ def _read_json(path: str, *, required: bool) -> Any:
         raise _err(path, f"not valid JSON ({exc})") from None
 
 
+def _require(name: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ImportError(
+            f"[load] the text API needs the '{name}' package: pip install 'llmkernels[text]' "
+            f"(or pip install {name})"
+        ) from None
+
+
 def _token_content(value: Any) -> str | None:
     """A special token as saved by transformers: a string or an AddedToken dict."""
     if isinstance(value, str):
@@ -67,6 +79,7 @@ def _token_content(value: Any) -> str | None:
 @lru_cache(maxsize=16)
 def _compile_template(template: str) -> Any:
     """The template compiled in transformers' environment (chat_template_utils)."""
+    _require("jinja2")
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -205,7 +218,7 @@ class Tokenizer:
         """Read ``tokenizer.json`` (required), ``tokenizer_config.json``,
         ``special_tokens_map.json``, ``chat_template.jinja`` and ``generation_config.json``
         (optional) from a directory."""
-        from tokenizers import Tokenizer as RustTokenizer
+        RustTokenizer = _require("tokenizers").Tokenizer
 
         directory = os.fspath(path)
         file = os.path.join(directory, "tokenizer.json")
