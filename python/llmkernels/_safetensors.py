@@ -9,7 +9,17 @@ buffer, which the tensors must cover exactly (no overlap, no gap, nothing after 
 Everything the header claims is validated against the file size before any tensor is read,
 reads are exact (``seek`` + ``readinto`` of ``end - begin`` bytes into a buffer of that size),
 so a hostile file can neither make this module read past its end nor allocate more than the
-file holds. Nothing is ever unpickled.
+file holds. Nothing is ever unpickled. Files are opened first (non-blocking) and ``fstat``-ed,
+and read through that descriptor (:mod:`llmkernels._files`).
+
+Model loading (:func:`read_pretrained` + :func:`load_into`) reads each tensor straight into the
+model's own storage (``readinto`` on the destination; bf16/f16 through an 8 MiB scratch widened
+chunk by chunk), so the loader adds a few MiB to the model. Why not ``safetensors.safe_open``
+(tried): with ``framework="numpy"`` it maps the whole file for the handle's life (the mapped
+pages count in RSS: an f32 checkpoint would peak at 2x the model), ``get_tensor`` copies each
+tensor into a fresh array (another tensor-sized temporary), it cannot return bf16, and a
+memory-mapped file truncated under the reader kills the process with SIGBUS, where ``readinto``
+reports a short read. The ``safetensors`` package is the peer in the tests.
 
 Every error is a :class:`CheckpointError` (a ``ValueError``) reading
 ``"[from_pretrained] <file>: <what is wrong>"``; a missing file or directory raises
