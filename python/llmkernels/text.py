@@ -375,6 +375,7 @@ def stream_generate(
     )
     stops = _stop_list(fn, stop)
     ids = _prompt_ids(fn, tokenizer, prompt)
+    _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
     return _stream(fn, model, tokenizer, ids, steps, params, stops)
 
 
