@@ -519,3 +519,28 @@ def test_text_api_errors(tmp_path: Path, peer: dict[str, Any]) -> None:
     (d / "tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match=r"^\[load\] .*tokenizer.json: not a valid"):
         lk.load(d)
+
+
+def test_template_globals_as_transformers(tmp_path: Path, peer: dict[str, Any]) -> None:
+    """namespace, dict, loop controls, strftime_now and tojson as transformers provides them;
+    namespace refuses underscore attributes in both."""
+    import jinja2
+
+    template = (
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% if loop.index > 2 %}{% break %}"
+        "{% endif %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }} {{ dict(a='é<') | tojson }}"
+        " {{ strftime_now('%Y') | length }} {{ eos_token }}"
+    )
+    d = tmp_path / "m"
+    shutil.copytree(peer["dir"], d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok, hf_tok = lk.Tokenizer.from_pretrained(d), AutoTokenizer.from_pretrained(str(d))
+    msgs = [{"role": "user", "content": "x"}] * 3
+    assert tok.apply_chat_template(msgs, tokenize=False) == hf_tok.apply_chat_template(
+        msgs, tokenize=False
+    )
+    bad = lk.Tokenizer(tok._tok, {**tok.config, "chat_template": "{% set ns = namespace(_x=1) %}"})
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        bad.apply_chat_template(msgs)
