@@ -544,3 +544,28 @@ def test_template_globals_as_transformers(tmp_path: Path, peer: dict[str, Any]) 
     bad = lk.Tokenizer(tok._tok, {**tok.config, "chat_template": "{% set ns = namespace(_x=1) %}"})
     with pytest.raises(jinja2.exceptions.SecurityError):
         bad.apply_chat_template(msgs)
+
+
+
+def test_chat_session_prefills_only_the_new_turn(peer: dict[str, Any]) -> None:
+    """Turn 2 prefills only the template's text after the cached reply (the cache keeps the
+    reply's tokens as they were generated, not a re-encoding of its text), and its greedy
+    reply equals transformers' greedy continuation of exactly the tokens the model saw."""
+    model, tok = peer["model"], peer["tok"]
+    chat = lk.ChatSession(model, tok)
+    list(chat.send("Hello there", max_tokens=6))
+    held = chat._cached + chat._unfed  # turn 1: prompt + reply tokens
+    cached_before = len(chat._cached)
+    reply = "".join(r.text for r in chat.send("And then what?", max_tokens=12))
+    prompt = chat._cached[: cached_before + chat.prefilled]  # the ids turn 2 was given
+    assert prompt[: len(held)] == held
+    full = tok.apply_chat_template(chat.messages[:-1])
+    assert chat.prefilled < len(full) / 2
+    # the prompt's text is the conversation's rendering (reply tokens decode to the reply)
+    rendered = tok.apply_chat_template(chat.messages[:-1], tokenize=False)
+    assert tok.decode(prompt) == rendered
+    ours = chat._cached[len(prompt) :] + chat._unfed
+    theirs = hf_generate(peer, prompt, 12)
+    assert theirs[: len(ours)] == ours
+    assert len(theirs) == len(ours) or theirs[len(ours)] in tok.eos_token_ids
+    assert tok.decode(ours) == reply

@@ -303,6 +303,8 @@ def _stream(
     try:
         while n < max_tokens:
             token = int(sampler(logits)[0])
+            if session is not None:
+                session._unfed = [] if token in eos else [token]  # sampled, not yet in the cache
             n += 1
             if n == 1:
                 t_first = time.perf_counter()
@@ -321,6 +323,8 @@ def _stream(
             yield response(text, token, None)
             logits = model(np.asarray([[token]], np.int64), cache=cache, last_only=True)[:, -1]
             fed.append(token)
+            if session is not None:
+                session._unfed = []
     finally:
         if session is not None:
             session._cached = fed
@@ -551,7 +555,10 @@ class ChatSession:
             [{"role": "system", "content": system}] if system else []
         )
         self._cache: Any = None
-        self._cached: list[int] = []
+        self._cached: list[int] = []  # tokens the cache holds
+        self._unfed: list[int] = []  # the reply's last sampled token(s), not yet in the cache
+        self._prompt_text: str | None = None  # the last turn's rendered prompt
+        self._reply_end: str | None = None  # and the reply that followed it
         self.prefilled = 0
 
     def _prepare(self, ids: list[int], max_tokens: int) -> tuple[Any, list[int]]:
@@ -595,14 +602,44 @@ class ChatSession:
         params = _sampling(fn, self.tokenizer, **{k: sampling.get(k) for k in names})
         stops = _stop_list(fn, stop)
         self.messages.append({"role": "user", "content": content})
-        ids = _prompt_ids(fn, self.tokenizer, self.messages)
+        text = self.tokenizer.apply_chat_template(
+            self.messages, add_generation_prompt=True, tokenize=False
+        )
+        ids = self._continuation(text)
+        if ids is None:
+            ids = _prompt_ids(fn, self.tokenizer, self.messages)
+        self._prompt_text, self._reply_end = None, None
         reply: list[str] = []
+        last: GenerationResponse | None = None
         try:
             for r in _stream(fn, self.model, self.tokenizer, ids, steps, params, stops, self):
                 reply.append(r.text)
+                last = r
                 yield r
         finally:
             self.messages.append({"role": "assistant", "content": "".join(reply)})
+            # the cache holds this prompt + the reply's tokens unless a stop string cut the
+            # reply (then the cache holds text the conversation does not): next turn re-prefills
+            eos = set(self.tokenizer.eos_token_ids)
+            clean = last is not None and last.finish_reason is not None and (
+                last.finish_reason == "length" or last.token in eos
+            )
+            if clean:
+                self._prompt_text, self._reply_end = text, "".join(reply)
+
+    def _continuation(self, text: str) -> list[int] | None:
+        """Ids for the rendered conversation ``text`` that start with the tokens the cache holds:
+        the cached prompt and reply tokens as they were generated (re-encoding the reply's text
+        could give other tokens), then the template's text after the reply, encoded. ``None``
+        when the rendering does not extend the last prompt + reply (then everything is
+        prefilled again)."""
+        if self._prompt_text is None or not self._cached or self._cache is None:
+            return None
+        base = self._prompt_text + (self._reply_end or "")
+        if not text.startswith(base) or len(text) == len(base):
+            return None
+        rest = self.tokenizer.encode(text[len(base) :], add_special_tokens=False)
+        return self._cached + self._unfed + rest
 
 
 _TINY_TEMPLATE = (
