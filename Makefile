@@ -47,7 +47,8 @@ test: $(VENV)/.installed-test
 # (marker `timing`) need the machine to themselves and run in `make test`; the notebooks and the
 # bench CLI smoke tests run once, in `make test` too (they call the same kernels).
 PAR := -n 2 -p no:cacheprovider -m "not timing"
-MATRIX_SKIP := --ignore=tests/test_notebooks.py --deselect tests/test_plot.py
+MATRIX_SKIP := --ignore=tests/test_notebooks.py --deselect tests/test_plot.py \
+	--deselect tests/test_bench.py
 test-matrix: $(VENV)/.installed-test
 	LLMKERNELS_ARCH=sse2 LLMKERNELS_NUM_THREADS=1 $(PY) -m pytest -q $(PAR) $(MATRIX_SKIP)
 	LLMKERNELS_ARCH=avx2 $(PY) -m pytest -q $(PAR) $(MATRIX_SKIP)
@@ -73,10 +74,14 @@ wheel: sysdeps
 test-wheel: wheel
 	bash .ci/test_wheel
 
+# `make bench`: the benchmark scripts (each writes <name>.md and <name>.json), the plots, and
+# the README's benchmark tables regenerated from the JSON (benchmarks/README.md)
 bench: $(VENV)/.installed-compare
-	$(PY) benchmarks/run.py --out benchmarks/results
+	$(PY) benchmarks/bench_ops.py --out benchmarks/results
+	$(PY) benchmarks/bench_attention.py --out benchmarks/results
 	$(PY) benchmarks/bench_blocks.py --out benchmarks/results
-	$(PY) benchmarks/plot_results.py benchmarks/results/results.json
+	$(PY) benchmarks/plot_results.py benchmarks/results/ops.json benchmarks/results/attention.json
+	$(PY) benchmarks/render_readme.py
 
 lint: $(VENV)/.installed-test
 	$(PIP) install -q ruff

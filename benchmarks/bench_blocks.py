@@ -45,39 +45,28 @@ decides most of the prefill numbers.
 
 from __future__ import annotations
 
-import argparse
-import ctypes
-import dataclasses
 import gc
-import json
 import math
-import os
-import platform
 import statistics
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
+import harness
 import llmkernels as lk
 import numpy as np
+from harness import LK, Impls, fmt, fmt_cpus, fmt_time, md_table, peers
 
-# Optional peers, imported by import_peers().
+# the optional peers (harness.load_peers): torch, torch.nn.functional, transformers classes
 torch: Any = None
 F: Any = None
-hf: Any = None  # namespace of the transformers classes used here
+hf: Any = None
 
-LK = "llmkernels"
 HF = "HF transformers"
 NUMPY = "NumPy block"
 NP_GEMM = "GEMMs only (NumPy BLAS)"
 TORCH_GEMM = "GEMMs only (torch BLAS)"
-
-Impls = dict[str, Callable[[], Any]]
 
 
 # --------------------------------------------------------------------------------------
@@ -189,257 +178,6 @@ QUICK = Config(
 )
 
 
-def import_peers() -> None:
-    """torch and transformers (extra ``bench``); without them only the NumPy peers run."""
-    global torch, F, hf
-    try:
-        import torch as _torch
-        import torch.nn.functional as _functional
-    except ImportError:
-        return
-    torch, F = _torch, _functional
-    try:
-        from transformers import LlamaConfig, LlamaForCausalLM
-        from transformers.cache_utils import DynamicCache
-        from transformers.models.llama.modeling_llama import (
-            LlamaDecoderLayer,
-            LlamaRotaryEmbedding,
-        )
-    except ImportError:
-        return
-
-    class _HF:
-        pass
-
-    ns = _HF()
-    ns.LlamaConfig, ns.LlamaForCausalLM = LlamaConfig, LlamaForCausalLM
-    ns.DynamicCache = DynamicCache
-    ns.LlamaDecoderLayer, ns.LlamaRotaryEmbedding = LlamaDecoderLayer, LlamaRotaryEmbedding
-    hf = ns
-
-
-# --------------------------------------------------------------------------------------
-# threads, load, timing (the conventions of benchmarks/run.py)
-# --------------------------------------------------------------------------------------
-
-
-class NumpyBlasThreads:
-    """Set the thread count of NumPy's bundled OpenBLAS via ctypes (no threadpoolctl)."""
-
-    def __init__(self) -> None:
-        self._set: Callable[[int], Any] | None = None
-        self.path: str | None = None
-        np.ones((2, 2), np.float32) @ np.ones((2, 2), np.float32)  # make sure it is loaded
-        try:
-            with open("/proc/self/maps") as maps:
-                paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-        except OSError:
-            paths = set()
-        for path in sorted(paths):
-            if "numpy" not in path:
-                continue  # llmkernels' own OpenBLAS is set by lk.set_num_threads
-            lib = ctypes.CDLL(path)
-            for symbol in (
-                "scipy_openblas_set_num_threads64_",
-                "openblas_set_num_threads64_",
-                "openblas_set_num_threads",
-            ):
-                if hasattr(lib, symbol):
-                    self._set, self.path = getattr(lib, symbol), path
-                    return
-
-    @property
-    def controlled(self) -> bool:
-        return self._set is not None
-
-    def corename(self) -> str | None:
-        """The kernel set NumPy's OpenBLAS chose (``Haswell``, ``SkylakeX``, ...)."""
-        if self.path is None:
-            return None
-        lib = ctypes.CDLL(self.path)
-        for symbol in (
-            "scipy_openblas_get_corename64_",
-            "openblas_get_corename64_",
-            "openblas_get_corename",
-        ):
-            if hasattr(lib, symbol):
-                fn = getattr(lib, symbol)
-                fn.restype = ctypes.c_char_p
-                return fn().decode()
-        return None
-
-    def __call__(self, n: int) -> None:
-        if self._set is not None:
-            self._set(ctypes.c_int(n))
-
-
-NUMPY_BLAS_THREADS: NumpyBlasThreads | None = None
-
-
-def set_threads(n: int) -> None:
-    """``n`` threads in llmkernels (+ its OpenBLAS), torch and NumPy's BLAS."""
-    lk.set_num_threads(n)
-    if torch is not None:
-        torch.set_num_threads(n)
-    if NUMPY_BLAS_THREADS is not None:
-        NUMPY_BLAS_THREADS(n)
-
-
-class OtherLoad:
-    """CPUs kept busy by other processes during a ``with`` block (``/proc/stat`` minus own)."""
-
-    def __init__(self) -> None:
-        self.cpus: float | None = None
-
-    @staticmethod
-    def _system_busy_s() -> float | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(v) for v in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def _own_s() -> float:
-        t = os.times()
-        return t.user + t.system
-
-    def __enter__(self) -> OtherLoad:
-        self._busy0, self._own0, self._t0 = self._system_busy_s(), self._own_s(), time.time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        busy1, wall = self._system_busy_s(), time.time() - self._t0
-        if busy1 is not None and self._busy0 is not None and wall > 0:
-            other = (busy1 - self._busy0) - (self._own_s() - self._own0)
-            self.cpus = max(0.0, other / wall)
-
-
-@contextmanager
-def no_gc() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-@contextmanager
-def inference() -> Iterator[None]:
-    """``torch.inference_mode`` when torch is there (HF's generate uses it too)."""
-    if torch is None:
-        yield
-    else:
-        with torch.inference_mode():
-            yield
-
-
-def wait_for_quiet(max_wait: float, threshold: float = 0.25, window: float = 0.5) -> None:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < max_wait:
-        with OtherLoad() as load:
-            time.sleep(window)
-        if load.cpus is None or load.cpus < threshold:
-            break
-
-
-def measure(
-    impls: Impls,
-    rounds: int,
-    per_round: int,
-    warmup: int = 1,
-    setup: dict[str, Callable[[], Any]] | None = None,
-    cap_s: float = math.inf,
-) -> dict[str, list[float]]:
-    """``rounds`` rounds; in each, every peer runs ``warmup`` untimed calls, then
-    ``per_round`` timed ones (fewer once they took ``cap_s`` seconds, but at least 2: a peer
-    slowed down many times by other processes must not stall the run). ``setup[name]``
-    (untimed) runs before each of that peer's calls. Returns seconds per call."""
-    setup = setup or {}
-    samples: dict[str, list[float]] = {name: [] for name in impls}
-    with no_gc(), inference():
-        for _ in range(rounds):
-            for name, fn in impls.items():
-                prep = setup.get(name)
-                for _ in range(warmup):
-                    if prep is not None:
-                        prep()
-                    fn()
-                spent = 0.0
-                for i in range(per_round):
-                    if i >= 2 and spent > cap_s:
-                        break
-                    if prep is not None:
-                        prep()
-                    t0 = time.perf_counter()
-                    fn()
-                    dt = time.perf_counter() - t0
-                    samples[name].append(dt)
-                    spent += dt
-    return samples
-
-
-def measure_quietly(
-    impls: Impls,
-    cfg: Config,
-    rounds: int,
-    per_round: int,
-    warmup: int = 1,
-    setup: dict[str, Callable[[], Any]] | None = None,
-) -> tuple[dict[str, list[float]], float | None]:
-    """:func:`measure` after waiting (at most ``cfg.quiet_wait`` s) for an idle machine;
-    measured once more if other processes kept more than half a CPU busy meanwhile (unless
-    ``quiet_wait`` is 0 or the attempt took over ``cfg.retry_max_s``). Returns the quieter
-    attempt's samples and the CPUs other processes used during it."""
-    best: tuple[dict[str, list[float]], float | None] | None = None
-    for _ in range(2 if cfg.quiet_wait > 0 else 1):
-        wait_for_quiet(cfg.quiet_wait)
-        t0 = time.perf_counter()
-        with OtherLoad() as load:
-            samples = measure(impls, rounds, per_round, warmup, setup, cfg.cap_s)
-        if best is None or (load.cpus or 0.0) < (best[1] or 0.0):
-            best = (samples, load.cpus)
-        if (load.cpus or 0.0) <= 0.5 or time.perf_counter() - t0 > cfg.retry_max_s:
-            break
-    assert best is not None
-    return best
-
-
-# --------------------------------------------------------------------------------------
-# roofline probe
-# --------------------------------------------------------------------------------------
-
-
-def roofline_probe(cfg: Config) -> dict[str, Any]:
-    """fp32 FMA peak (GFLOP/s) and triad bandwidth (GB/s) per thread count, measured by the
-    extension (``_probe_fma_gflops``, ``_probe_triad_gbs``)."""
-    core = lk._core
-    core._probe_fma_gflops(1, cfg.probe_n)  # clock ramp-up
-    fma: dict[int, list[float]] = {t: [] for t in cfg.threads}
-    triad: dict[int, list[float]] = {t: [] for t in cfg.threads}
-    wait_for_quiet(cfg.quiet_wait)
-    with OtherLoad() as load:
-        for _ in range(cfg.probe_repeats):
-            for t in cfg.threads:
-                fma[t].append(core._probe_fma_gflops(t, cfg.probe_n))
-                triad[t].append(core._probe_triad_gbs(t, cfg.probe_n, 5))
-    # The best of the repeats (the triad probe is itself best-of-5): a peak is a maximum, and on
-    # this shared machine other processes only ever lower it -- a busy second core makes the
-    # 2-thread FMA number fall to the 1-thread one, which would inflate every 2T fraction.
-    return {
-        "fma_gflops": {str(t): max(v) for t, v in fma.items()},
-        "triad_gbs": {str(t): max(v) for t, v in triad.items()},
-        "fma_samples": {str(t): v for t, v in fma.items()},
-        "triad_samples": {str(t): v for t, v in triad.items()},
-        "other_processes_cpus": load.cpus,
-    }
-
-
 # --------------------------------------------------------------------------------------
 # models: HF config, weights, the NumPy block
 # --------------------------------------------------------------------------------------
@@ -528,17 +266,6 @@ class Weights:
             }
 
 
-def rope_tables(head_dim: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``cos, sin`` of shape ``(T, head_dim/2)`` (angles in float64, like llmkernels)."""
-    inv_freq = lk.rope_inv_freq(head_dim, 10000.0)
-    ang = np.outer(positions.astype(np.float64), inv_freq)
-    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
-
-
-def numpy_rms(x: np.ndarray, w: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + np.float32(eps)) * w
-
-
 def numpy_block(
     x: np.ndarray, w: Weights, cos: np.ndarray, sin: np.ndarray, mask: np.ndarray
 ) -> np.ndarray:
@@ -548,7 +275,7 @@ def numpy_block(
     s = w.shape
     t = x.shape[0]
     hq, hkv, hd = s.n_heads, s.n_kv_heads, s.head_dim
-    qkv = numpy_rms(x, w.n1) @ w.wqkv.T
+    qkv = harness.numpy_rms_norm(x, w.n1, 1e-5) @ w.wqkv.T
     q = qkv[:, : hq * hd].reshape(t, hq, hd).transpose(1, 0, 2)
     k = qkv[:, hq * hd : (hq + hkv) * hd].reshape(t, hkv, hd).transpose(1, 0, 2)
     v = qkv[:, (hq + hkv) * hd :].reshape(t, hkv, hd).transpose(1, 0, 2)
@@ -568,7 +295,7 @@ def numpy_block(
     p /= p.sum(-1, keepdims=True)
     o = (p @ v[:, None]).reshape(hq, t, hd).transpose(1, 0, 2).reshape(t, hq * hd)
     h = x + o @ w.wo.T
-    gu = numpy_rms(h, w.n2) @ w.wgu.T
+    gu = harness.numpy_rms_norm(h, w.n2, 1e-5) @ w.wgu.T
     gate, up = gu[:, : s.hidden], gu[:, s.hidden :]
     return h + (gate / (1 + np.exp(-gate)) * up) @ w.wd.T
 
@@ -598,13 +325,6 @@ def gemm_buffers(t: int, shape: BlockShape, rng: np.random.Generator) -> dict[st
         "gu": np.empty((t, 2 * s.hidden), np.float32),
         "act": rng.standard_normal((t, s.hidden), dtype=np.float32),
     }
-
-
-def rel_diff(a: Any, b: Any) -> float:
-    """``max|a - b| / max|b|``."""
-    a = a.numpy() if torch is not None and isinstance(a, torch.Tensor) else np.asarray(a)
-    b = b.numpy() if torch is not None and isinstance(b, torch.Tensor) else np.asarray(b)
-    return float(np.max(np.abs(a.astype(np.float64) - b)) / max(float(np.max(np.abs(b))), 1e-30))
 
 
 class BlockPeers:
@@ -646,30 +366,27 @@ def block_flops(shape: BlockShape, t: int) -> tuple[float, float]:
 # --------------------------------------------------------------------------------------
 
 
-def stats_for(
-    samples: dict[str, list[float]], work: float | None, roof_value: float | None
-) -> dict[str, dict[str, Any]]:
-    lk_med = statistics.median(samples[LK]) if LK in samples else None
-    out = {}
-    for name, s in samples.items():
-        med = statistics.median(s)
-        entry: dict[str, Any] = {"median_s": med, "min_s": min(s), "samples_s": s}
-        if work is not None:
-            entry["rate"] = work / med / 1e9
-            if roof_value:
-                entry["fraction_of_roof"] = entry["rate"] / roof_value
-        if lk_med:
-            entry["time_vs_llmkernels"] = med / lk_med
-        out[name] = entry
-    return out
-
-
-def check(name: str, diffs: dict[str, float], limit: float = 1e-3) -> None:
-    for peer, d in diffs.items():
-        if not d <= limit:
-            print(
-                f"WARNING: {name}: {peer} differs from llmkernels by {d:.2e} (rel)", file=sys.stderr
-            )
+def measure_quietly(
+    impls: Impls,
+    cfg: Config,
+    rounds: int,
+    per_round: int,
+    warmup: int = 1,
+    setup: dict[str, Callable[[], Any]] | None = None,
+) -> tuple[dict[str, list[float]], float | None]:
+    """:func:`harness.measure_quietly` with this run's waiting, retry and per-round time cap,
+    under ``torch.inference_mode`` (as HF's generate runs)."""
+    return harness.measure_quietly(
+        impls,
+        rounds,
+        per_round,
+        quiet_wait=cfg.quiet_wait,
+        retry_max_s=cfg.retry_max_s,
+        warmup=warmup,
+        setup=setup,
+        cap_s=cfg.cap_s,
+        torch_inference=True,
+    )
 
 
 def case_prefill(
@@ -688,7 +405,7 @@ def case_prefill(
     shape = peers.shape
     x = rng.standard_normal((1, t, shape.dim), dtype=np.float32)
     x2 = x[0]
-    cos, sin = rope_tables(shape.head_dim, np.arange(t))
+    cos, sin = harness.rope_cos_sin(shape.head_dim, np.arange(t))
     mask = np.triu(np.full((t, t), -np.inf, dtype=np.float32), 1)
     block, w = peers.block, peers.w
     impls: Impls = {LK: lambda: block(x)}
@@ -710,11 +427,13 @@ def case_prefill(
             xt2 = torch.from_numpy(x2)
             impls[TORCH_GEMM] = lambda: torch_gemms(xt2, w, tbufs)
     ref = results[LK]
-    diffs = {k: rel_diff(v, ref) for k, v in results.items() if k != LK}
+    diffs = {k: harness.max_rel_diff(v, ref) for k, v in results.items() if k != LK}
     # the residual dominates y; compare the block's contribution y - x as well
-    diffs_delta = {k: rel_diff(np.asarray(v) - x, ref - x) for k, v in results.items() if k != LK}
-    check(f"prefill T={t}", diffs)
-    check(f"prefill T={t} (y - x)", diffs_delta)
+    diffs_delta = {
+        k: harness.max_rel_diff(np.asarray(v) - x, ref - x) for k, v in results.items() if k != LK
+    }
+    harness.check_outputs(f"prefill T={t}", diffs)
+    harness.check_outputs(f"prefill T={t} (y - x)", diffs_delta)
     del results
 
     proj, attn = block_flops(shape, t)
@@ -730,9 +449,9 @@ def case_prefill(
         "threads": {},
     }
     for n in cfg.threads:
-        set_threads(n)
+        harness.set_threads(n)
         samples, others = measure_quietly(impls, cfg, rounds, per_round)
-        st = stats_for(samples, flops / 1e0, probe["fma_gflops"][str(n)])
+        st = harness.peer_stats(samples, flops / 1e0, probe["fma_gflops"][str(n)])
         for name in (NP_GEMM, TORCH_GEMM):  # GEMMs: their own FLOPs (projections only)
             if name in st:
                 st[name]["rate"] = proj / st[name]["median_s"] / 1e9
@@ -748,7 +467,7 @@ def case_prefill(
             hf_s = st[HF]["median_s"]
             entry["hf_non_gemm_share_vs_torch_gemms"] = (hf_s - g) / hf_s
         if parts:
-            with OtherLoad() as load:
+            with harness.OtherLoad() as load:
                 entry["parts"] = prefill_parts(peers, x, cfg, 1, per_round)
             entry["parts_other_processes_cpus"] = load.cpus
         out["threads"][str(n)] = entry
@@ -823,7 +542,9 @@ def prefill_parts(
     for part, impls in table.items():
         for name, fn in impls.items():
             flat[f"{part}\0{name}"] = fn
-    samples = measure(flat, rounds, per_round, cap_s=min(cfg.cap_s, 1.0))
+    samples = harness.measure(
+        flat, rounds, per_round, cap_s=min(cfg.cap_s, 1.0), torch_inference=True
+    )
     for key, s in samples.items():
         part, name = key.split("\0")
         out.setdefault(part, {})[name] = statistics.median(s)
@@ -918,16 +639,18 @@ def case_decode(
 
     # check: first step of each peer after its prefill, against llmkernels
     first = {}
-    with inference():
+    with harness.inference():
         for name, s in steppers.items():
             s.prepare()
             first[name] = s()
-    diffs = {k: rel_diff(v, first[LK]) for k, v in first.items() if k != LK}
+    diffs = {k: harness.max_rel_diff(v, first[LK]) for k, v in first.items() if k != LK}
     diffs_delta = {
-        k: rel_diff(np.asarray(v) - tok, first[LK] - tok) for k, v in first.items() if k != LK
+        k: harness.max_rel_diff(np.asarray(v) - tok, first[LK] - tok)
+        for k, v in first.items()
+        if k != LK
     }
-    check(f"decode (cache {cache_len})", diffs)
-    check(f"decode (cache {cache_len}) (y - x)", diffs_delta)
+    harness.check_outputs(f"decode (cache {cache_len})", diffs)
+    harness.check_outputs(f"decode (cache {cache_len}) (y - x)", diffs_delta)
     for s in steppers.values():
         s.lengths.clear()
 
@@ -949,14 +672,14 @@ def case_decode(
     }
     part_impls, part_setup = decode_parts(peers, prompt, tok, calls) if parts else ({}, {})
     for n in cfg.threads:
-        set_threads(n)
+        harness.set_threads(n)
         samples, others = measure_quietly(impls, cfg, rounds, per_round, warmup, setup)
         mean_len = statistics.mean(lk_stepper.lengths) if lk_stepper.lengths else cache_len
         lk_stepper.lengths.clear()
         if HF in steppers:
             steppers[HF].lengths.clear()
         kv_bytes = 2.0 * shape.n_kv_heads * (mean_len + 1) * shape.head_dim * 4
-        st = stats_for(samples, weight_bytes + kv_bytes, probe["triad_gbs"][str(n)])
+        st = harness.peer_stats(samples, weight_bytes + kv_bytes, probe["triad_gbs"][str(n)])
         name = "projections only (NumPy GEMV)"
         st[name]["rate"] = weight_bytes / st[name]["median_s"] / 1e9
         st[name]["fraction_of_roof"] = st[name]["rate"] / probe["triad_gbs"][str(n)]
@@ -967,8 +690,10 @@ def case_decode(
             "kv_bytes": kv_bytes,
         }
         if part_impls:
-            with OtherLoad() as load:
-                ps = measure(part_impls, rounds, per_round, warmup, part_setup, min(cfg.cap_s, 1.0))
+            with harness.OtherLoad() as load:
+                ps = harness.measure(
+                    part_impls, rounds, per_round, warmup, part_setup, min(cfg.cap_s, 1.0), True
+                )
             out["threads"][str(n)]["parts"] = {k: statistics.median(v) for k, v in ps.items()}
             out["threads"][str(n)]["parts_other_processes_cpus"] = load.cpus
     return out
@@ -984,7 +709,7 @@ def decode_parts(
     shape, block = peers.shape, peers.block
     cache_len = prompt.shape[1]
     max_len = cache_len + window + 2
-    flush_buf = np.ones(2 * llc_bytes() // 4, np.float32)
+    flush_buf = np.ones(2 * harness.llc_bytes() // 4, np.float32)
 
     def flush() -> None:
         flush_buf.sum()
@@ -1069,19 +794,6 @@ def decode_parts(
     return impls, setup
 
 
-def llc_bytes() -> int:
-    """Size of the largest CPU cache (sysfs), 32 MiB if unknown."""
-    best = 0
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = path.read_text().strip().upper()
-            mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1], 1)
-            best = max(best, int(text.rstrip("KMG")) * mult)
-        except (OSError, ValueError, IndexError):
-            continue
-    return best or 32 * 1024**2
-
-
 def case_model(cfg: Config, rng: np.random.Generator) -> dict[str, Any] | None:
     """Greedy decoding of a small random LLaMA, llmkernels vs HF generate, same weights."""
     shape = BlockShape(dim=512, n_heads=8, n_kv_heads=4, head_dim=64, hidden=1408)
@@ -1117,7 +829,7 @@ def case_model(cfg: Config, rng: np.random.Generator) -> dict[str, Any] | None:
 
         impls[HF] = lambda: hf_generate(new)
         impls[HF + " (1 token)"] = lambda: hf_generate(1)
-        with inference():
+        with harness.inference():
             expected = hf_generate(new).numpy()
         got = impls[LK]()
         out["tokens_equal"] = bool(np.array_equal(got, expected))
@@ -1134,7 +846,7 @@ def case_model(cfg: Config, rng: np.random.Generator) -> dict[str, Any] | None:
                 file=sys.stderr,
             )
     for n in cfg.threads:
-        set_threads(n)
+        harness.set_threads(n)
         samples, others = measure_quietly(impls, cfg, cfg.model_repeats, 1)
         med = {k: statistics.median(v) for k, v in samples.items()}
         entry: dict[str, Any] = {"other_processes_cpus": others, "impls": {}}
@@ -1158,36 +870,10 @@ def case_model(cfg: Config, rng: np.random.Generator) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------------
 
 
-def fmt(v: float | None, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    if v != 0 and abs(v) < 10**-digits:
-        return f"{v:.1e}"
-    return f"{v:.{digits}f}"
-
-
-def fmt_time(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
-
-
-def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    return lines + ["| " + " | ".join(r) + " |" for r in rows]
-
-
-def others_str(case: dict[str, Any], threads: Sequence[int]) -> str:
-    vals = [case["threads"][str(t)]["other_processes_cpus"] for t in threads]
-    return " / ".join("-" if v is None else f"{v:.1f}" for v in vals)
-
-
-def parts_others(case: dict[str, Any], threads: Sequence[int]) -> str:
-    vals = [case["threads"][str(t)].get("parts_other_processes_cpus") for t in threads]
-    return " / ".join("-" if v is None else f"{v:.1f}" for v in vals)
+def others_cell(case: dict[str, Any], threads: Sequence[int], key: str = "") -> str:
+    """CPUs other processes used while ``case`` (or its ``parts``) was measured, 1T / 2T."""
+    name = f"{key}other_processes_cpus"
+    return fmt_cpus([case["threads"][str(t)].get(name) for t in threads])
 
 
 def peer_table(case: dict[str, Any], threads: Sequence[int], unit: str) -> list[str]:
@@ -1218,22 +904,16 @@ def peer_table(case: dict[str, Any], threads: Sequence[int], unit: str) -> list[
     return md_table(header, rows)
 
 
-def render(report: dict[str, Any], cfg: Config) -> str:
-    m, p = report["machine"], report["probe"]
-    th = list(cfg.threads)
+def render(report: dict[str, Any]) -> str:
+    """The markdown report (from the results alone)."""
+    m, p, cfg = report["machine"], report["probe"], report["config"]
+    th = list(cfg["threads"])
     out = [
-        f"# llmkernels blocks{' (--quick)' if cfg.quick else ''}",
+        f"# llmkernels blocks{' (--quick)' if cfg['quick'] else ''}",
         "",
-        f"- {m['cpu']}, {m['cpu_count']} CPUs; load average at start "
-        f"{', '.join(f'{x:.2f}' for x in m['load_average_at_start'])}; {m['date']}",
-        f"- llmkernels {m['build_info']['version']} ({m['build_info']['simd_arch']}, "
-        f"{m['build_info']['blas']})",
-        f"- Python {m['python']}, NumPy {m['numpy']} ({m['numpy_blas']}), torch {m['torch']} "
-        f"({m['torch_blas']}), transformers {m['transformers']}",
-        f"- OpenBLAS kernels: llmkernels' {m['llmkernels_openblas_core']}, NumPy's "
-        f"{m['numpy_openblas_core']} (OPENBLAS_CORETYPE={m['OPENBLAS_CORETYPE'] or 'unset'}); "
-        "`Haswell` is the AVX2 kernel set, at most half the AVX-512 FMA peak",
-        f"- roofline (best of {cfg.probe_repeats}): FMA peak "
+        *harness.machine_lines(m),
+        "- `Haswell` is the AVX2 OpenBLAS kernel set, at most half the AVX-512 FMA peak",
+        f"- roofline (best of {cfg['probe_repeats']}): FMA peak "
         f"{' / '.join(fmt(p['fma_gflops'][str(t)], 1) for t in th)} "
         f"GFLOP/s, triad {' / '.join(fmt(p['triad_gbs'][str(t)], 1) for t in th)} GB/s "
         f"({' / '.join(f'{t}T' for t in th)}); other processes "
@@ -1255,7 +935,7 @@ def render(report: dict[str, Any], cfg: Config) -> str:
             "",
             f"### Prefill, B = 1, T = {pre['T']} ({fmt(pre['flops'] / 1e9, 1)} GFLOP: "
             f"projections {fmt(pre['projection_flops'] / 1e9, 1)} + causal attention "
-            f"{fmt(pre['attention_flops'] / 1e9, 2)}; others {others_str(pre, th)})",
+            f"{fmt(pre['attention_flops'] / 1e9, 2)}; others {others_cell(pre, th)})",
             "",
             "GFLOP/s counts the block's FLOPs for every block peer and the projections' FLOPs "
             "for the GEMM-only rows. Outputs checked first: max rel. diff vs llmkernels "
@@ -1291,7 +971,7 @@ def render(report: dict[str, Any], cfg: Config) -> str:
             out += [
                 "",
                 "#### Where the time goes (parts called one by one through the module classes; "
-                f"median; others {parts_others(pre, th)})",
+                f"median; others {others_cell(pre, th, 'parts_')})",
                 "",
             ]
             parts0 = pre["threads"][str(th[0])]["parts"]
@@ -1310,21 +990,22 @@ def render(report: dict[str, Any], cfg: Config) -> str:
                 [[r[0]] + [r[i] for i in keep] for r in rows],
             )
         dec = sec["decode"]
+        llc = m.get("llc_bytes") or harness.llc_bytes()
         t0 = dec["threads"][str(th[0])]
         out += [
             "",
             f"### Decode step, B = 1, {dec['cache_tokens']} cached tokens "
             f"(consecutive steps, mean {t0['mean_cached_tokens']:.0f} cached; others "
-            f"{others_str(dec, th)})",
+            f"{others_cell(dec, th)})",
             "",
             f"GB/s counts the block's weights ({dec['weight_bytes'] / 2**20:.1f} MiB) plus the "
             f"K/V read ({t0['kv_bytes'] / 2**20:.2f} MiB); the GEMV row (the four projections "
             "as NumPy matrix-vector products) counts the weights only"
             + (
-                f". The weights fit in the last-level cache ({llc_bytes() / 2**20:.0f} MiB), so "
+                f". The weights fit in the last-level cache ({llc / 2**20:.0f} MiB), so "
                 "repeated steps of this one block read them from cache: rates above the triad "
                 "bandwidth are expected (a model's layers together would not fit)"
-                if dec["weight_bytes"] < llc_bytes()
+                if dec["weight_bytes"] < llc
                 else ""
             )
             + ". Outputs checked first: "
@@ -1348,7 +1029,7 @@ def render(report: dict[str, Any], cfg: Config) -> str:
                 "#### Where the time goes (each part called alone, median, after flushing the "
                 "last-level cache untimed — inside the block the feed-forward's weight stream "
                 f"evicts the attention weights, so they are never cached; others "
-                f"{parts_others(dec, th)})",
+                f"{others_cell(dec, th, 'parts_')})",
                 "",
             ]
             keys = list(t0["parts"])
@@ -1404,64 +1085,9 @@ def render(report: dict[str, Any], cfg: Config) -> str:
             rows.append(row)
         header = ["impl"] + [f"{t}T {h}" for t in th for h in ("time", "tok/s", "decode tok/s")]
         out += md_table(header, rows)
-        out += ["", f"others: {others_str(mod, th)}"]
+        out += ["", f"others: {others_cell(mod, th)}"]
     out.append("")
     return "\n".join(out)
-
-
-def _lk_openblas_core() -> str | None:
-    """The kernel set of the extension's OpenBLAS (the word before ``MAX_THREADS``)."""
-    words = lk.build_info().get("blas", "").split()
-    return (
-        words[words.index(next(w for w in words if w.startswith("MAX_THREADS"))) - 1]
-        if any(w.startswith("MAX_THREADS") for w in words)
-        else None
-    )
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    numpy_blas = "?"
-    try:
-        cfg = np.show_config(mode="dicts")  # type: ignore[call-arg]
-        b = cfg["Build Dependencies"]["blas"]
-        numpy_blas = f"{b.get('name')} {b.get('version')}"
-    except Exception:  # noqa: BLE001 - informational only
-        pass
-    torch_blas = None
-    if torch is not None:
-        show = torch.__config__.show()
-        torch_blas = "MKL" if "BLAS_INFO=mkl" in show else "see torch.__config__.show()"
-    transformers_version = None
-    try:
-        import transformers
-
-        transformers_version = transformers.__version__
-    except ImportError:
-        pass
-    return {
-        "build_info": lk.build_info(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "numpy_blas": numpy_blas,
-        "numpy_openblas_core": NUMPY_BLAS_THREADS.corename() if NUMPY_BLAS_THREADS else None,
-        "llmkernels_openblas_core": _lk_openblas_core(),
-        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
-        "numpy_blas_threads_controlled": bool(NUMPY_BLAS_THREADS and NUMPY_BLAS_THREADS.controlled),
-        "torch": torch.__version__ if torch is not None else None,
-        "torch_blas": torch_blas,
-        "transformers": transformers_version,
-        "load_average_at_start": os.getloadavg(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
 
 
 # --------------------------------------------------------------------------------------
@@ -1469,35 +1095,33 @@ def machine_info() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------
 
 
-def run(quick: bool = False, *, quiet_wait: float | None = None, log: bool = True) -> dict:
+def run(
+    quick: bool = False,
+    *,
+    quiet_wait: float | None = None,
+    log: bool = True,
+    torch_thp: bool = False,
+) -> dict:
     """Run every case; returns the results (JSON-able) with the report under ``"markdown"``."""
-    global NUMPY_BLAS_THREADS
-    import_peers()
-    if NUMPY_BLAS_THREADS is None:
-        NUMPY_BLAS_THREADS = NumpyBlasThreads()
-    gc.collect()
-    gc.freeze()  # torch/transformers objects: keep gc.collect() in no_gc() cheap
-    cfg = QUICK if quick else FULL
-    threads = tuple(t for t in cfg.threads if t <= (os.cpu_count() or 1)) or (1,)
-    cfg = dataclasses.replace(
-        cfg, threads=threads, quiet_wait=cfg.quiet_wait if quiet_wait is None else quiet_wait
-    )
-    start = time.perf_counter()
-
-    def say(msg: str) -> None:
-        if log:
-            print(f"[{time.perf_counter() - start:6.1f} s] {msg}", file=sys.stderr, flush=True)
-
-    threads_before = lk.get_num_threads()
-    torch_threads_before = torch.get_num_threads() if torch is not None else None
+    global torch, F, hf
+    cfg, run_ = harness.start(QUICK if quick else FULL, quiet_wait, torch_thp=torch_thp, log=log)
+    torch, F, hf = peers.torch, peers.F, peers.hf
     rng = np.random.default_rng(0)
-    report: dict[str, Any] = {"machine": machine_info(), "config": dataclasses.asdict(cfg)}
+    report = harness.new_report(cfg)
     try:
-        say("roofline probe")
-        probe = roofline_probe(cfg)
+        run_.log("roofline probe")
+        probe = harness.roofline_probe(
+            cfg.threads,
+            fma_iters=cfg.probe_n,
+            triad_n=cfg.probe_n,
+            triad_inner=5,
+            repeats=cfg.probe_repeats,
+            quiet_wait=cfg.quiet_wait,
+            best=True,
+        )
         report["probe"] = probe
 
-        say(f"TinyLlama-like block: prefill T={cfg.big_prefill_t}")
+        run_.log(f"TinyLlama-like block: prefill T={cfg.big_prefill_t}")
         big = BlockPeers(cfg.big, seed=1)
         report["big"] = {"shape": cfg.big.label()}
         report["big"]["prefill"] = case_prefill(
@@ -1511,21 +1135,14 @@ def run(quick: bool = False, *, quiet_wait: float | None = None, log: bool = Tru
             parts=True,
             rng=rng,
         )
-        say(f"TinyLlama-like block: decode, {cfg.big_decode_cache} cached")
+        run_.log(f"TinyLlama-like block: decode, {cfg.big_decode_cache} cached")
         report["big"]["decode"] = case_decode(
-            big,
-            cfg.big_decode_cache,
-            cfg.big_decode_steps,
-            None,
-            cfg,
-            probe,
-            rng,
-            parts=True,
+            big, cfg.big_decode_cache, cfg.big_decode_steps, None, cfg, probe, rng, parts=True
         )
         del big
         gc.collect()
 
-        say("small block")
+        run_.log("small block")
         small = BlockPeers(cfg.small, seed=2)
         report["small"] = {"shape": cfg.small.label()}
         per_round = max(1, cfg.small_prefill_repeats // 2)
@@ -1544,44 +1161,21 @@ def run(quick: bool = False, *, quiet_wait: float | None = None, log: bool = Tru
         del small
         gc.collect()
 
-        say("whole model: greedy generate")
+        run_.log("whole model: greedy generate")
         report["model"] = case_model(cfg, rng)
     finally:
-        lk.set_num_threads(threads_before)
-        if torch is not None:
-            torch.set_num_threads(torch_threads_before)
-        NUMPY_BLAS_THREADS(os.cpu_count() or 1)
-    report["elapsed_s"] = time.perf_counter() - start
-    say("done")
-    report["markdown"] = render(report, cfg)
+        report["elapsed_s"] = run_.finish()
+    run_.log("done")
+    report["markdown"] = render(report)
     return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short sequences, few repeats")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("benchmarks/results"),
-        help="output directory (default: benchmarks/results)",
-    )
-    parser.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=None,
-        help="max seconds to wait for other processes to go idle before each "
-        "measurement (default: 5, 0 with --quick)",
-    )
-    args = parser.parse_args(argv)
-    report = run(args.quick, quiet_wait=args.quiet_wait)
-    text = report["markdown"]
-    print(text)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "blocks.md").write_text(text)
-    data = {k: v for k, v in report.items() if k != "markdown"}
-    (args.out / "blocks.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
-    print(f"wrote {args.out / 'blocks.md'} and {args.out / 'blocks.json'}", file=sys.stderr)
+    """Run the benchmarks; print the markdown report and write blocks.md / blocks.json."""
+    args = harness.arg_parser(__doc__, quiet_default="3").parse_args(argv)
+    report = run(args.quick, quiet_wait=args.quiet_wait, torch_thp=args.torch_thp)
+    print(report["markdown"])
+    harness.write_report(args.out, "blocks", report, report["markdown"])
     return 0
 
 

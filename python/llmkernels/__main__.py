@@ -5,11 +5,11 @@ RoPE) with the C++ kernels and with the float64 reference, says which of the see
 are right, rounded or wrong, then times each op side by side: pure Python, NumPy (float32),
 llmkernels and torch (when installed).
 
-``bench`` runs ``benchmarks/run.py`` when llmkernels is used from a source checkout (the full
-benchmarks with the roofline probe, a few minutes; ``--quick``: a smoke run in well under a
-minute), then draws its PNG plots when matplotlib is installed. Installed from a wheel (or with
-``--builtin``) it times each op side by side like the demo's table instead. Long runs show a
-progress bar (tqdm, when installed) on a terminal; it is off when stderr is not a TTY.
+``bench`` times each op side by side like the demo's table (``--quick``: smaller inputs). The
+full benchmarks (roofline probe, 1 and 2 threads, blocks and models, plots, the README's
+tables) are scripts in the source tree's ``benchmarks/``, run by ``make bench``. The timing
+table shows a progress bar (tqdm, when installed) on a terminal; it is off when stderr is not
+a TTY.
 
 ``info`` prints :func:`llmkernels.build_info`: version, SIMD path, threads and BLAS.
 
@@ -25,12 +25,9 @@ a large checkpoint on a terminal.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -429,122 +426,17 @@ def show_timings(
 
 
 # --------------------------------------------------------------------------------------
-# bench: benchmarks/run.py from a source checkout, else the built-in table
+# bench: the built-in side-by-side table (the full benchmarks are benchmarks/, `make bench`)
 # --------------------------------------------------------------------------------------
 
 
-def _source_root() -> Path | None:
-    """The repository root when llmkernels runs from a source checkout (editable install or
-    ``PYTHONPATH=python``) that has ``benchmarks/run.py``; else None."""
-    root = Path(__file__).resolve().parents[2]
-    if (root / "benchmarks" / "run.py").is_file() and (root / "pyproject.toml").is_file():
-        return root
-    return None
-
-
-def _run_py_stages(run_py: Path) -> int | None:
-    """How many progress lines ``benchmarks/run.py`` logs ("[  t s] what"): the probe, one per
-    op case, pure Python, the row scaling, one per attention case, the attention scaling, done.
-    Read from its ``CASES`` / ``ATTENTION_CASES`` tuples without importing it."""
-    try:
-        tree = ast.parse(run_py.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError):
-        return None
-    sizes: dict[str, int] = {}
-    for node in tree.body:
-        target = value = None
-        if isinstance(node, ast.AnnAssign):
-            target, value = node.target, node.value
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target, value = node.targets[0], node.value
-        if isinstance(target, ast.Name) and isinstance(value, (ast.Tuple, ast.List)):
-            sizes[target.id] = len(value.elts)
-    if "CASES" not in sizes or "ATTENTION_CASES" not in sizes:
-        return None
-    return 1 + sizes["CASES"] + 2 + sizes["ATTENTION_CASES"] + 1 + 1
-
-
-_STAGE = re.compile(r"^\[\s*[\d.]+ s\] (.*)$")
-
-
-def _run_benchmarks(
-    root: Path, quick: bool, out: Path, plots: bool, run_args: Sequence[str] = ()
-) -> int:
-    """``benchmarks/run.py [--quick] --out OUT [run_args]`` in a child process (its report on
-    stdout as it comes), its stage log driving a progress bar; then the PNG plots of its
-    results.json."""
-    run_py = root / "benchmarks" / "run.py"
-    cmd = [sys.executable, str(run_py), "--out", str(out)] + (["--quick"] if quick else [])
-    cmd += list(run_args)
-    print(f"running {' '.join(cmd)}", file=sys.stderr, flush=True)
-    bar = _progress(_run_py_stages(run_py), "benchmarks")
-    enabled = not getattr(bar, "disable", True)
-    with subprocess.Popen(cmd, cwd=root, stderr=subprocess.PIPE, text=True, bufsize=1) as proc:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            line = line.rstrip("\n")
-            stage = _STAGE.match(line)
-            if stage and enabled:
-                bar.set_description_str(stage.group(1)[:60])
-                bar.update(1)
-            elif enabled:
-                bar.write(line)
-            else:  # no bar: pass the log through unchanged
-                print(line, file=sys.stderr, flush=True)
-    bar.close()
-    if proc.returncode != 0:
-        print(f"benchmarks/run.py failed (exit status {proc.returncode})", file=sys.stderr)
-        return proc.returncode
-    if plots:
-        _write_plots(out / "results.json")
-    return 0
-
-
-def _write_plots(results_json: Path) -> None:
-    """``benchmarks.png`` and ``benchmarks_time.png`` beside ``results.json`` (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        from .plot import benchmark_plot
-    except ImportError:
-        print("(no plots: matplotlib is not installed; pip install llmkernels[notebook])",
-              file=sys.stderr)  # fmt: skip
-        return
-    for kind, name in (("rate", "benchmarks.png"), ("time", "benchmarks_time.png")):
-        fig = benchmark_plot(results_json, kind=kind)
-        fig.savefig(results_json.parent / name, dpi=110)
-        plt.close(fig)
-        print(f"wrote {results_json.parent / name}", file=sys.stderr)
-
-
-def bench(
-    lk: Any,
-    quick: bool,
-    builtin: bool,
-    out: Path | None,
-    plots: bool,
-    run_args: Sequence[str] = (),
-) -> int:
-    """The ``bench`` command (see the module docstring); ``run_args`` go to
-    ``benchmarks/run.py``."""
-    root = None if builtin else _source_root()
-    if root is not None:
-        if out is None:
-            # a quick (smoke) run must not overwrite the full results kept in benchmarks/results
-            out = root / ("build/bench-quick" if quick else "benchmarks/results")
-        return _run_benchmarks(root, quick, out.resolve(), plots, run_args)
-    if run_args:
-        print(
-            f"python -m llmkernels bench: unrecognized arguments: {' '.join(run_args)} "
-            "(they are for benchmarks/run.py, which is not available here)",
-            file=sys.stderr,
-        )
-        return 2
+def bench(lk: Any, quick: bool, out: Path | None) -> int:
+    """The ``bench`` command: every op timed side by side (the demo's table); with ``out``,
+    its JSON in ``out/builtin_timings.json``."""
     print(f"llmkernels {lk.__version__}: built-in side-by-side timings"
           + (" (quick)" if quick else ""))  # fmt: skip
+    print("(the full benchmarks, with the roofline probe and plots: `make bench` in a source "
+          "checkout, see benchmarks/README.md)")  # fmt: skip
     json_path = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -697,28 +589,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     demo.add_argument("--no-bench", action="store_true", help="skip the timing table")
     bench_p = sub.add_parser(
-        "bench",
-        help="benchmarks/run.py in a source checkout (then its PNG plots), else built-in timings",
+        "bench", help="side-by-side timings of every op (full benchmarks: make bench)"
     )
     bench_p.add_argument(
         "--quick", action="store_true", help="small shapes, short timings (a smoke run)"
     )
+    bench_p.add_argument("--builtin", action="store_true", help=argparse.SUPPRESS)  # the default
     bench_p.add_argument(
-        "--builtin",
-        action="store_true",
-        help="the built-in side-by-side table even in a source checkout",
-    )
-    bench_p.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output directory (benchmarks/run.py default: benchmarks/results, with --quick "
-        "build/bench-quick; built-in: no files unless given)",
-    )
-    bench_p.add_argument("--no-plots", action="store_true", help="do not write PNG plots")
-    bench_p.epilog = (
-        "Other arguments go to benchmarks/run.py, e.g. --no-attention, --attention-only, "
-        "--torch-thp, --quiet-wait SECONDS."
+        "--out", type=Path, default=None, help="also write builtin_timings.json there"
     )
     info_p = sub.add_parser("info", help="version, SIMD path, threads, BLAS (build_info())")
     info_p.add_argument("--json", action="store_true", help="print as JSON")
@@ -737,10 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat_p = sub.add_parser("chat", help="chat REPL with an HF model dir (KV cache kept)")
     _text_arguments(chat_p)
     chat_p.add_argument("--system", default=None, help="system prompt")
-    # arguments bench does not know go to benchmarks/run.py (e.g. --no-attention)
-    args, run_args = parser.parse_known_args(argv)
-    if run_args and args.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(run_args)}")
+    args = parser.parse_args(argv)
 
     import llmkernels as lk
 
@@ -750,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("generate", "chat"):
         return _text_command(lk, args)
     if args.command == "bench":
-        return bench(lk, args.quick, args.builtin, args.out, not args.no_plots, run_args)
+        return bench(lk, args.quick, args.out)
     print(f"llmkernels {lk.__version__}\n")
     errors = show_seeds(lk, np.dtype(args.dtype).type)
     print(f"\n{errors} seed error(s) found (lines starting with 'SEED ERROR').")
