@@ -21,7 +21,6 @@ shapes, fewer repeats) is a smoke test that finishes in well under 30 s.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import statistics
@@ -42,18 +41,10 @@ NUMPY = "NumPy"
 
 
 @dataclass(frozen=True)
-class Config:
-    """Shapes and repeat counts of one run."""
+class Config(h.Timing):
+    """Shapes and repeat counts of one run (the timing settings are harness.Timing's;
+    ``repeats`` is also the most calls per size of the T sweep)."""
 
-    quick: bool
-    threads: tuple[int, ...]
-    rounds: int  # measurement rounds; every peer runs once per round, in turn
-    warmup: int  # untimed calls of a peer at the start of each of its rounds
-    repeats: int  # timed calls of a peer, over all rounds (and the most of the T sweep)
-    probe_repeats: int
-    triad_n: int
-    triad_inner: int  # the probe's own best-of count
-    fma_iters: int
     attn_prefill_shape: tuple[int, int, int, int]  # (B, H, T, D), Tq = Tk = T
     attn_prefill_repeats: int
     attn_decode_shape: tuple[int, int, int, int, int]  # (B, Hq, Hkv, Tk, D), Tq = 1
@@ -61,19 +52,10 @@ class Config:
     attn_scaling_shape: tuple[int, int]  # (H, D) of the T sweep, B = 1, non-causal
     attn_scaling_lengths: tuple[int, ...]
     attn_scaling_numpy_max_t: int  # NumPy's peak memory is measured up to this T
-    quiet_wait: float  # max seconds to wait for other processes to go idle before timing
 
 
 FULL = Config(
-    quick=False,
-    threads=(1, 2),
-    rounds=3,
-    warmup=1,
-    repeats=15,
-    probe_repeats=5,
-    triad_n=50_000_000,
-    triad_inner=2,
-    fma_iters=50_000_000,
+    **h.FULL_TIMING,
     attn_prefill_shape=(1, 32, 2048, 128),
     attn_prefill_repeats=6,
     attn_decode_shape=(1, 32, 8, 4096, 128),
@@ -81,19 +63,10 @@ FULL = Config(
     attn_scaling_shape=(8, 128),
     attn_scaling_lengths=(256, 512, 1024, 2048, 4096, 8192),
     attn_scaling_numpy_max_t=4096,
-    quiet_wait=60.0,
 )
 
 QUICK = Config(
-    quick=True,
-    threads=(1, 2),
-    rounds=1,
-    warmup=1,
-    repeats=3,
-    probe_repeats=1,
-    triad_n=10_000_000,
-    triad_inner=2,
-    fma_iters=10_000_000,
+    **h.QUICK_TIMING,
     attn_prefill_shape=(1, 8, 512, 128),
     attn_prefill_repeats=3,
     attn_decode_shape=(1, 32, 8, 1024, 128),
@@ -101,7 +74,6 @@ QUICK = Config(
     attn_scaling_shape=(8, 64),
     attn_scaling_lengths=(128, 256, 512, 1024),
     attn_scaling_numpy_max_t=512,
-    quiet_wait=0.0,
 )
 
 
@@ -417,38 +389,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait, torch_thp=args.torch_thp)
     rng = np.random.default_rng(0)
     report = h.new_report(cfg)
-    run.log("roofline probe")
-    probe = h.roofline_probe(
-        cfg.threads,
-        fma_iters=cfg.fma_iters,
-        triad_n=cfg.triad_n,
-        triad_inner=cfg.triad_inner,
-        repeats=cfg.probe_repeats,
-        quiet_wait=cfg.quiet_wait,
-    )
-    report["probe"] = probe
+    report["probe"] = probe = run.probe(cfg)
     b, _, hkv, tk, d = cfg.attn_decode_shape
     attention: dict[str, Any] = {
         "llc_bytes": h.llc_bytes(),
         "decode_kv_bytes": 2 * b * hkv * tk * d * 4,
-        "cases": [],
+        "cases": run.cases(CASES, cfg, rng, probe),
     }
-    for make in CASES:
-        case = make(cfg, rng)
-        run.log(f"{case.name} {case.shape}")
-        attention["cases"].append(h.run_case(case, cfg, probe))
-        del case
-        gc.collect()
     if not args.no_scaling:
         run.log("attention vs sequence length")
         attention["scaling"] = run_scaling(cfg, rng, probe)
     report["attention"] = attention
-    report["elapsed_s"] = run.finish()
-    run.log("done")
-    text = render(report)
-    print(text)
-    h.write_report(args.out, "attention", report, text)
-    return 0
+    return run.report(report, render, args.out, "attention")
 
 
 if __name__ == "__main__":

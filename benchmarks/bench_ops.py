@@ -25,7 +25,6 @@ Results go to ``<out>/ops.md`` (the printed tables) and ``<out>/ops.json``. ``--
 
 from __future__ import annotations
 
-import gc
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -45,19 +44,10 @@ NUMPY = "NumPy"
 
 
 @dataclass(frozen=True)
-class Config:
-    """Shapes and repeat counts of one run."""
+class Config(h.Timing):
+    """Shapes and repeat counts of one run (the timing settings are harness.Timing's)."""
 
-    quick: bool
-    threads: tuple[int, ...]
-    rounds: int  # measurement rounds; every peer runs once per round, in turn
-    warmup: int  # untimed calls of a peer at the start of each of its rounds
-    repeats: int  # timed calls of a peer, over all rounds
     ffn_repeats: int
-    probe_repeats: int
-    triad_n: int
-    triad_inner: int  # the probe's own best-of count
-    fma_iters: int
     norm_shape: tuple[int, int]
     swiglu_shape: tuple[int, int]
     rope_shape: tuple[int, int, int, int]
@@ -67,21 +57,12 @@ class Config:
     pure_len: int  # toy row length for the pure-Python elementwise ops
     pure_rope_shape: tuple[int, int, int, int]
     pure_ffn_shape: tuple[int, int, int]
-    quiet_wait: float  # max seconds to wait for other processes to go idle before timing
     scaling_rounds: int = 12  # rounds of the paired thread-scaling measurement
 
 
 FULL = Config(
-    quick=False,
-    threads=(1, 2),
-    rounds=3,
-    warmup=1,
-    repeats=15,
+    **h.FULL_TIMING,
     ffn_repeats=6,
-    probe_repeats=5,
-    triad_n=50_000_000,
-    triad_inner=2,
-    fma_iters=50_000_000,
     norm_shape=(4096, 4096),
     swiglu_shape=(4096, 11008),
     rope_shape=(1, 32, 2048, 128),
@@ -91,20 +72,11 @@ FULL = Config(
     pure_len=4096,
     pure_rope_shape=(1, 1, 16, 128),
     pure_ffn_shape=(1, 256, 688),
-    quiet_wait=60.0,
 )
 
 QUICK = Config(
-    quick=True,
-    threads=(1, 2),
-    rounds=1,
-    warmup=1,
-    repeats=3,
+    **h.QUICK_TIMING,
     ffn_repeats=2,
-    probe_repeats=1,
-    triad_n=10_000_000,
-    triad_inner=2,
-    fma_iters=10_000_000,
     norm_shape=(1024, 4096),
     swiglu_shape=(1024, 2752),
     rope_shape=(1, 8, 1024, 128),
@@ -114,7 +86,6 @@ QUICK = Config(
     pure_len=1024,
     pure_rope_shape=(1, 1, 8, 64),
     pure_ffn_shape=(1, 64, 172),
-    quiet_wait=0.0,
     scaling_rounds=2,
 )
 
@@ -604,24 +575,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait, torch_thp=args.torch_thp)
     rng = np.random.default_rng(0)
     report = h.new_report(cfg)
-    run.log("roofline probe")
-    probe = h.roofline_probe(
-        cfg.threads,
-        fma_iters=cfg.fma_iters,
-        triad_n=cfg.triad_n,
-        triad_inner=cfg.triad_inner,
-        repeats=cfg.probe_repeats,
-        quiet_wait=cfg.quiet_wait,
-    )
-    report["probe"] = probe
+    report["probe"] = probe = run.probe(cfg)
     if not args.scaling_only:
-        report["ops"] = []
-        for make in CASES:
-            case = make(cfg, rng)
-            run.log(f"{case.name} {case.shape}")
-            report["ops"].append(h.run_case(case, cfg, probe))
-            del case
-            gc.collect()
+        report["ops"] = run.cases(CASES, cfg, rng, probe)
         if not args.no_pure:
             run.log("pure Python")
             report["pure"] = run_pure(cfg, rng, report["ops"])
@@ -630,12 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["rms_norm_row_scaling"] = run_row_scaling(cfg, rng, probe)
     run.log("thread scaling, paired with the triad probe")
     report["thread_scaling"] = run_thread_scaling(cfg, rng)
-    report["elapsed_s"] = run.finish()
-    run.log("done")
-    text = render(report)
-    print(text)
-    h.write_report(args.out, "ops", report, text)
-    return 0
+    return run.report(report, render, args.out, "ops")
 
 
 if __name__ == "__main__":

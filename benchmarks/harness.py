@@ -735,6 +735,46 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 C = TypeVar("C")
 
 
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """The protocol settings of the op-level scripts; their ``Config`` adds the shapes."""
+
+    quick: bool
+    threads: tuple[int, ...]
+    rounds: int  # measurement rounds; every peer runs once per round, in turn
+    warmup: int  # untimed calls of a peer at the start of each of its rounds
+    repeats: int  # timed calls of a peer, over all rounds
+    probe_repeats: int
+    triad_n: int
+    triad_inner: int  # the probe's own best-of count
+    fma_iters: int
+    quiet_wait: float  # max seconds to wait for other processes to go idle before timing
+
+
+FULL_TIMING: dict[str, Any] = {
+    "quick": False,
+    "threads": (1, 2),
+    "rounds": 3,
+    "warmup": 1,
+    "repeats": 15,
+    "probe_repeats": 5,
+    "triad_n": 50_000_000,
+    "triad_inner": 2,
+    "fma_iters": 50_000_000,
+    "quiet_wait": 60.0,
+}
+QUICK_TIMING: dict[str, Any] = {
+    **FULL_TIMING,
+    "quick": True,
+    "rounds": 1,
+    "repeats": 3,
+    "probe_repeats": 1,
+    "triad_n": 10_000_000,
+    "fma_iters": 10_000_000,
+    "quiet_wait": 0.0,
+}
+
+
 def arg_parser(doc: str | None, quiet_default: str) -> argparse.ArgumentParser:
     """The options every benchmark script takes: ``--quick``, ``--out``, ``--quiet-wait``,
     ``--torch-thp``."""
@@ -787,6 +827,51 @@ class Run:
         if NUMPY_BLAS_THREADS is not None:
             NUMPY_BLAS_THREADS(os.cpu_count() or 1)
         return self.elapsed()
+
+    def probe(self, cfg: Timing) -> dict[str, Any]:
+        """The roofline probe (median form) with ``cfg``'s settings."""
+        self.log("roofline probe")
+        return roofline_probe(
+            cfg.threads,
+            fma_iters=cfg.fma_iters,
+            triad_n=cfg.triad_n,
+            triad_inner=cfg.triad_inner,
+            repeats=cfg.probe_repeats,
+            quiet_wait=cfg.quiet_wait,
+        )
+
+    def cases(
+        self,
+        makers: Sequence[Callable[[Any, np.random.Generator], OpCase]],
+        cfg: Timing,
+        rng: np.random.Generator,
+        probe: Mapping[str, Any],
+    ) -> list[dict[str, Any]]:
+        """Each maker's :class:`OpCase` through :func:`run_case`, one at a time (its arrays
+        freed before the next is made)."""
+        out = []
+        for make in makers:
+            case = make(cfg, rng)
+            self.log(f"{case.name} {case.shape}")
+            out.append(run_case(case, cfg, probe))
+            del case
+            gc.collect()
+        return out
+
+    def report(
+        self,
+        report: dict[str, Any],
+        render: Callable[[dict[str, Any]], str],
+        out: Path,
+        name: str,
+    ) -> int:
+        """Finish the run, print the rendered report and write ``<out>/<name>.md/.json``."""
+        report["elapsed_s"] = self.finish()
+        self.log("done")
+        text = render(report)
+        print(text)
+        write_report(out, name, report, text)
+        return 0
 
 
 def start(cfg: C, quiet_wait: float | None, *, torch_thp: bool = False, log: bool = True):
