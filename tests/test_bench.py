@@ -97,6 +97,20 @@ def test_readme_renderer_rows_follow_the_numbers() -> None:
         render_readme.replace_sections("text", {"nope": []})
 
 
+def test_render_readme_check_and_rewrite(tmp_path: Path) -> None:
+    """``--check`` fails on a table that no longer matches the JSON; a plain run rewrites it
+    (and only the marked tables)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    stale = readme.replace("| 4.18 ms, 32.1 GB/s |", "| 9.99 ms, 1.0 GB/s |", 1)
+    assert stale != readme
+    path = tmp_path / "README.md"
+    path.write_text(stale, encoding="utf-8")
+    assert render_readme.main(["--readme", str(path), "--check"]) == 1
+    assert render_readme.main(["--readme", str(path)]) == 0
+    assert path.read_text(encoding="utf-8") == readme
+    assert render_readme.main(["--readme", str(path), "--check"]) == 0
+
+
 def test_committed_reports_render() -> None:
     """Each script renders its markdown report from its committed JSON alone."""
     ops = bench_ops.render(json.loads((RESULTS / "ops.json").read_text()))
