@@ -11,12 +11,17 @@
   when they kept more than half a CPU busy (:class:`OtherLoad`, from ``/proc/stat``).
 * **Roofline**: :func:`roofline_probe`, the extension's fp32 FMA and STREAM-triad probes at
   each thread count.
-* **Reports**: :func:`machine_info`, :func:`check_outputs` (every peer's output against
-  llmkernels' before timing), the ``fmt*`` helpers and :func:`md_table`, and
-  :func:`write_report` (``<out>/<name>.md`` and ``<out>/<name>.json``).
-* **Scripts**: :func:`arg_parser` (the options every script takes) and :func:`start`, which
-  loads the peers, settles the configuration and returns a :class:`Run` (progress log,
-  thread counts restored at the end).
+* **Cases**: an :class:`OpCase` is a name, a shape, bytes or FLOPs per call and
+  ``{peer: callable}`` (llmkernels first); :func:`run_case` checks every peer's output
+  against llmkernels' (:func:`check_outputs`), times them at each thread count and derives
+  rates, roofline fractions, time ratios and thread speed-ups; :func:`op_table` renders them.
+* **Reports**: :func:`machine_info` / :func:`machine_lines`, :func:`probe_section`, the
+  ``fmt*`` helpers and :func:`md_table`, and :func:`write_report` (``<out>/<name>.md`` and
+  ``<out>/<name>.json``).
+* **Scripts**: :class:`Timing` (the shared protocol settings, ``FULL_TIMING`` /
+  ``QUICK_TIMING``), :func:`arg_parser` (the options every script takes) and :func:`start`,
+  which loads the peers, settles the configuration and returns a :class:`Run` (progress log,
+  probe, cases, thread counts restored and the report written at the end).
 """
 
 from __future__ import annotations
@@ -874,7 +879,9 @@ class Run:
         return 0
 
 
-def start(cfg: C, quiet_wait: float | None, *, torch_thp: bool = False, log: bool = True):
+def start(
+    cfg: C, quiet_wait: float | None, *, torch_thp: bool = False, log: bool = True
+) -> tuple[C, Run]:
     """Load the peers, freeze the objects they leave behind and settle ``cfg`` (a frozen
     dataclass with ``threads`` and ``quiet_wait``): only thread counts this machine has, and
     ``quiet_wait`` when given. Returns ``(cfg, Run)``."""
