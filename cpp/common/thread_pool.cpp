@@ -247,11 +247,12 @@ void set_num_threads(int n) {
     g_num_threads.store(n);
     return;
   }
-  g_pool.reset();  // our reference: a job still running on it keeps it alive until it ends
   if (n == 1) {
+    g_pool.reset();  // our reference: a job still running on it keeps it alive until it ends
     g_num_threads.store(1);
     return;
   }
+  // the old pool stays in force until the new one is complete
   auto pool = std::make_shared<Pool>(n - 1);
   if (pool->size() < n) {
     const std::string why = pool->start_error();
@@ -263,7 +264,7 @@ void set_num_threads(int n) {
                              std::to_string(previous));
   }
   g_num_threads.store(n);
-  g_pool = std::move(pool);
+  g_pool = std::move(pool);  // the old one goes when its last running job ends
 }
 
 void parallel_chunks(int chunks, function_ref<void(int, int)> fn) {
