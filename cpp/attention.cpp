@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/isa.hpp"
+#include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
 
 namespace llmk {
@@ -45,34 +46,41 @@ void attention(const attn_params<T>& p) {
 
   const std::size_t dv_pad = attn_dv_pad_t<T>(p.dv);
   const std::size_t ws = attn_workspace_size<T>(p.d, p.dv);
-  // key-split partial states: per item (m, l: BQ) and O (BQ x dv_pad)
-  const std::size_t part_stride = kAttnRowTile * (2 + dv_pad);
-  // grow-only, per calling thread: no allocation (and no page faults) per decode step
-  thread_local std::vector<T> parts_buf;
-  if (splits > 1 && parts_buf.size() < items.size() * part_stride)
-    parts_buf.resize(items.size() * part_stride);
-  T* parts = parts_buf.data();
+  // key-split partial states, per item: m and l (R each) and O (R x dv_pad), R = the rows of
+  // a tile (splits only happen when one tile holds a KV group's rows: decode-like shapes, R =
+  // group * Tq <= kAttnRowTile, so a 4-head group keeps 4 rows of state, not 64)
+  const std::size_t part_rows = std::min(kAttnRowTile, rows_per_group);
+  const std::size_t part_stride = part_rows * (2 + dv_pad);
 
   // dynamic scheduling: causal tiles differ in cost; which thread runs an item does not change
   // what it computes
   const double flops = 2.0 * static_cast<double>(p.b * p.hq * p.tq) * static_cast<double>(p.tk) *
                        static_cast<double>(p.d + p.dv);
-  const int threads = flops < 2e5 ? 1 : std::min<int>(get_num_threads(), static_cast<int>(items.size()));
+  const int threads =
+      flops < 2e5 ? 1 : std::min<int>(get_num_threads(), static_cast<int>(items.size()));
+
+  // All scratch of the call -- one tile workspace per chunk, then the partial states -- is
+  // allocated here, before anything is written (common/scratch.hpp: a failure is a clean
+  // std::bad_alloc, and what stays allocated between calls is bounded).
+  const std::size_t ws_stride = (ws + 15) / 16 * 16;  // 64-byte aligned workspaces
+  const std::size_t n_parts = splits > 1 ? items.size() * part_stride : 0;
+  ScratchLease scratch((static_cast<std::size_t>(threads) * ws_stride + n_parts) * sizeof(T));
+  T* const workspaces = scratch.as<T>();
+  T* const parts = workspaces + static_cast<std::size_t>(threads) * ws_stride;
+
   std::atomic<std::size_t> next{0};
-  parallel_for_threads(threads, [&](int, int) {
-    thread_local std::vector<T> workspace;  // grow-only scratch of each pool thread
-    if (workspace.size() < ws) workspace.resize(ws);
+  parallel_chunks(threads, [&](int chunk, int) {
+    T* workspace = workspaces + static_cast<std::size_t>(chunk) * ws_stride;
     for (std::size_t i = next.fetch_add(1); i < items.size(); i = next.fetch_add(1)) {
       T* part = splits > 1 ? parts + i * part_stride : nullptr;
-      dispatch(attention_tile_kernel{}, p, items[i], workspace.data(),
-               part, part ? part + kAttnRowTile : nullptr,
-               part ? part + 2 * kAttnRowTile : nullptr);
+      dispatch(attention_tile_kernel{}, p, items[i], workspace, part,
+               part ? part + part_rows : nullptr, part ? part + 2 * part_rows : nullptr);
     }
   });
 
   if (splits > 1) {  // merge the key splits of each tile, in split order
     const std::size_t tiles = items.size() / splits;
-    parallel_for(tiles, 1, static_cast<double>(splits * kAttnRowTile * dv_pad),
+    parallel_for(tiles, 1, static_cast<double>(splits * part_rows * dv_pad),
                  [&](std::size_t t0, std::size_t t1) {
       for (std::size_t t = t0; t < t1; ++t) {
         const attn_item& it = items[t * splits];
@@ -93,8 +101,8 @@ void attention(const attn_params<T>& p) {
             const T* part = parts + (t * splits + s) * part_stride;
             if (std::isinf(part[r]) && part[r] < 0) continue;  // split saw no allowed key
             const T w = std::exp(part[r] - m_safe);  // NaN/Inf propagate from here
-            l += part[kAttnRowTile + r] * w;
-            const T* o = part + 2 * kAttnRowTile + r * dv_pad;
+            l += part[part_rows + r] * w;
+            const T* o = part + 2 * part_rows + r * dv_pad;
             for (std::size_t d = 0; d < p.dv; ++d) orow[d] += o[d] * w;
           }
           const T inv = l > T(0) ? T(1) / l : (std::isnan(l) ? l : T(0));

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import struct
-import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -864,16 +863,16 @@ def test_parameter_limit_is_exact() -> None:
 def test_absurd_config_json_refused_quickly(tmp_path: Path, key: str) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**HF_BASE, key: 2**40}))
+    # refused before anything the size implies is allocated: less than 1 MiB traced at peak
+    # (a memory bound, not a clock: the suite holds no wall-clock assertion)
     tracemalloc.start()
-    t0 = time.perf_counter()
     try:
         with pytest.raises(ConfigError, match=rf"^\[config\] {key}: 1099511627776 exceeds"):
             read_config_json(path)
-        elapsed = time.perf_counter() - t0
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert elapsed < 0.1 and peak < 1 << 20
+    assert peak < 1 << 20
 
 
 @pytest.mark.parametrize(

@@ -5,23 +5,22 @@
   the resident set (``/proc/self/statm``) by less than 2 MiB after a warm-up, and leave the
   reference counts of the inputs and ``out`` unchanged.
 * Threads: 8 Python threads calling every op and a shared ``TransformerBlock`` (own KV cache
-  each, prefill + decode) get results bitwise equal to serial calls; two threads running a
-  long kernel finish faster than the same calls back to back (the GIL is released), and every
-  op lets another Python thread run while it computes.
+  each, prefill + decode) get results bitwise equal to serial calls; while a thread is inside
+  any op's C++ call another Python thread runs and sees it there (the GIL is released; shown
+  by progress, not by timing), also when both threads are in kernels.
 * Fork: after the ops ran with the internal thread pool on, ``multiprocessing`` children made
   with the fork start method run every op to the parent's results, without hanging -- also
   while the parent is busy in a kernel on another thread.
 * Numerical extremes: rows near the float max/min, subnormals, constant rows, +-Inf/NaN, RoPE
-  positions up to 2**62, attention logits of +-1e4, fully masked rows; no denormal slowdown.
+  positions up to 2**62, attention logits of +-1e4, fully masked rows; subnormal operands
+  give the reference results (their speed is measured in benchmarks/, not here).
 """
 
 from __future__ import annotations
 
 import gc
-import math
 import multiprocessing
 import os
-import statistics
 import sys
 import threading
 import time
@@ -289,104 +288,29 @@ def test_threads_bitwise_equal_to_serial(kernel_threads):
           f"kernel threads {kernel_threads}")
 
 
-def _parallel_ratio(call: Callable[[], Any], tries: int = 3) -> float:
-    """Median over ``tries`` of (the call on two threads at once) / (the call twice in a row)."""
-    ratios = []
-    for _ in range(tries):
-        t0 = time.perf_counter()
-        call()
-        call()
-        serial = time.perf_counter() - t0
-        barrier = threading.Barrier(2)
-
-        def run(barrier: threading.Barrier = barrier) -> None:
-            barrier.wait()
-            call()
-
-        threads = [threading.Thread(target=run) for _ in range(2)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        ratios.append((time.perf_counter() - t0) / serial)
-    return statistics.median(ratios)
-
-
-_CONTROL_DATA = b"llmkernels" * 8_000_000
-
-
-def _control() -> None:
-    """A workload known to release the GIL and to scale on two cores (hashlib releases the
-    GIL for large buffers): tells whether a second core is actually free right now."""
-    import hashlib
-
-    hashlib.sha256(_CONTROL_DATA).digest()
-
-
-@pytest.mark.timing
-@pytest.mark.parametrize("op", ["attention", "swiglu_ffn"])
-def test_gil_released_two_threads_faster(op, record_property):
-    """Two Python threads each running one long kernel (1 kernel thread each) beat running
-    them back to back: ideal ratio 0.5 on the 2 cores; asserted < 0.8 (median of 3 tries).
-
-    This machine's 2 cores are shared with other jobs, so each attempt also measures a
-    control workload (hashlib, known to run in parallel). The assertion counts only attempts
-    where the control itself reached < 0.75 -- a second core was free; up to 8 attempts."""
-    lk.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    if op == "attention":
-        q = rng.standard_normal((1, 8, 2048, 64)).astype(np.float32)  # ~55 ms
-        call = lambda: lk.attention(q, q, q, causal=False)  # noqa: E731
-    else:
-        x = rng.standard_normal((512, 2048)).astype(np.float32)  # ~70 ms
-        wg = rng.standard_normal((2048, 1024)).astype(np.float32) * 0.02
-        call = lambda: lk.swiglu_ffn(x, wg, wg, wg.T)  # noqa: E731
-    call()
-    _control()
-    valid: list[float] = []
-    log = []
-    for _ in range(8):
-        control = _parallel_ratio(_control)
-        ratio = _parallel_ratio(call)
-        log.append((round(control, 3), round(ratio, 3)))
-        if control < 0.75:
-            valid.append(ratio)
-            if ratio < 0.8:
-                break
-        time.sleep(0.2)
-    print(f"{op}: (control ratio, kernel ratio) per attempt: {log}")
-    if not valid:
-        pytest.skip(f"no second core was free during the measurement (control ratios {log})")
-    best = min(valid)
-    record_property("gil_ratio", best)
-    assert best < 0.8, (
-        f"{op}: two threads took {best:.2f} of the serial time while a GIL-free control ran "
-        f"in parallel: the kernel holds the GIL or a lock ({log})"
-    )
-
-
 def _gil_cases() -> dict[str, Callable[[], Any]]:
-    """Every op on inputs where one single-threaded call takes ~15-150 ms."""
+    """Every op and module on inputs where one single-threaded call takes a few milliseconds
+    (contiguous inputs of the op's dtype: the Python wrappers copy nothing)."""
     rng = np.random.default_rng(1)
-    big = rng.standard_normal((8192, 2048))  # float64, 128 MiB
+    big = rng.standard_normal((1024, 2048))  # float64, 16 MiB
     w = rng.standard_normal(2048)
-    q = rng.standard_normal((1, 8, 2048, 64)).astype(np.float32)
-    x = rng.standard_normal((512, 2048)).astype(np.float32)
-    wg = rng.standard_normal((2048, 1024)).astype(np.float32) * 0.02
-    block = lk.TransformerBlock.from_config({"dim": 512, "n_heads": 8, "hidden_dim": 1024},
+    q = rng.standard_normal((1, 8, 512, 64)).astype(np.float32)
+    x = rng.standard_normal((256, 1024)).astype(np.float32)
+    wg = rng.standard_normal((1024, 512)).astype(np.float32) * 0.02
+    wd = np.ascontiguousarray(wg.T)
+    block = lk.TransformerBlock.from_config({"dim": 256, "n_heads": 4, "hidden_dim": 512},
                                             seed=0)
-    xb = rng.standard_normal((1, 512, 512)).astype(np.float32)
-    model = lk.Transformer({"dim": 256, "n_heads": 4, "hidden_dim": 512, "n_layers": 2,
-                            "vocab_size": 8000}, seed=0)
-    ids = rng.integers(0, 8000, (1, 512))
+    xb = rng.standard_normal((1, 256, 256)).astype(np.float32)
+    model = lk.Transformer({"dim": 128, "n_heads": 4, "hidden_dim": 256, "n_layers": 2,
+                            "vocab_size": 4000}, seed=0)
+    ids = rng.integers(0, 4000, (1, 256))
     return {
         "rms_norm": lambda: lk.rms_norm(big, w),
         "layer_norm": lambda: lk.layer_norm(big, w, w),
         "silu": lambda: lk.silu(big),
         "swiglu": lambda: lk.swiglu(big, big),
-        "swiglu_ffn": lambda: lk.swiglu_ffn(x, wg, wg, wg.T),
-        "rope": lambda: lk.rope(big.reshape(64, 2048, 128)),
+        "swiglu_ffn": lambda: lk.swiglu_ffn(x, wg, wg, wd),
+        "rope": lambda: lk.rope(big.reshape(16, 1024, 128)),
         "attention": lambda: lk.attention(q, q, q, causal=True),
         "TransformerBlock": lambda: block(xb),
         "Transformer": lambda: model(ids),
@@ -396,59 +320,97 @@ def _gil_cases() -> dict[str, Callable[[], Any]]:
 _GIL_CASES: dict[str, Callable[[], Any]] = {}
 
 
-@pytest.mark.timing
+def _inside_core_call(frame: Any) -> bool:
+    """Whether a thread whose innermost Python frame is ``frame`` is inside a C++ call of the
+    package: an llmkernels frame stopped on a line that calls ``_core.<fn>`` or
+    ``<module>._impl.<method>``."""
+    import linecache
+
+    if frame is None or not str(frame.f_globals.get("__name__", "")).startswith("llmkernels"):
+        return False
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    return "_core." in line or "_impl." in line
+
+
 @pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "silu", "swiglu", "swiglu_ffn",
                                   "rope", "attention", "TransformerBlock", "Transformer"])
 def test_gil_released_per_op(name):
-    """While a worker thread runs an op (>= ~15 ms per call) in a loop for ~0.3 s, the main
-    thread keeps executing Python. Were the GIL held during the call, the main thread would
-    only run between calls: about one 1 ms switch interval per call, < 7% of its solo speed.
-    Released: ~50% (one free core) to 100% (two)."""
+    """While the main thread is inside an op's C++ call, another Python thread runs: it
+    observes (``sys._current_frames``) the main thread stopped on the line of the package that
+    calls into ``_core``. Progress, not speed: the switch interval is set far beyond the test's
+    length, so the main thread gives the GIL away only by releasing it itself -- were the op to
+    hold the GIL, the observer could never run while the main thread is on that line (it would
+    run only after the main thread left the package's code), and the count stays 0."""
     lk.set_num_threads(1)
     if not _GIL_CASES:
         _GIL_CASES.update(_gil_cases())
     call = _GIL_CASES[name]
     call()
-    # the main thread's Python speed alone, with the same loop as below
+    main = threading.get_ident()
+    observed = [0]
     stop = threading.Event()
-    timer = threading.Timer(0.1, stop.set)
-    timer.start()
-    t0 = time.perf_counter()
-    n = 0
-    while not stop.is_set():
-        n += 1
-    alone_rate = n / (time.perf_counter() - t0)
-    timer.join()
 
-    t0 = time.perf_counter()
-    call()
-    one = time.perf_counter() - t0
-    repeats = max(1, math.ceil(0.3 / one))
-    done = threading.Event()
+    def observer() -> None:
+        while not stop.is_set():
+            if _inside_core_call(sys._current_frames().get(main)):
+                observed[0] += 1
+            time.sleep(1e-4)  # gives the GIL back (the main thread may be waiting for it)
 
-    def worker() -> None:
-        for _ in range(repeats):
-            call()
-        done.set()
-
-    th = threading.Thread(target=worker)
+    th = threading.Thread(target=observer)
     old = sys.getswitchinterval()
-    sys.setswitchinterval(0.001)
+    th.start()
+    sys.setswitchinterval(1e4)
     try:
-        th.start()
-        t0 = time.perf_counter()
-        spins = 0
-        while not done.is_set():
-            spins += 1
-        elapsed = time.perf_counter() - t0
+        calls = 0
+        # a busy machine may not schedule the observer during one call: call again, up to
+        # 200 calls (a few seconds); one observation is the proof
+        while observed[0] == 0 and calls < 200:
+            call()
+            calls += 1
     finally:
         sys.setswitchinterval(old)
+        stop.set()
         th.join()
-    rate = spins / elapsed / alone_rate
-    print(f"{name}: {repeats} calls of {one * 1e3:.1f} ms; main thread ran at {rate:.0%} "
-          "of its solo speed meanwhile")
-    assert one > 0.012, f"{name}: calls too short ({one * 1e3:.1f} ms) for this check"
-    assert rate > 0.25, f"{name}: main thread starved ({rate:.0%}): the op holds the GIL"
+    print(f"{name}: the observer saw the main thread inside the C++ call {observed[0]} times "
+          f"during {calls} calls")
+    assert observed[0] > 0, f"{name}: no other Python thread ran during {calls} calls: the op " \
+        "holds the GIL"
+
+
+def test_gil_released_two_python_threads():
+    """Kernels on two Python threads at once (what a timing ratio used to measure): thread B
+    runs attention calls and, after each, looks where the main thread is, while the main thread
+    runs swiglu_ffn calls. B seeing the main thread inside its C++ call means B's kernel ran
+    and returned while the main thread's kernel was running without the GIL; no speed is
+    measured."""
+    lk.set_num_threads(1)
+    if not _GIL_CASES:
+        _GIL_CASES.update(_gil_cases())
+    main_call, other_call = _GIL_CASES["swiglu_ffn"], _GIL_CASES["attention"]
+    main = threading.get_ident()
+    overlapped = [0]
+    stop = threading.Event()
+
+    def other() -> None:
+        while not stop.is_set():
+            other_call()  # releases the GIL itself; then checks where the main thread is
+            if _inside_core_call(sys._current_frames().get(main)):
+                overlapped[0] += 1
+
+    th = threading.Thread(target=other)
+    old = sys.getswitchinterval()
+    th.start()
+    sys.setswitchinterval(1e4)
+    try:
+        calls = 0
+        while overlapped[0] == 0 and calls < 200:
+            main_call()
+            calls += 1
+    finally:
+        sys.setswitchinterval(old)
+        stop.set()
+        th.join()
+    assert overlapped[0] > 0, "a kernel call on one thread never overlapped one on another"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -843,19 +805,6 @@ def test_attention_fully_masked_rows_are_zero(dtype):
     assert np.all(out == 0)
 
 
-def _interleaved_ratio(a: Callable[[], Any], b: Callable[[], Any], repeats: int = 11) -> float:
-    """median(time of a) / median(time of b), the calls alternating so that load from other
-    jobs affects both alike."""
-    ta, tb = [], []
-    for _ in range(repeats):
-        for call, times in ((a, ta), (b, tb)):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(ta) / statistics.median(tb)
-
-
-@pytest.mark.timing
 @pytest.mark.parametrize(
     ("op", "value"),
     [("silu", 1e-40), ("silu", -90.0), ("swiglu", 1e-40), ("swiglu", -90.0),
@@ -863,38 +812,40 @@ def _interleaved_ratio(a: Callable[[], Any], b: Callable[[], Any], repeats: int 
     ids=["silu-subnormal", "silu-(-90)", "swiglu-subnormal", "swiglu-(-90)",
          "rms_norm-subnormal", "layer_norm-subnormal", "rope-subnormal"],
 )
-def test_no_denormal_slowdown(op, value, isa, record_property):
-    """DESIGN.md §4 "no denormal slowdowns (flush or avoid)": an array full of subnormals
-    (1e-40 float32), or of values whose exp(x) intermediate is subnormal (silu(-90):
-    exp(-90) = 8e-40), is not more than 3x slower than normal values (0.75 / -20). Subnormal
-    operands and results cost a microcode assist (~100 cycles) each unless flushed/avoided."""
-    lk.set_num_threads(1)
-    n = 1 << 22
+def test_denormal_operands_give_reference_results(op, value, isa):
+    """DESIGN.md §4 "no denormal slowdowns (flush or avoid)" is a speed rule, measured in
+    benchmarks/; what a test can hold without a clock is the result. Arrays of subnormals
+    (1e-40 float32), of values whose exp(x) intermediate is subnormal (silu(-90):
+    exp(-90) = 8e-40), and the same values interleaved with normal ones (every vector lane
+    sees both): the results are finite and match the float64 reference within the contract's
+    tolerance, and the results of the normal operands beside them are exact to the relative
+    tolerance alone (absolute tolerance: the smallest normal float32) -- a subnormal operand
+    in a vector must not disturb its neighbours' lanes."""
+    tiny = float(np.finfo(np.float32).tiny)
+    n = 1 << 14
+    normal_value = 0.75 if value > 0 else -20.0
     sub = np.full(n, value, np.float32).reshape(-1, 1024)
-    normal = np.full(n, 0.75 if value > 0 else -20.0, np.float32).reshape(-1, 1024)
-    out = np.empty_like(sub)
+    mixed = sub.copy()
+    mixed.reshape(-1)[::3] = normal_value  # subnormal and normal operands side by side
+    up = np.full_like(sub, 0.75)
     calls = {
-        "silu": lambda a: lk.silu(a, out=out),
-        "rms_norm": lambda a: lk.rms_norm(a, out=out),
-        "layer_norm": lambda a: lk.layer_norm(a, out=out),
-        "swiglu": lambda a: lk.swiglu(a, normal, out=out),
-        "rope": lambda a: lk.rope(a.reshape(1, -1, 128), out=out.reshape(1, -1, 128)),
+        "silu": (lambda a: lk.silu(a), lambda a: ref.silu(a)),
+        "swiglu": (lambda a: lk.swiglu(a, up), lambda a: ref.swiglu(a, up)),
+        "rms_norm": (lambda a: lk.rms_norm(a), lambda a: ref.rms_norm(a)),
+        "layer_norm": (lambda a: lk.layer_norm(a), lambda a: ref.layer_norm(a)),
+        "rope": (lambda a: lk.rope(a.reshape(1, -1, 128)).reshape(a.shape),
+                 lambda a: ref.rope(a.reshape(1, -1, 128)).reshape(a.shape)),
     }
-    call = calls[op]
+    got_fn, want_fn = calls[op]
+    normal_lanes = (mixed == normal_value) if op in ("silu", "swiglu") else slice(None)
     with np.errstate(all="ignore"):
-        call(sub)
-        call(normal)
-        for _ in range(3):  # re-measure when another job disturbed the timing
-            ratio = _interleaved_ratio(lambda: call(sub), lambda: call(normal))
-            if ratio <= (8.0 if op == "rms_norm" else 3.0):
-                break
-    record_property("denormal_ratio", ratio)
-    print(f"{op}({value}): time / time on normal values = {ratio:.2f}")
-    # rms_norm of a row that is entirely subnormal takes the exact wide-precision path (its squares
-    # underflow in float32): a documented trade of speed for exactness on a pathological row,
-    # bounded here; DESIGN's "no denormal slowdown" rule is about exp/sigmoid (3x).
-    limit = 8.0 if op == "rms_norm" else 3.0
-    assert ratio <= limit, f"{op} is {ratio:.1f}x slower on {value} than on normal values"
+        for a in (sub, mixed):
+            got, want = got_fn(a), want_fn(a)
+            assert got.dtype == np.float32 and np.isfinite(got).all()
+            np.testing.assert_allclose(got, want, **TOL[np.dtype(np.float32)])
+        # elementwise ops: the results of the normal operands; rows (norms) and pairs (rope)
+        # mix the operands: the whole result
+        np.testing.assert_allclose(got[normal_lanes], want[normal_lanes], rtol=2e-5, atol=tiny)
 
 
 # --------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 // operands, release the GIL and run one whole forward in C++.
 #include "modules/modules.hpp"
 
+#include <algorithm>
+
 #include "bindings/common.hpp"
 
 namespace llmk::bind {
@@ -68,6 +70,64 @@ void check_cache(const char* fn, const KVCache* cache, std::size_t b, std::size_
              " tokens > max_seq_len " + std::to_string(cache->max_len));
 }
 
+// Exclusive use of the KV caches of one forward call, entered after the GIL is released.
+//
+// Why: two Python threads calling with the same cache would both pass the capacity check and
+// append at the same position (length past max_len: writes past the cache's arrays). Holding
+// each cache's mutex from the capacity check until the append and the attention over it are
+// done serialises such calls; the second one then sees the first one's tokens (or a full
+// cache: a clear ValueError). Caches are locked in address order, so calls whose cache lists
+// overlap in any order cannot deadlock. If the forward fails (MemoryError), the lengths are
+// restored: a failed call appends nothing.
+class CacheSession {
+ public:
+  explicit CacheSession(std::vector<KVCache*> caches) : caches_(std::move(caches)) {
+    std::sort(caches_.begin(), caches_.end());
+    lengths_.reserve(caches_.size());  // may throw: nothing is locked yet
+    for (KVCache* c : caches_) {
+      c->mutex.lock();
+      ++locked_;
+      lengths_.push_back(c->length.load());
+    }
+  }
+  ~CacheSession() {
+    for (std::size_t i = locked_; i-- > 0;) {
+      if (!committed_) caches_[i]->length.store(lengths_[i]);
+      caches_[i]->mutex.unlock();
+    }
+  }
+  CacheSession(const CacheSession&) = delete;
+  CacheSession& operator=(const CacheSession&) = delete;
+
+  // the capacity check, now that no other call can append
+  void check_room(const char* fn, std::size_t t) const {
+    for (const KVCache* c : caches_)
+      expect(c->length.load() + t <= c->max_len, fn,
+             "KV cache is full: " + std::to_string(c->length.load()) + " + " +
+                 std::to_string(t) + " tokens > max_seq_len " + std::to_string(c->max_len));
+  }
+  void commit() { committed_ = true; }
+
+ private:
+  std::vector<KVCache*> caches_;
+  std::vector<std::size_t> lengths_;
+  std::size_t locked_ = 0;
+  bool committed_ = false;
+};
+
+std::vector<KVCache*> one_cache(KVCache* cache) {
+  return cache ? std::vector<KVCache*>{cache} : std::vector<KVCache*>{};
+}
+
+// view of the first `length` tokens of a cache array; `owner` keeps the cache alive
+py::array_t<float> cache_view(py::object owner, const KVCache& c, const std::vector<float>& a) {
+  return py::array_t<float>(
+      {c.batch, c.n_kv_heads, c.length.load(), c.head_dim},
+      {c.n_kv_heads * c.max_len * c.head_dim * 4, c.max_len * c.head_dim * 4, c.head_dim * 4,
+       std::size_t(4)},
+      a.data(), owner);
+}
+
 }  // namespace
 
 void bind_modules(py::module_& m) {
@@ -118,23 +178,20 @@ void bind_modules(py::module_& m) {
       .def_readonly("max_len", &KVCache::max_len)
       .def_readonly("n_kv_heads", &KVCache::n_kv_heads)
       .def_readonly("head_dim", &KVCache::head_dim)
-      .def_readonly("length", &KVCache::length)
-      .def("reset", &KVCache::reset)
+      .def_property_readonly("length", [](const KVCache& c) { return c.length.load(); })
+      .def("reset",
+           [](KVCache& c) {
+             py::gil_scoped_release nogil;  // waits for a forward using the cache to finish
+             std::lock_guard<std::mutex> lk(c.mutex);
+             c.reset();
+           })
       .def("keys", [](py::object self) {  // (B, Hkv, length, hd) view
         auto& c = self.cast<KVCache&>();
-        return py::array_t<float>(
-            {c.batch, c.n_kv_heads, c.length, c.head_dim},
-            {c.n_kv_heads * c.max_len * c.head_dim * 4, c.max_len * c.head_dim * 4,
-             c.head_dim * 4, std::size_t(4)},
-            c.k.data(), self);
+        return cache_view(self, c, c.k);
       })
       .def("values", [](py::object self) {
         auto& c = self.cast<KVCache&>();
-        return py::array_t<float>(
-            {c.batch, c.n_kv_heads, c.length, c.head_dim},
-            {c.n_kv_heads * c.max_len * c.head_dim * 4, c.max_len * c.head_dim * 4,
-             c.head_dim * 4, std::size_t(4)},
-            c.v.data(), self);
+        return cache_view(self, c, c.v);
       });
 
   py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>>(
@@ -160,7 +217,10 @@ void bind_modules(py::module_& m) {
             const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
             float* op = out.mutable_data();
             py::gil_scoped_release nogil;
+            CacheSession session(one_cache(cache));
+            session.check_room(fn, t);
             if (b * t > 0) self.forward(xp, b, t, pp, mp, cache, op, nullptr, fo);
+            session.commit();
             return out;
           },
           "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
@@ -200,7 +260,10 @@ void bind_modules(py::module_& m) {
             const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
             float* op = out.mutable_data();
             py::gil_scoped_release nogil;
+            CacheSession session(one_cache(cache));
+            session.check_room(fn, t);
             if (b * t > 0) self.forward(xp, b, t, pp, mp, cache, op, fo);
+            session.commit();
             return out;
           },
           "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
@@ -231,9 +294,15 @@ void bind_modules(py::module_& m) {
             const std::size_t b = ids.shape(0), t = ids.shape(1);
             expect(caches.empty() || caches.size() == self.blocks.size(), fn,
                    "one cache per block is needed");
-            for (std::size_t i = 0; i < caches.size(); ++i)
+            for (std::size_t i = 0; i < caches.size(); ++i) {
+              expect(caches[i] != nullptr, fn, "cache " + std::to_string(i) + " is None");
+              for (std::size_t j = 0; j < i; ++j)
+                expect(caches[j] != caches[i], fn,
+                       "caches " + std::to_string(j) + " and " + std::to_string(i) +
+                           " are the same KVCache: each block needs its own");
               check_cache(fn, caches[i], b, t, self.blocks[i]->attention->n_kv_heads,
                           self.blocks[i]->attention->head_dim);
+            }
             const std::int64_t* ip = ids.data();
             for (std::size_t r = 0; r < b * t; ++r)
               expect(ip[r] >= 0 && static_cast<std::size_t>(ip[r]) < self.vocab, fn,
@@ -246,7 +315,10 @@ void bind_modules(py::module_& m) {
             const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
             float* lp = logits.mutable_data();
             py::gil_scoped_release nogil;
+            CacheSession session(caches);
+            session.check_room(fn, t);
             if (b * t > 0) self.forward(ip, b, t, pp, mp, caches, last_only, lp, fo);
+            session.commit();
             return logits;
           },
           "ids"_a, "positions"_a, "key_mask"_a, "caches"_a, "last_only"_a,

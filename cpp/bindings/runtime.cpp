@@ -17,7 +17,13 @@ using clock_type = std::chrono::steady_clock;
 
 // Peak FMA throughput of `threads` threads, GFLOP/s: each thread runs the FMA chain loop for
 // `iterations` rounds; the wall time of the slowest gives the aggregate rate.
+void check_probe_threads(int threads) {
+  if (threads < 1 || threads > kMaxThreads)
+    fail("_probe", "threads must be between 1 and " + std::to_string(kMaxThreads));
+}
+
 double probe_fma_gflops(int threads, std::size_t iterations) {
+  check_probe_threads(threads);
   py::gil_scoped_release nogil;
   std::vector<double> flops(threads, 0.0);
   std::vector<float> sink(threads, 0.f);
@@ -34,6 +40,7 @@ double probe_fma_gflops(int threads, std::size_t iterations) {
 // STREAM triad a = b + s*c over n floats per array, split over `threads`; returns GB/s counted
 // as 12 bytes per element (STREAM's convention: two loads, one store).
 double probe_triad_gbs(int threads, std::size_t n, int repeats) {
+  check_probe_threads(threads);
   py::gil_scoped_release nogil;
   std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
   // first touch by the threads that will use each part
@@ -62,11 +69,15 @@ void bind_runtime(py::module_& m) {
   m.def("get_num_threads", &get_num_threads, "Number of threads the kernels use.");
   m.def(
       "set_num_threads",
-      [](int n) {
-        if (n < 1) fail("set_num_threads", "n must be >= 1, got " + std::to_string(n));
-        set_num_threads(n);
+      [](long long n) {
+        if (n < 1 || n > kMaxThreads)
+          fail("set_num_threads", "n must be between 1 and " + std::to_string(kMaxThreads) +
+                                      ", got " + std::to_string(n));
+        py::gil_scoped_release nogil;  // starting (or stopping) the workers can take a while
+        set_num_threads(static_cast<int>(n));
       },
       "n"_a, "Set the number of threads the kernels (and OpenBLAS) use.");
+  m.attr("max_threads") = kMaxThreads;
   m.def("simd_arch", [] { return std::string(isa_name(active_isa())); },
         "The SIMD path in use: 'avx512', 'avx2' or 'sse2'.");
   m.def("best_simd_arch", [] { return std::string(isa_name(best_supported_isa())); },

@@ -4,11 +4,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -33,11 +37,25 @@ inline void cpu_relax() { __builtin_ia32_pause(); }
 // chunk until none is left. A worker that is not running when a job starts (asleep, or
 // descheduled because other runtimes' spinning threads -- torch's OpenMP, NumPy's OpenBLAS --
 // share the cores) then costs nothing: the caller runs its chunks. Which thread runs a chunk
-// does not change the result (chunk bounds depend only on the job).
+// does not change the result (chunk bounds depend only on the job). A job may have fewer
+// chunks than the pool has threads (the idle workers find nothing to claim) or more (claimed
+// in turn).
 class Pool {
  public:
+  // Starts up to `workers` threads. If the system refuses one (std::system_error: EAGAIN from
+  // a thread or memory limit; std::bad_alloc), the pool keeps the ones already running and
+  // remembers why: a partly built pool is a working pool, never a half-constructed object
+  // whose destructor would meet joinable threads.
   explicit Pool(int workers) {
-    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+    threads_.reserve(static_cast<std::size_t>(workers));
+    for (int i = 0; i < workers; ++i) {
+      try {
+        threads_.emplace_back([this] { worker_loop(); });
+      } catch (const std::exception& e) {
+        start_error_ = e.what();
+        break;
+      }
+    }
   }
   ~Pool() {
     {
@@ -48,43 +66,69 @@ class Pool {
     cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  int workers() const { return static_cast<int>(threads_.size()); }
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
 
-  // Runs job(k, chunks) once for every k in [0, chunks), on the caller and the workers.
-  void run(int chunks, const std::function<void(int, int)>& job) {
+  int size() const { return static_cast<int>(threads_.size()) + 1; }  // workers + the caller
+  const std::string& start_error() const { return start_error_; }
+
+  // Runs job(k, chunks) once for every k in [0, chunks), on the caller and the workers. The
+  // first exception a chunk throws (on any thread) is rethrown here once every thread has left
+  // the job; the chunks not yet started when it was thrown are skipped.
+  void run(int chunks, function_ref<void(int, int)> job) {
     std::lock_guard<std::mutex> serial(run_mutex_);  // one parallel job at a time
     std::uint32_t gen;
     {
       std::lock_guard<std::mutex> lk(m_);
       job_ = &job;
       chunks_ = chunks;
+      error_ = nullptr;
+      failed_.store(false, std::memory_order_relaxed);
       done_.store(0, std::memory_order_relaxed);
       gen = static_cast<std::uint32_t>(generation_.fetch_add(1, std::memory_order_release) + 1);
       ticket_.store(std::uint64_t{gen} << 32, std::memory_order_release);
     }
     cv_.notify_all();
+    const bool was_in_worker = t_in_worker;
     t_in_worker = true;
     run_chunks(gen, job, chunks);
-    t_in_worker = false;
+    t_in_worker = was_in_worker;
     for (int i = 0; i < kSpinIterations && done_.load(std::memory_order_acquire) != chunks; ++i)
       cpu_relax();
     if (done_.load(std::memory_order_acquire) != chunks) {
       std::unique_lock<std::mutex> lk(m_);
       done_cv_.wait(lk, [&] { return done_.load(std::memory_order_acquire) == chunks; });
     }
+    if (failed_.load(std::memory_order_acquire)) {
+      std::exception_ptr e;
+      {
+        std::lock_guard<std::mutex> lk(m_);
+        e = std::move(error_);
+        error_ = nullptr;
+      }
+      std::rethrow_exception(e);
+    }
   }
 
  private:
   // Claims and runs chunks of job `gen` until none is left; a ticket is (generation << 32 |
   // next chunk), so a late worker cannot claim a chunk of a later job with an earlier job's
-  // pointer. Returns after counting each chunk it ran in done_.
-  void run_chunks(std::uint32_t gen, const std::function<void(int, int)>& job, int chunks) {
+  // pointer. Counts each chunk it claimed in done_ (run or skipped). Never throws.
+  void run_chunks(std::uint32_t gen, function_ref<void(int, int)> job, int chunks) noexcept {
     for (;;) {
       std::uint64_t t = ticket_.load(std::memory_order_acquire);
       do {
         if ((t >> 32) != gen || static_cast<int>(t & 0xffffffffu) >= chunks) return;
       } while (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel));
-      job(static_cast<int>(t & 0xffffffffu), chunks);
+      if (!failed_.load(std::memory_order_acquire)) {
+        try {
+          job(static_cast<int>(t & 0xffffffffu), chunks);
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(m_);
+          if (!error_) error_ = std::current_exception();
+          failed_.store(true, std::memory_order_release);
+        }
+      }
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) {
         std::lock_guard<std::mutex> lk(m_);
         done_cv_.notify_one();
@@ -99,7 +143,7 @@ class Pool {
       for (int i = 0; i < kSpinIterations && generation_.load(std::memory_order_acquire) == seen;
            ++i)
         cpu_relax();
-      const std::function<void(int, int)>* job;
+      const function_ref<void(int, int)>* job;
       int chunks;
       {
         // the job's fields are read under the mutex, together with the generation they belong to
@@ -115,11 +159,14 @@ class Pool {
   }
 
   std::vector<std::thread> threads_;
+  std::string start_error_;
   std::mutex run_mutex_;
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
-  const std::function<void(int, int)>* job_ = nullptr;
+  const function_ref<void(int, int)>* job_ = nullptr;
   int chunks_ = 0;
+  std::exception_ptr error_;      // first exception of the current job (under m_)
+  std::atomic<bool> failed_{false};
   std::atomic<int> done_{0};
   std::atomic<std::uint64_t> ticket_{0};
   std::atomic<unsigned long> generation_{0};
@@ -128,17 +175,20 @@ class Pool {
 
 int default_threads() {
   if (const char* env = std::getenv("LLMKERNELS_NUM_THREADS")) {
-    int n = std::atoi(env);
-    if (n >= 1) return n;
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(env, &end, 10);
+    if (errno == 0 && end != env && n >= 1) return static_cast<int>(std::min<long>(n, kMaxThreads));
   }
   unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
+  return hw == 0 ? 1 : static_cast<int>(std::min<unsigned>(hw, kMaxThreads));
 }
 
 std::mutex g_config_mutex;
 std::atomic<int> g_num_threads{0};  // 0 = not yet initialised
-// Created lazily; shared with every running job, so replacing it (set_num_threads) never
-// destroys a pool another thread is still using: the last user releases it.
+// Sized to the configured count; shared with every running job, so replacing it
+// (set_num_threads) never destroys a pool another thread is still using: the last user
+// releases it.
 std::shared_ptr<Pool> g_pool;
 
 void after_fork_in_child() {
@@ -165,9 +215,20 @@ int ensure_threads() {
   return n;
 }
 
-std::shared_ptr<Pool> pool_for(int threads) {
+// The pool of the configured size, started on first use (and after a fork or a change of the
+// count). If the system refuses some of its threads here (the count came from
+// LLMKERNELS_NUM_THREADS or the core count, not from a set_num_threads call that could report
+// it), the kernels run on the threads that started and the configured count becomes that
+// number, so the next call does not try again.
+std::shared_ptr<Pool> current_pool() {
   std::lock_guard<std::mutex> lk(g_config_mutex);
-  if (!g_pool || g_pool->workers() != threads - 1) g_pool = std::make_shared<Pool>(threads - 1);
+  const int n = g_num_threads.load();
+  if (!g_pool || g_pool->size() != n) {
+    g_pool.reset();
+    auto pool = std::make_shared<Pool>(n - 1);  // std::bad_alloc: the call fails, count kept
+    if (pool->size() < n) g_num_threads.store(pool->size());
+    g_pool = std::move(pool);
+  }
   return g_pool;
 }
 
@@ -176,20 +237,59 @@ std::shared_ptr<Pool> pool_for(int threads) {
 int get_num_threads() { return ensure_threads(); }
 
 void set_num_threads(int n) {
+  if (n < 1 || n > kMaxThreads)  // the binding reports it; never start an absurd count
+    throw std::invalid_argument("[set_num_threads] n must be between 1 and " +
+                                std::to_string(kMaxThreads) + ", got " + std::to_string(n));
   ensure_threads();
-  g_num_threads.store(std::max(1, n));
+  std::lock_guard<std::mutex> lk(g_config_mutex);
+  const int previous = g_num_threads.load();
+  if (g_pool && g_pool->size() == n) {
+    g_num_threads.store(n);
+    return;
+  }
+  if (n == 1) {
+    g_pool.reset();  // our reference: a job still running on it keeps it alive until it ends
+    g_num_threads.store(1);
+    return;
+  }
+  // the old pool stays in force until the new one is complete
+  auto pool = std::make_shared<Pool>(n - 1);
+  if (pool->size() < n) {
+    const std::string why = pool->start_error();
+    const int started = pool->size() - 1;
+    pool.reset();  // stops and joins the workers that did start
+    throw std::runtime_error("[set_num_threads] could not start " + std::to_string(n) +
+                             " threads: the system refused after " + std::to_string(started) +
+                             " worker threads (" + why + "); the thread count stays " +
+                             std::to_string(previous));
+  }
+  g_num_threads.store(n);
+  g_pool = std::move(pool);  // the old one goes when its last running job ends
 }
 
-void parallel_for_threads(int threads, const std::function<void(int, int)>& fn) {
+void parallel_chunks(int chunks, function_ref<void(int, int)> fn) {
+  if (chunks <= 0) return;
+  if (chunks == 1 || t_in_worker || ensure_threads() <= 1) {
+    for (int k = 0; k < chunks; ++k) fn(k, chunks);
+    return;
+  }
+  current_pool()->run(chunks, fn);
+}
+
+void parallel_for_threads(int threads, function_ref<void(int, int)> fn) {
   if (threads <= 1 || t_in_worker) {
     fn(0, 1);
     return;
   }
-  pool_for(threads)->run(threads, fn);
+  threads = std::min(threads, kMaxThreads);
+  // a probe asking for more threads than configured gets a pool of its own for this call
+  std::shared_ptr<Pool> pool =
+      ensure_threads() >= threads ? current_pool() : std::make_shared<Pool>(threads - 1);
+  pool->run(threads, fn);
 }
 
 void parallel_for(std::size_t n, std::size_t grain, double cost_per_item,
-                  const std::function<void(std::size_t, std::size_t)>& fn) {
+                  function_ref<void(std::size_t, std::size_t)> fn) {
   if (n == 0) return;
   int threads = ensure_threads();
   grain = std::max<std::size_t>(grain, 1);
@@ -199,8 +299,13 @@ void parallel_for(std::size_t n, std::size_t grain, double cost_per_item,
     fn(0, n);
     return;
   }
-  int chunks = static_cast<int>(std::min<std::size_t>(threads, grains));
-  pool_for(threads)->run(chunks, [&](int k, int total) {
+  std::shared_ptr<Pool> pool = current_pool();
+  int chunks = static_cast<int>(std::min<std::size_t>(pool->size(), grains));
+  if (chunks <= 1) {
+    fn(0, n);
+    return;
+  }
+  pool->run(chunks, [&](int k, int total) {
     // contiguous, grain-aligned chunks
     std::size_t g0 = grains * k / total, g1 = grains * (k + 1) / total;
     std::size_t b = g0 * grain, e = std::min(n, g1 * grain);

@@ -7,22 +7,67 @@
 // Work is split into contiguous chunks, one per thread, with chunk boundaries on multiples of a
 // grain. Every item is computed by the same code whichever chunk it lands in, so results are
 // bitwise identical for any thread count.
+//
+// Threads: the pool holds (configured count - 1) workers, started by set_num_threads (or on
+// first use) and kept until the count changes; a job with fewer chunks than threads runs on as
+// many as it has chunks. No call starts or stops a thread in steady state.
+//
+// Errors: an exception thrown by a chunk (std::bad_alloc, ...) on any thread is caught there;
+// the job's remaining chunks are skipped, every thread leaves the job, and the first exception
+// is rethrown in the calling thread. Nothing escapes a worker (which would std::terminate).
 #pragma once
 
 #include <cstddef>
-#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
 
 namespace llmk {
 
+// Upper bound of set_num_threads (and of LLMKERNELS_NUM_THREADS): far more threads than any
+// machine this runs on has cores, and few enough that starting them all stays cheap.
+constexpr int kMaxThreads = 1024;
+
+// A non-owning reference to a callable (no allocation, unlike std::function): parallel regions
+// are entered on every kernel call, and a std::function holding a lambda with several captures
+// would allocate each time -- an allocation that could fail after a kernel began writing.
+template <class Sig>
+class function_ref;
+template <class R, class... A>
+class function_ref<R(A...)> {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, function_ref>>>
+  function_ref(F&& f) noexcept  // NOLINT(google-explicit-constructor)
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* o, A... a) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<A>(a)...);
+        }) {}
+  R operator()(A... a) const { return call_(obj_, std::forward<A>(a)...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, A...);
+};
+
 int get_num_threads();
-void set_num_threads(int n);  // n >= 1 (OpenBLAS itself always runs single-threaded)
+// 1 <= n <= kMaxThreads (the binding checks). Starts the workers now; if the system refuses
+// to start them all (std::system_error: thread limit, memory), the ones started are stopped,
+// the previous count stays, and std::runtime_error("[set_num_threads] ...") is thrown.
+void set_num_threads(int n);
 
 // Runs fn(begin, end) over [0, n). Runs inline (one chunk) when n * cost_per_item is below
 // the parallel threshold, when one thread is configured, or when called from a pool worker.
 void parallel_for(std::size_t n, std::size_t grain, double cost_per_item,
-                  const std::function<void(std::size_t, std::size_t)>& fn);
+                  function_ref<void(std::size_t, std::size_t)> fn);
 
-// The same with an explicit number of chunks (used by the bandwidth probe).
-void parallel_for_threads(int threads, const std::function<void(int, int)>& fn);
+// Runs fn(k, chunks) for every k in [0, chunks) on the configured pool: at most `chunks`
+// threads (the caller included) take part; fewer when fewer are configured. Never changes
+// the pool.
+void parallel_chunks(int chunks, function_ref<void(int, int)> fn);
+
+// fn(k, threads) on exactly `threads` concurrently running threads (the roofline probes of the
+// benchmarks): the configured pool when it is large enough, else a pool started for this call
+// only. Kernels use parallel_chunks.
+void parallel_for_threads(int threads, function_ref<void(int, int)> fn);
 
 }  // namespace llmk

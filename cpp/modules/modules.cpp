@@ -5,18 +5,24 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 
 #include "attention.hpp"
 #include "common/isa.hpp"
+#include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
 
 namespace llmk {
 namespace {
 
-// Thread-local, grow-only scratch buffers, one slot per purpose: no allocation per call in
-// steady state, and no sharing between threads that use the same module.
+// Thread-local scratch buffers, one slot per purpose, reused from call to call: a steady-state
+// call allocates nothing, and threads that share a module never share scratch. Bound: when the
+// outermost forward of a thread returns (or fails), slots are freed, largest first, until the
+// thread keeps at most kScratchKeepBytes (common/scratch.hpp, 4 MiB): decode steps keep theirs,
+// a long prefill's buffers (hundreds of MiB for a large model) are not kept for the life of
+// the thread.
 enum Slot {
   kNormOut,
   kResidual,
@@ -30,11 +36,49 @@ enum Slot {
   kSlots
 };
 
-float* scratch(Slot slot, std::size_t n) {
-  thread_local std::vector<std::vector<float>> slots(kSlots);
-  auto& buf = slots[slot];
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
+struct ThreadScratch {
+  std::unique_ptr<float[]> slot[kSlots];
+  std::size_t size[kSlots] = {};
+  int depth = 0;  // forwards of this thread in progress (they nest: model > block > attention)
+
+  void trim() {
+    for (;;) {
+      std::size_t total = 0, largest = 0;
+      int which = -1;
+      for (int i = 0; i < kSlots; ++i) {
+        total += size[i] * sizeof(float);
+        if (size[i] > largest) largest = size[i], which = i;
+      }
+      if (total <= kScratchKeepBytes || which < 0) return;
+      slot[which].reset();
+      size[which] = 0;
+    }
+  }
+};
+
+thread_local ThreadScratch t_scratch;
+
+// Marks a forward in progress on this thread; the outermost one trims the scratch on exit.
+class ScratchScope {
+ public:
+  ScratchScope() { ++t_scratch.depth; }
+  ~ScratchScope() {
+    if (--t_scratch.depth == 0) t_scratch.trim();
+  }
+  ScratchScope(const ScratchScope&) = delete;
+  ScratchScope& operator=(const ScratchScope&) = delete;
+};
+
+// n floats of slot `slot`, uninitialised. Throws std::bad_alloc (nothing is written by then:
+// every forward takes its slots before it writes its output or a cache).
+float* scratch(Slot which, std::size_t n) {
+  if (t_scratch.size[which] < n) {
+    t_scratch.slot[which].reset();  // free first: never hold the old and the new at once
+    t_scratch.size[which] = 0;
+    t_scratch.slot[which].reset(new float[n]);
+    t_scratch.size[which] = n;
+  }
+  return t_scratch.slot[which].get();
 }
 
 constexpr std::size_t kRowBlock = 256;  // rows per BLAS call when m is large (prefill)
@@ -76,6 +120,7 @@ void add_bias(float* y, const float* bias, std::size_t m, std::size_t n) {
 void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
             const float* bias, float* y, bool accumulate) {
   if (m == 0 || n == 0) return;
+  ScratchScope scope;
   if (k == 0) {
     if (!accumulate) std::memset(y, 0, m * n * sizeof(float));
   } else if (m >= 2 * kRowBlock) {
@@ -153,6 +198,7 @@ FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool b
 
 void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
                                 const float* residual) const {
+  ScratchScope scope;
   const std::size_t h = hidden_;
   float* gu = scratch(kGateUp, m * 2 * h);  // (m, 2h): [gate | up]
   float* act = scratch(kHidden, m * h);     // (m, h)
@@ -233,11 +279,13 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   const std::size_t m = batch * seq, hd = head_dim, half = hd / 2;
   const std::size_t hq = n_heads, hkv = n_kv_heads;
   const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
+  ScratchScope scope;
   float* qkv = scratch(kQKV, m * width);            // (B*T, width)
+  float* rope_tab = scratch(kRope, m * hd);         // (B*T, [cos half | sin half])
+  float* attn = scratch(kAttnOut, m * hq * hd);     // (B*T, Hq*hd)
   linear(x, m, dim, w_qkv_.data(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
 
   // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
-  float* rope_tab = scratch(kRope, m * hd);  // (B*T, [cos half | sin half])
   static const std::vector<std::int64_t> zeros(4096, 0);
   parallel_for(m, 1, 40.0 * half + 4.0 * width, [&](std::size_t b, std::size_t e) {
     for (std::size_t r = b; r < e; ++r) {
@@ -264,13 +312,12 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   p.b = batch, p.hq = hq, p.hkv = hkv, p.tq = seq, p.d = hd, p.dv = hd;
   p.q = qkv;
   p.qs[0] = seq * width, p.qs[1] = hd, p.qs[2] = width;
-  float* attn = scratch(kAttnOut, m * hq * hd);  // (B*T, Hq*hd)
   p.out = attn;
   p.os[0] = seq * hq * hd, p.os[1] = hd, p.os[2] = hq * hd;
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   p.causal = causal;
   if (cache) {
-    const std::size_t L = cache->max_len, len = cache->length;
+    const std::size_t L = cache->max_len, len = cache->length.load();
     // append the new (rotated) keys and values
     parallel_for(m, 1, 2.0 * hkv * hd, [&](std::size_t b0, std::size_t b1) {
       for (std::size_t r = b0; r < b1; ++r) {
@@ -328,6 +375,7 @@ void TransformerBlockModule::forward(const float* x, std::size_t batch, std::siz
                                      const std::int64_t* positions, const std::uint8_t* key_mask,
                                      KVCache* cache, float* out,
                                      const double* inv_freq_override) const {
+  ScratchScope scope;
   const std::size_t m = batch * seq, dim = attention->dim;
   float* tmp = scratch(kNormOut, m * dim);
   if (pre_norm) {
@@ -367,6 +415,7 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
                                 const std::int64_t* positions, const std::uint8_t* key_mask,
                                 std::vector<KVCache*> caches, bool last_only, float* logits,
                                 const double* inv_freq_override) const {
+  ScratchScope scope;
   const std::size_t m = batch * seq;
   float* x = scratch(kResidual, m * dim);  // (B*T, dim)
   float* y = scratch(kBlockTmp, m * dim);

@@ -1,13 +1,17 @@
 // C++ module classes: the layers of a LLaMA-style decoder, holding float32 weights in HF LLaMA
 // layout ((out, in) for projections). Each forward is one C++ call (the GIL is released by the
 // binding) that strings BLAS projections and the package's kernels together; scratch buffers are
-// thread-local and grow-only, so a steady-state call allocates nothing and one module can be
-// shared by several threads (each with its own KV cache).
+// thread-local and reused (bounded between calls, see modules.cpp), so a steady-state call
+// allocates nothing and one module can be shared by several threads. A KV cache carries a
+// mutex: the bindings hold it for the whole forward that reads and appends it, so threads that
+// share a cache are serialised (see bindings/modules.cpp).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -93,14 +97,17 @@ class FeedForwardModule {
 };
 
 // K/V of past tokens for one layer: k, v (B, Hkv, max_len, head_dim), key validity (B, max_len).
+// `mutex` is held by whoever appends to or reads the cache in a forward (and by reset);
+// `length` is atomic so that it can be read (Python's cache.length) while a forward runs.
 class KVCache {
  public:
   KVCache(std::size_t batch, std::size_t max_len, std::size_t n_kv_heads, std::size_t head_dim);
   std::size_t batch, max_len, n_kv_heads, head_dim;
-  std::size_t length = 0;
+  std::atomic<std::size_t> length{0};
   std::vector<float> k, v;
   std::vector<std::uint8_t> valid;
-  void reset() { length = 0; }
+  std::mutex mutex;
+  void reset() { length = 0; }  // call with `mutex` held
 };
 
 class MultiHeadAttentionModule {

@@ -20,6 +20,7 @@ versions in :mod:`llmkernels.pure`.
 
 from __future__ import annotations
 
+import numbers as _numbers
 import os as _os
 from typing import Any
 
@@ -129,15 +130,21 @@ __all__ = [
 
 
 def set_num_threads(n: int) -> None:
-    """Set the number of threads the kernels (and the OpenBLAS matmuls) use; ``n >= 1``.
+    """Set the number of threads the kernels (and the OpenBLAS matmuls) use:
+    ``1 <= n <= 1024``. The worker threads are started here and kept until the count changes
+    (no kernel call starts or stops threads). If the system refuses to start them all (a thread
+    or memory limit), RuntimeError is raised and the previous count stays in force.
 
     Example:
         >>> import llmkernels as lk
         >>> lk.set_num_threads(1); lk.get_num_threads()
         1
     """
-    if isinstance(n, bool) or not isinstance(n, int):
+    if isinstance(n, bool) or not isinstance(n, _numbers.Integral):
         raise TypeError(f"[set_num_threads] n must be an int, got {type(n).__name__}")
+    n = int(n)
+    if not 1 <= n <= _core.max_threads:
+        raise ValueError(f"[set_num_threads] n must be between 1 and {_core.max_threads}, got {n}")
     _core.set_num_threads(n)
 
 

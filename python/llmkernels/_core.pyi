@@ -217,4 +217,5 @@ def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_d
     """
 __version__: str = '0.1.0'
 compiler: str = 'GNU 12.2.0'
+max_threads: int = 1024
 xsimd_version: str = '8.1.0'

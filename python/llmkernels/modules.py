@@ -22,6 +22,7 @@ import math
 import numbers
 import os
 import sys
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -294,6 +295,10 @@ class KVCache:
     position the next token of each sequence gets (it only advances on real tokens, so
     left-padded batches keep per-sequence positions).
 
+    Threads: calls that use the same cache from several threads are serialised (each one sees
+    the tokens the previous one appended, or raises "KV cache is full"); a cache is never
+    appended to by two calls at once.
+
     Example:
         >>> import llmkernels as lk, numpy as np
         >>> attn = lk.MultiHeadAttention(16, 4, 2, seed=0)
@@ -309,6 +314,9 @@ class KVCache:
             raise ValueError("[KVCache] batch * max_seq_len * heads * head_dim is too large")
         self._impl = _core.KVCacheImpl(batch, max_seq_len, n_kv_heads, head_dim)
         self.next_positions = np.zeros(batch, np.int64)
+        # held from reading next_positions to updating them (the C++ call in between holds the
+        # cache's own mutex, which also guards direct _core use)
+        self._lock = threading.Lock()
 
     @property
     def batch(self) -> int:
@@ -330,8 +338,9 @@ class KVCache:
         return self._impl.values()
 
     def reset(self) -> None:
-        self._impl.reset()
-        self.next_positions[:] = 0
+        with self._lock:
+            self._impl.reset()
+            self.next_positions[:] = 0
 
     def __repr__(self) -> str:
         return f"KVCache(batch={self.batch}, length={self.length}, max_seq_len={self.max_seq_len})"
@@ -350,6 +359,7 @@ class ModelCache:
 
     def __init__(self, caches: Sequence[KVCache]) -> None:
         self.layers = list(caches)
+        self._lock = threading.Lock()  # a Transformer call holds it (see KVCache)
 
     @property
     def length(self) -> int:
@@ -360,8 +370,14 @@ class ModelCache:
         return self.layers[0].next_positions
 
     def reset(self) -> None:
-        for c in self.layers:
-            c.reset()
+        with self._lock:
+            for c in self.layers:
+                c.reset()
+
+
+def _holding(cache: KVCache | ModelCache | None) -> Any:
+    """The cache's lock as a context manager (nothing without a cache)."""
+    return cache._lock if cache is not None else contextlib.nullcontext()
 
 
 # Positions are bounded so that a cache's next position (max + 1) never wraps int64.
@@ -565,18 +581,20 @@ class MultiHeadAttention(_Module):
         arr = _check_btd(self._name, x, self.dim)
         b, t, _ = arr.shape
         _check_cache(self._name, cache, b, t)
-        pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
-        if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
-            return np.zeros((b, t, self.dim), np.float32)
-        y = self._impl.forward(
-            arr,
-            pos,
-            key_mask,
-            cache._impl if cache is not None else None,
-            self._rope.frequencies(pos),
-        )
-        if cache is not None:
-            cache.next_positions[:] = nxt
+        with _holding(cache):  # positions continue from the previous call on this cache
+            _check_cache(self._name, cache, b, t)
+            pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+            if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
+                return np.zeros((b, t, self.dim), np.float32)
+            y = self._impl.forward(
+                arr,
+                pos,
+                key_mask,
+                cache._impl if cache is not None else None,
+                self._rope.frequencies(pos),
+            )
+            if cache is not None:
+                cache.next_positions[:] = nxt
         return y
 
     def __repr__(self) -> str:
@@ -742,18 +760,20 @@ class TransformerBlock(_Module):
         arr = _check_btd(self._name, x, self.dim)
         b, t, _ = arr.shape
         _check_cache(self._name, cache, b, t)
-        pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
-        if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
-            return np.zeros((b, t, self.dim), np.float32)
-        y = self._impl.forward(
-            arr,
-            pos,
-            key_mask,
-            cache._impl if cache is not None else None,
-            self.attention._rope.frequencies(pos),
-        )
-        if cache is not None:
-            cache.next_positions[:] = nxt
+        with _holding(cache):  # positions continue from the previous call on this cache
+            _check_cache(self._name, cache, b, t)
+            pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+            if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
+                return np.zeros((b, t, self.dim), np.float32)
+            y = self._impl.forward(
+                arr,
+                pos,
+                key_mask,
+                cache._impl if cache is not None else None,
+                self.attention._rope.frequencies(pos),
+            )
+            if cache is not None:
+                cache.next_positions[:] = nxt
         return y
 
     def __repr__(self) -> str:
@@ -924,24 +944,27 @@ class Transformer(_Module):
             if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.blocks):
                 raise TypeError(f"[{self._name}] cache must come from this model's new_cache()")
             _check_cache(self._name, cache.layers[0], b, t)
-        pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
-        if return_attention is not False or return_stats is not False:
-            from .inspect import call_hook
+        with _holding(cache):  # positions continue from the previous call on this cache
+            if cache is not None:
+                _check_cache(self._name, cache.layers[0], b, t)
+            pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
+            if return_attention is not False or return_stats is not False:
+                from .inspect import call_hook
 
-            return call_hook(
-                self, ids_arr, pos, key_mask, cache, last_only, return_attention, return_stats
+                return call_hook(
+                    self, ids_arr, pos, key_mask, cache, last_only, return_attention, return_stats
+                )
+            logits = self._impl.forward(
+                np.ascontiguousarray(ids_arr, dtype=np.int64),
+                pos,
+                key_mask,
+                [c._impl for c in cache.layers] if cache is not None else [],
+                bool(last_only),
+                self._rope.frequencies(pos),
             )
-        logits = self._impl.forward(
-            np.ascontiguousarray(ids_arr, dtype=np.int64),
-            pos,
-            key_mask,
-            [c._impl for c in cache.layers] if cache is not None else [],
-            bool(last_only),
-            self._rope.frequencies(pos),
-        )
-        if cache is not None:
-            for c in cache.layers:
-                c.next_positions[:] = nxt
+            if cache is not None:
+                for c in cache.layers:
+                    c.next_positions[:] = nxt
         return logits
 
     def generate(
