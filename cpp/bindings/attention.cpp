@@ -4,8 +4,45 @@
 
 #include "bindings/common.hpp"
 
+#include <cmath>
+#include <vector>
+
 namespace llmk::bind {
 namespace {
+
+// The dispatch on checked operands (the _core entry or the fast path): q (B, Hq, Tq, D),
+// k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv), out (B, Hq, Tq, Dv), all C-contiguous, one dtype.
+void run_attention(const py::array& q, const py::array& k, const py::array& v, double scale,
+                   bool causal, int mask_kind, const void* mask_data,
+                   const std::int64_t* strides, py::array& out, py::array* weights) {
+  const auto B = q.shape(0), Hq = q.shape(1), Tq = q.shape(2), D = q.shape(3);
+  const auto Hkv = k.shape(1), Tk = k.shape(2), Dv = v.shape(3);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    attn_params<T> p{};
+    p.q = cptr<T>(q);
+    p.k = cptr<T>(k);
+    p.v = cptr<T>(v);
+    p.out = ptr<T>(out);
+    p.weights = weights ? ptr<T>(*weights) : nullptr;
+    p.b = B, p.hq = Hq, p.hkv = Hkv, p.tq = Tq, p.tk = Tk, p.d = D, p.dv = Dv;
+    auto contiguous = [](std::size_t* s, std::size_t heads, std::size_t rows, std::size_t cols) {
+      s[2] = cols, s[1] = rows * cols, s[0] = heads * rows * cols;
+    };
+    contiguous(p.qs, Hq, Tq, D);
+    contiguous(p.ks, Hkv, Tk, D);
+    contiguous(p.vs, Hkv, Tk, Dv);
+    contiguous(p.os, Hq, Tq, Dv);
+    p.scale = static_cast<T>(scale);
+    p.causal = causal;
+    p.mask_kind = mask_kind;
+    p.mask = mask_data;
+    for (int a = 0; a < 4; ++a) p.mask_strides[a] = strides[a];
+    py::gil_scoped_release nogil;
+    llmk::attention<T>(p);
+  };
+  if (is_f32(q)) run(float{}); else run(double{});
+}
 
 // q (B, Hq, Tq, D), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv), out (B, Hq, Tq, Dv),
 // weights (B, Hq, Tq, Tk) or None; mask: None or a 4-D view broadcast to (B, Hq, Tq, Tk),
@@ -53,31 +90,60 @@ void attention(py::array q, py::array k, py::array v, double scale, bool causal,
       strides[a] = m.strides(a) / static_cast<py::ssize_t>(m.itemsize());
     }
   }
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    attn_params<T> p{};
-    p.q = cptr<T>(q);
-    p.k = cptr<T>(k);
-    p.v = cptr<T>(v);
-    p.out = ptr<T>(out);
-    p.weights = weights ? ptr<T>(*weights) : nullptr;
-    p.b = B, p.hq = Hq, p.hkv = Hkv, p.tq = Tq, p.tk = Tk, p.d = D, p.dv = Dv;
-    auto contiguous = [](std::size_t* s, std::size_t heads, std::size_t rows, std::size_t cols) {
-      s[2] = cols, s[1] = rows * cols, s[0] = heads * rows * cols;
-    };
-    contiguous(p.qs, Hq, Tq, D);
-    contiguous(p.ks, Hkv, Tk, D);
-    contiguous(p.vs, Hkv, Tk, Dv);
-    contiguous(p.os, Hq, Tq, Dv);
-    p.scale = static_cast<T>(scale);
-    p.causal = causal;
-    p.mask_kind = mask_kind;
-    p.mask = mask ? mask->data() : nullptr;
-    for (int a = 0; a < 4; ++a) p.mask_strides[a] = strides[a];
-    py::gil_scoped_release nogil;
-    llmk::attention<T>(p);
+  run_attention(q, k, v, scale, causal, mask_kind, mask ? mask->data() : nullptr, strides, out,
+                weights ? &*weights : nullptr);
+}
+
+
+// attention's common case (no mask, no weights; see common.hpp), or None. q, k, v: plain
+// arrays of one kind, 3-D or 4-D; out must not overlap any of them (out rows are written while
+// q/k/v are still read).
+py::object fast_attention(py::handle q_h, py::handle k_h, py::handle v_h, py::handle causal_h,
+                          py::handle scale_h, py::handle out_h) {
+  const int kind = plain_kind(q_h);
+  if (!kind || plain_kind(k_h) != kind || plain_kind(v_h) != kind) return py::none();
+  if (causal_h.ptr() != Py_True && causal_h.ptr() != Py_False) return py::none();
+  auto q = py::reinterpret_borrow<py::array>(q_h);
+  auto k = py::reinterpret_borrow<py::array>(k_h);
+  auto v = py::reinterpret_borrow<py::array>(v_h);
+  const auto nd = q.ndim();
+  if ((nd != 3 && nd != 4) || k.ndim() != nd || v.ndim() != nd) return py::none();
+  if (nd == 4 && (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0))) return py::none();
+  const auto Hq = q.shape(nd - 3), Tq = q.shape(nd - 2), D = q.shape(nd - 1);
+  const auto Hkv = k.shape(nd - 3), Tk = k.shape(nd - 2), Dv = v.shape(nd - 1);
+  if (k.shape(nd - 1) != D || v.shape(nd - 3) != Hkv || v.shape(nd - 2) != Tk || Hkv == 0 ||
+      Hq % Hkv != 0 || D == 0)
+    return py::none();
+  double scale;
+  if (scale_h.is_none()) {
+    scale = 1.0 / std::sqrt(static_cast<double>(D));
+  } else {
+    if (!PyFloat_CheckExact(scale_h.ptr())) return py::none();
+    scale = PyFloat_AS_DOUBLE(scale_h.ptr());
+    if (!std::isfinite(scale)) return py::none();
+  }
+  std::vector<py::ssize_t> out_shape = shape_of(q);
+  out_shape.back() = Dv;
+  py::array out;
+  if (out_h.is_none()) {
+    out = kind == 1 ? new_output<float>(out_shape) : new_output<double>(out_shape);
+  } else {
+    if (plain_kind(out_h) != kind) return py::none();
+    out = py::reinterpret_borrow<py::array>(out_h);
+    if (!out.writeable() || shape_of(out) != out_shape || overlaps(q, out) || overlaps(k, out) ||
+        overlaps(v, out))
+      return py::none();
+  }
+  if (out.size() == 0) return std::move(out);
+  auto as4 = [&](const py::array& a) {
+    if (nd == 4) return a;
+    std::vector<py::ssize_t> s{1, a.shape(0), a.shape(1), a.shape(2)};
+    return py::array(a.dtype(), s, a.data(), a);
   };
-  if (is_f32(q)) run(float{}); else run(double{});
+  py::array q4 = as4(q), k4 = as4(k), v4 = as4(v), o4 = as4(out);
+  const std::int64_t strides[4] = {0, 0, 0, 0};
+  run_attention(q4, k4, v4, scale, causal_h.ptr() == Py_True, 0, nullptr, strides, o4, nullptr);
+  return std::move(out);
 }
 
 }  // namespace
@@ -87,6 +153,8 @@ void bind_attention(py::module_& m) {
   m.def("attention", &attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a, "mask"_a, "out"_a,
         "weights"_a,
         "Fused streaming attention on C-contiguous 4-D operands (see llmkernels.attention).");
+  m.def("_fast_attention", &fast_attention, "q"_a, "k"_a, "v"_a, "causal"_a, "scale"_a, "out"_a,
+        "attention's common case (no mask, no weights) in C++, or None.");
 }
 
 }  // namespace llmk::bind

@@ -7,6 +7,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <cstdint>
 #include <optional>
 
 #include <string>
@@ -86,6 +88,75 @@ inline const T* cptr(const py::array& a) {
 template <class T>
 inline const T* cptr_or_null(const std::optional<py::array>& a) {
   return a ? static_cast<const T*>(a->data()) : nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fast path (issue 11 item 2). Each public op's `_fast_<op>` entry takes the Python
+// arguments as they came and handles the common case entirely in C++: plain ndarrays of native
+// float32/float64, C-contiguous, one dtype, `out` absent or not overlapping an input (other than
+// an exact alias where the op allows it), valid shapes and scalars. For anything else it returns
+// None, and the Python wrapper takes the conversion path (array-likes, promotion, copies, and the
+// error messages) -- so both paths give the same results and the same errors.
+
+// 1 for a plain C-contiguous ndarray of native float32, 2 for float64, 0 for anything else
+// (subclasses, other dtypes, byte-swapped, strided). Dtypes are compared as NumPy compares them,
+// so a pickled float32 dtype or one with metadata counts as float32.
+inline int plain_kind(py::handle h) {
+  const auto& api = py::detail::npy_api::get();
+  if (Py_TYPE(h.ptr()) != reinterpret_cast<PyTypeObject*>(api.PyArray_Type_)) return 0;
+  auto a = py::reinterpret_borrow<py::array>(h);
+  if (!(a.flags() & py::array::c_style)) return 0;
+  if (is_f32(a)) return 1;
+  if (is_f64(a)) return 2;
+  return 0;
+}
+
+inline bool same_shape(const py::array& a, const py::array& b) {
+  if (a.ndim() != b.ndim()) return false;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) != b.shape(i)) return false;
+  return true;
+}
+
+// byte ranges of two C-contiguous arrays intersect
+inline bool overlaps(const py::array& a, const py::array& b) {
+  auto pa = reinterpret_cast<std::uintptr_t>(a.data()), pb = reinterpret_cast<std::uintptr_t>(b.data());
+  auto na = static_cast<std::uintptr_t>(a.nbytes()), nb = static_cast<std::uintptr_t>(b.nbytes());
+  return na && nb && pa < pb + nb && pb < pa + na;
+}
+
+// `out` is usable as is: a plain array of kind `kind` and like's shape, writeable
+inline bool plain_out(py::handle out, int kind, const py::array& like) {
+  if (plain_kind(out) != kind) return false;
+  auto o = py::reinterpret_borrow<py::array>(out);
+  return o.writeable() && same_shape(o, like);
+}
+
+// eps-like scalar of the fast path: a Python float, finite and >= 0 (anything else: slow path)
+inline bool plain_nonneg(py::handle h, double* value) {
+  if (!PyFloat_CheckExact(h.ptr())) return false;
+  double v = PyFloat_AS_DOUBLE(h.ptr());
+  *value = v;
+  return v >= 0.0 && std::isfinite(v);
+}
+
+// Outputs of at least kAlignBytes are 64-byte aligned (as _ops._empty does), so the kernels can
+// use aligned streaming stores on large outputs; small ones are a plain NumPy allocation.
+constexpr std::size_t kAlignBytes = std::size_t(1) << 20;
+
+template <class T>
+py::array new_output(const std::vector<py::ssize_t>& shape) {
+  std::size_t n = 1;
+  for (auto s : shape) n *= static_cast<std::size_t>(s);
+  if (n * sizeof(T) < kAlignBytes) return py::array_t<T>(shape);
+  py::array_t<std::uint8_t> raw(static_cast<py::ssize_t>(n * sizeof(T) + 64));
+  auto addr = reinterpret_cast<std::uintptr_t>(raw.data());
+  std::size_t offset = (64 - addr % 64) % 64;
+  return py::array_t<T>(shape, reinterpret_cast<T*>(raw.mutable_data() + offset), raw);
+}
+
+inline std::vector<py::ssize_t> shape_of(const py::array& a) {
+  return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
 }
 
 void bind_elementwise(py::module_& m);

@@ -3,6 +3,8 @@
 // (dtype promotion, copies, out=) lives in python/llmkernels/_ops.py.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "bindings/common.hpp"
 #include "common/isa.hpp"
@@ -32,6 +34,24 @@ bool use_stream_aligned_rows(const py::array& out, std::size_t row_bytes) {
   return use_stream(out) && addr % 64 == 0 && row_bytes % 64 == 0;
 }
 
+// The dispatch of each op on operands already checked (by the _core entry or the fast path).
+void run_rms_norm(const py::array& x, const py::array* weight, double eps, py::array& out) {
+  std::size_t rows, n;
+  rows_cols(x, &rows, &n);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = cptr<T>(x);
+    const T* wp = weight ? cptr<T>(*weight) : nullptr;
+    T* op = ptr<T>(out);
+    const bool stream = use_stream(out);
+    py::gil_scoped_release nogil;
+    parallel_for(rows, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
+      dispatch(rms_norm_kernel{}, op + b * n, xp + b * n, wp, e - b, n, eps, stream);
+    });
+  };
+  if (is_f32(x)) run(float{}); else run(double{});
+}
+
 void rms_norm(py::array x, opt_array weight, double eps, py::array out) {
   const char* fn = "rms_norm";
   check_operand(fn, "x", x, nullptr, false);
@@ -45,15 +65,23 @@ void rms_norm(py::array x, opt_array weight, double eps, py::array out) {
     check_vector(fn, "weight", *weight, static_cast<py::ssize_t>(n));
   }
   if (!(eps >= 0.0)) fail(fn, "eps must be >= 0, got " + std::to_string(eps));
+  run_rms_norm(x, weight ? &*weight : nullptr, eps, out);
+}
+
+void run_layer_norm(const py::array& x, const py::array* weight, const py::array* bias,
+                    double eps, py::array& out) {
+  std::size_t rows, n;
+  rows_cols(x, &rows, &n);
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* xp = cptr<T>(x);
-    const T* wp = cptr_or_null<T>(weight);
+    const T* wp = weight ? cptr<T>(*weight) : nullptr;
+    const T* bp = bias ? cptr<T>(*bias) : nullptr;
     T* op = ptr<T>(out);
     const bool stream = use_stream(out);
     py::gil_scoped_release nogil;
-    parallel_for(rows, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
-      dispatch(rms_norm_kernel{}, op + b * n, xp + b * n, wp, e - b, n, eps, stream);
+    parallel_for(rows, 1, 2.0 * static_cast<double>(n), [&](std::size_t b, std::size_t e) {
+      dispatch(layer_norm_kernel{}, op + b * n, xp + b * n, wp, bp, e - b, n, eps, stream);
     });
   };
   if (is_f32(x)) run(float{}); else run(double{});
@@ -76,22 +104,28 @@ void layer_norm(py::array x, opt_array weight, opt_array bias, double eps, py::a
     check_vector(fn, "bias", *bias, static_cast<py::ssize_t>(n));
   }
   if (!(eps >= 0.0)) fail(fn, "eps must be >= 0, got " + std::to_string(eps));
+  run_layer_norm(x, weight ? &*weight : nullptr, bias ? &*bias : nullptr, eps, out);
+}
+
+// Elementwise map over the flat array; chunk boundaries on multiples of 64 elements.
+template <class Kernel>
+void run_elementwise(const Kernel& kernel, const py::array& x, const py::array* up,
+                     py::array& out) {
+  std::size_t n = static_cast<std::size_t>(x.size());
   auto run = [&](auto tag) {
     using T = decltype(tag);
     const T* xp = cptr<T>(x);
-    const T* wp = cptr_or_null<T>(weight);
-    const T* bp = cptr_or_null<T>(bias);
+    const T* up_p = up ? cptr<T>(*up) : nullptr;
     T* op = ptr<T>(out);
     const bool stream = use_stream(out);
     py::gil_scoped_release nogil;
-    parallel_for(rows, 1, 2.0 * static_cast<double>(n), [&](std::size_t b, std::size_t e) {
-      dispatch(layer_norm_kernel{}, op + b * n, xp + b * n, wp, bp, e - b, n, eps, stream);
+    parallel_for(n, 64, 4.0, [&](std::size_t b, std::size_t e) {
+      dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b, stream);
     });
   };
   if (is_f32(x)) run(float{}); else run(double{});
 }
 
-// Elementwise map over the flat array; chunk boundaries on multiples of 64 elements.
 template <class Kernel>
 void elementwise(const char* fn, const Kernel& kernel, py::array x, opt_array up, py::array out) {
   check_operand(fn, "x", x, nullptr, false);
@@ -101,19 +135,7 @@ void elementwise(const char* fn, const Kernel& kernel, py::array x, opt_array up
     check_operand(fn, "up", *up, &x, false);
     check_same_shape(fn, "up", *up, x);
   }
-  std::size_t n = static_cast<std::size_t>(x.size());
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = cptr<T>(x);
-    const T* up_p = cptr_or_null<T>(up);
-    T* op = ptr<T>(out);
-    const bool stream = use_stream(out);
-    py::gil_scoped_release nogil;
-    parallel_for(n, 64, 4.0, [&](std::size_t b, std::size_t e) {
-      dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b, stream);
-    });
-  };
-  if (is_f32(x)) run(float{}); else run(double{});
+  run_elementwise(kernel, x, up ? &*up : nullptr, out);
 }
 
 // exp / sigmoid kernels have no `up` operand: adapt their signature to elementwise().
@@ -161,6 +183,30 @@ py::tuple rope_tables(py::array_t<std::int64_t, py::array::c_style> positions,
   throw py::type_error("[rope] dtype must be float32 or float64");
 }
 
+// rows of x (..., d) rotated with table row table_row[r] for row r
+void run_rope(const py::array& x, const std::int64_t* tr, const py::array& cos_tab,
+              const py::array& sin_tab, std::size_t rotary_dim, bool interleaved,
+              py::array& out) {
+  std::size_t rows, d;
+  rows_cols(x, &rows, &d);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = cptr<T>(x);
+    const T* cp = cptr<T>(cos_tab);
+    const T* sp = cptr<T>(sin_tab);
+    T* op = ptr<T>(out);
+    // streamed stores at o + i and o + half + i: both row starts and halves must be aligned
+    const bool stream = !interleaved && rotary_dim == d && use_stream_aligned_rows(out, d * sizeof(T)) &&
+                        (rotary_dim / 2 * sizeof(T)) % 64 == 0;
+    py::gil_scoped_release nogil;
+    parallel_for(rows, 1, static_cast<double>(d), [&](std::size_t b, std::size_t e) {
+      dispatch(rope_kernel{}, op + b * d, xp + b * d, tr + b, cp, sp, e - b, d, rotary_dim,
+               interleaved, stream);
+    });
+  };
+  if (is_f32(x)) run(float{}); else run(double{});
+}
+
 void rope(py::array x, py::array_t<std::int64_t, py::array::c_style> table_row, py::array cos_tab,
           py::array sin_tab, std::size_t rotary_dim, bool interleaved, py::array out) {
   const char* fn = "rope";
@@ -183,22 +229,7 @@ void rope(py::array x, py::array_t<std::int64_t, py::array::c_style> table_row, 
   const std::int64_t n_tab = cos_tab.shape(0);
   for (std::size_t r = 0; r < rows; ++r)
     if (tr[r] < 0 || tr[r] >= n_tab) fail(fn, "table_row entry out of range");
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = cptr<T>(x);
-    const T* cp = cptr<T>(cos_tab);
-    const T* sp = cptr<T>(sin_tab);
-    T* op = ptr<T>(out);
-    // streamed stores at o + i and o + half + i: both row starts and halves must be aligned
-    const bool stream = !interleaved && rotary_dim == d && use_stream_aligned_rows(out, d * sizeof(T)) &&
-                        (rotary_dim / 2 * sizeof(T)) % 64 == 0;
-    py::gil_scoped_release nogil;
-    parallel_for(rows, 1, static_cast<double>(d), [&](std::size_t b, std::size_t e) {
-      dispatch(rope_kernel{}, op + b * d, xp + b * d, tr + b, cp, sp, e - b, d, rotary_dim,
-               interleaved, stream);
-    });
-  };
-  if (is_f32(x)) run(float{}); else run(double{});
+  run_rope(x, tr, cos_tab, sin_tab, rotary_dim, interleaved, out);
 }
 
 // x (m, k); w_gate, w_up (k, h); w_down (h, n) or None; biases optional. Returns (m, n), or the
@@ -252,6 +283,130 @@ py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, opt_array w_
   return is_f32(x) ? run(float{}) : run(double{});
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// fast paths (see common.hpp): the result, or None for the Python conversion path
+
+py::object fast_rms_norm(py::handle x_h, py::handle w_h, py::handle eps_h, py::handle out_h) {
+  const int kind = plain_kind(x_h);
+  double eps;
+  if (!kind || !plain_nonneg(eps_h, &eps)) return py::none();
+  auto x = py::reinterpret_borrow<py::array>(x_h);
+  if (x.ndim() < 1) return py::none();
+  const py::ssize_t n = x.shape(x.ndim() - 1);
+  std::optional<py::array> w;
+  if (!w_h.is_none()) {
+    if (plain_kind(w_h) != kind) return py::none();
+    w = py::reinterpret_borrow<py::array>(w_h);
+    if (w->ndim() != 1 || w->shape(0) != n) return py::none();
+  }
+  py::array out;
+  if (out_h.is_none()) {
+    out = kind == 1 ? new_output<float>(shape_of(x)) : new_output<double>(shape_of(x));
+  } else {
+    if (!plain_out(out_h, kind, x)) return py::none();
+    out = py::reinterpret_borrow<py::array>(out_h);
+    // x may be out exactly (rows are read before written); the weight must not overlap it
+    if ((overlaps(x, out) && x.data() != out.data()) || (w && overlaps(*w, out)))
+      return py::none();
+  }
+  if (x.size()) run_rms_norm(x, w ? &*w : nullptr, eps, out);
+  return std::move(out);
+}
+
+py::object fast_layer_norm(py::handle x_h, py::handle w_h, py::handle b_h, py::handle eps_h,
+                           py::handle out_h) {
+  const int kind = plain_kind(x_h);
+  double eps;
+  if (!kind || !plain_nonneg(eps_h, &eps)) return py::none();
+  auto x = py::reinterpret_borrow<py::array>(x_h);
+  if (x.ndim() < 1) return py::none();
+  const py::ssize_t n = x.shape(x.ndim() - 1);
+  std::optional<py::array> vec[2];
+  py::handle hs[2] = {w_h, b_h};
+  for (int i = 0; i < 2; ++i) {
+    if (hs[i].is_none()) continue;
+    if (plain_kind(hs[i]) != kind) return py::none();
+    vec[i] = py::reinterpret_borrow<py::array>(hs[i]);
+    if (vec[i]->ndim() != 1 || vec[i]->shape(0) != n) return py::none();
+  }
+  py::array out;
+  if (out_h.is_none()) {
+    out = kind == 1 ? new_output<float>(shape_of(x)) : new_output<double>(shape_of(x));
+  } else {
+    if (!plain_out(out_h, kind, x)) return py::none();
+    out = py::reinterpret_borrow<py::array>(out_h);
+    if ((overlaps(x, out) && x.data() != out.data()) || (vec[0] && overlaps(*vec[0], out)) ||
+        (vec[1] && overlaps(*vec[1], out)))
+      return py::none();
+  }
+  if (x.size()) run_layer_norm(x, vec[0] ? &*vec[0] : nullptr, vec[1] ? &*vec[1] : nullptr, eps, out);
+  return std::move(out);
+}
+
+// silu (up null) and swiglu; each input may be `out` exactly (elements read before written)
+template <class Kernel>
+py::object fast_elementwise(const Kernel& kernel, py::handle x_h, py::handle up_h,
+                            py::handle out_h) {
+  const int kind = plain_kind(x_h);
+  if (!kind) return py::none();
+  auto x = py::reinterpret_borrow<py::array>(x_h);
+  std::optional<py::array> up;
+  if (up_h) {
+    if (plain_kind(up_h) != kind) return py::none();
+    up = py::reinterpret_borrow<py::array>(up_h);
+    if (!same_shape(*up, x)) return py::none();
+  }
+  py::array out;
+  if (out_h.is_none()) {
+    out = kind == 1 ? new_output<float>(shape_of(x)) : new_output<double>(shape_of(x));
+  } else {
+    if (!plain_out(out_h, kind, x)) return py::none();
+    out = py::reinterpret_borrow<py::array>(out_h);
+    if ((overlaps(x, out) && x.data() != out.data()) ||
+        (up && overlaps(*up, out) && up->data() != out.data()))
+      return py::none();
+  }
+  if (x.size()) run_elementwise(kernel, x, up ? &*up : nullptr, out);
+  return std::move(out);
+}
+
+// rope with the default positions (arange(T)) and rotary_dim = D: cos/sin are the (T, D/2)
+// tables _ops.rope cached for this (T, D, theta, attention_factor, dtype); row r of x (..., T, D)
+// uses table row r % T.
+py::object fast_rope(py::handle x_h, py::handle cos_h, py::handle sin_h, py::handle inter_h,
+                     py::handle out_h) {
+  const int kind = plain_kind(x_h);
+  if (!kind || plain_kind(cos_h) != kind || plain_kind(sin_h) != kind) return py::none();
+  if (inter_h.ptr() != Py_True && inter_h.ptr() != Py_False) return py::none();
+  const bool interleaved = inter_h.ptr() == Py_True;
+  auto x = py::reinterpret_borrow<py::array>(x_h);
+  auto c = py::reinterpret_borrow<py::array>(cos_h), s = py::reinterpret_borrow<py::array>(sin_h);
+  if (x.ndim() < 2) return py::none();
+  const py::ssize_t t = x.shape(x.ndim() - 2), d = x.shape(x.ndim() - 1);
+  if (d % 2 || c.ndim() != 2 || c.shape(0) != t || c.shape(1) * 2 != d || !same_shape(c, s))
+    return py::none();
+  py::array out;
+  if (out_h.is_none()) {
+    out = kind == 1 ? new_output<float>(shape_of(x)) : new_output<double>(shape_of(x));
+  } else {
+    if (!plain_out(out_h, kind, x)) return py::none();
+    out = py::reinterpret_borrow<py::array>(out_h);
+    if ((overlaps(x, out) && x.data() != out.data()) || overlaps(c, out) || overlaps(s, out))
+      return py::none();
+  }
+  if (x.size() == 0 || d == 0) {
+    if (x.size() && out.data() != x.data())
+      std::memcpy(out.mutable_data(), x.data(), static_cast<std::size_t>(x.nbytes()));
+    return std::move(out);
+  }
+  const std::size_t rows = static_cast<std::size_t>(x.size() / d);
+  std::vector<std::int64_t> table_row(rows);
+  for (std::size_t r = 0; r < rows; ++r) table_row[r] = static_cast<std::int64_t>(r % t);
+  run_rope(x, table_row.data(), c, s, static_cast<std::size_t>(d), interleaved, out);
+  return std::move(out);
+}
+
 }  // namespace
 
 void bind_elementwise(py::module_& m) {
@@ -278,6 +433,18 @@ void bind_elementwise(py::module_& m) {
         "out"_a, "Rotate rows of x (..., D) using table row table_row[r] for row r.");
   m.def("swiglu_ffn", &swiglu_ffn, "x"_a, "w_gate"_a, "w_up"_a, "w_down"_a, "b_gate"_a, "b_up"_a,
         "b_down"_a, "SwiGLU feed-forward on 2-D x through BLAS.");
+  m.def("_fast_rms_norm", &fast_rms_norm, "x"_a, "weight"_a, "eps"_a, "out"_a,
+        "rms_norm's common case in C++, or None (see llmkernels._ops).");
+  m.def("_fast_layer_norm", &fast_layer_norm, "x"_a, "weight"_a, "bias"_a, "eps"_a, "out"_a,
+        "layer_norm's common case in C++, or None.");
+  m.def("_fast_silu", [](py::handle x, py::handle out) {
+        return fast_elementwise(silu_kernel<false>{}, x, py::handle(), out); },
+        "x"_a, "out"_a, "silu's common case in C++, or None.");
+  m.def("_fast_swiglu", [](py::handle gate, py::handle up, py::handle out) {
+        return fast_elementwise(silu_kernel<true>{}, gate, up, out); },
+        "gate"_a, "up"_a, "out"_a, "swiglu's common case in C++, or None.");
+  m.def("_fast_rope", &fast_rope, "x"_a, "cos"_a, "sin"_a, "interleaved"_a, "out"_a,
+        "rope's common case (default positions, full rotary_dim, cached tables), or None.");
 }
 
 }  // namespace llmk::bind

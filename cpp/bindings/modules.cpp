@@ -20,10 +20,11 @@ void expect(bool ok, const char* fn, const std::string& msg) {
 using f64_array = py::array_t<double, py::array::c_style>;
 
 // optional per-call RoPE frequencies, (head_dim / 2,)
-const double* freq_override(const char* fn, const std::optional<f64_array>& f, std::size_t hd) {
+// per-call frequencies: as many as the module's own (head_dim/2, or fewer with partial rotary)
+const double* freq_override(const char* fn, const std::optional<f64_array>& f, std::size_t n) {
   if (!f) return nullptr;
-  expect(f->ndim() == 1 && static_cast<std::size_t>(f->shape(0)) == hd / 2, fn,
-         "inv_freq must have shape (head_dim/2,)");
+  expect(f->ndim() == 1 && static_cast<std::size_t>(f->shape(0)) == n, fn,
+         "inv_freq must have shape (" + std::to_string(n) + ",) like the module's frequencies");
   return f->data();
 }
 
@@ -205,7 +206,7 @@ void bind_modules(py::module_& m) {
           [](const MultiHeadAttentionModule& self, f32_array x, i64_array positions,
              std::optional<u8_array> key_mask, KVCache* cache, std::optional<f64_array> inv_freq) {
             const char* fn = "MultiHeadAttention";
-            const double* fo = freq_override(fn, inv_freq, self.head_dim);
+            const double* fo = freq_override(fn, inv_freq, self.inv_freq.size());
             expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == self.dim, fn,
                    "x must have shape (B, T, dim)");
             check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
@@ -247,7 +248,7 @@ void bind_modules(py::module_& m) {
           [](const TransformerBlockModule& self, f32_array x, i64_array positions,
              std::optional<u8_array> key_mask, KVCache* cache, std::optional<f64_array> inv_freq) {
             const char* fn = "TransformerBlock";
-            const double* fo = freq_override(fn, inv_freq, self.attention->head_dim);
+            const double* fo = freq_override(fn, inv_freq, self.attention->inv_freq.size());
             const std::size_t dim = self.attention->dim;
             expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == dim, fn,
                    "x must have shape (B, T, dim)");
@@ -285,7 +286,7 @@ void bind_modules(py::module_& m) {
             const char* fn = "Transformer";
             const double* fo = self.blocks.empty()
                                    ? nullptr
-                                   : freq_override(fn, inv_freq, self.blocks[0]->attention->head_dim);
+                                   : freq_override(fn, inv_freq, self.blocks[0]->attention->inv_freq.size());
             for (auto& blk : self.blocks)
               expect(!fo || blk->attention->head_dim == self.blocks[0]->attention->head_dim, fn,
                      "inv_freq needs one head_dim for all blocks");

@@ -253,7 +253,12 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
       w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_, 0.f),
       b_qkv_(qkv_bias_ ? (n_heads_ + 2 * n_kv_heads_) * head_dim_ : 0, 0.f),
       w_o_(dim_ * n_heads_ * head_dim_, 0.f),
-      b_o_(o_bias_ ? dim_ : 0, 0.f) {}
+      b_o_(o_bias_ ? dim_ : 0, 0.f) {
+  if (2 * inv_freq.size() > head_dim)
+    throw std::invalid_argument("[MultiHeadAttention] inv_freq must have at most head_dim/2 = " +
+                                std::to_string(head_dim / 2) + " entries, got " +
+                                std::to_string(inv_freq.size()));
+}
 
 std::vector<Param> MultiHeadAttentionModule::params() {
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
@@ -276,7 +281,9 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
                                        const float* residual,
                                        const double* inv_freq_override) const {
   const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
-  const std::size_t m = batch * seq, hd = head_dim, half = hd / 2;
+  // partial rotary (HF partial_rotary_factor): the first 2 * len(inv_freq) features of each head
+  // are rotated, the rest pass through (the constructor checks len(inv_freq) <= head_dim / 2)
+  const std::size_t m = batch * seq, hd = head_dim, half = inv_freq.size();
   const std::size_t hq = n_heads, hkv = n_kv_heads;
   const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
   ScratchScope scope;
@@ -303,7 +310,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
         std::size_t rows = std::min(zeros.size(), hq + hkv - h0);
         dispatch(rope_kernel{}, q + h0 * hd, static_cast<const float*>(q + h0 * hd),
                  zeros.data(), static_cast<const float*>(c), static_cast<const float*>(s), rows,
-                 hd, hd, false, false);
+                 hd, 2 * half, false, false);
       }
     }
   });

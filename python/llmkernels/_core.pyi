@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'get_num_threads', 'layer_norm', 'openblas_config', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'get_num_threads', 'layer_norm', 'max_threads', 'openblas_config', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -152,6 +152,30 @@ class TransformerImpl:
 def _exp(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
     The vectorized exp the kernels use (subnormal results flushed to 0).
+    """
+def _fast_attention(q: typing.Any, k: typing.Any, v: typing.Any, causal: typing.Any, scale: typing.Any, out: typing.Any) -> typing.Any:
+    """
+    attention's common case (no mask, no weights) in C++, or None.
+    """
+def _fast_layer_norm(x: typing.Any, weight: typing.Any, bias: typing.Any, eps: typing.Any, out: typing.Any) -> typing.Any:
+    """
+    layer_norm's common case in C++, or None.
+    """
+def _fast_rms_norm(x: typing.Any, weight: typing.Any, eps: typing.Any, out: typing.Any) -> typing.Any:
+    """
+    rms_norm's common case in C++, or None (see llmkernels._ops).
+    """
+def _fast_rope(x: typing.Any, cos: typing.Any, sin: typing.Any, interleaved: typing.Any, out: typing.Any) -> typing.Any:
+    """
+    rope's common case (default positions, full rotary_dim, cached tables), or None.
+    """
+def _fast_silu(x: typing.Any, out: typing.Any) -> typing.Any:
+    """
+    silu's common case in C++, or None.
+    """
+def _fast_swiglu(gate: typing.Any, up: typing.Any, out: typing.Any) -> typing.Any:
+    """
+    swiglu's common case in C++, or None.
     """
 def _probe_fma_gflops(threads: typing.SupportsInt | typing.SupportsIndex, iterations: typing.SupportsInt | typing.SupportsIndex) -> float:
     ...

@@ -1,6 +1,13 @@
 """Public ops: argument handling around the C++ kernels in ``llmkernels._core``.
 
-Each function here validates its arguments (errors start with ``[op]`` and name the argument),
+Each op first offers its arguments, as given, to its ``_core._fast_<op>`` entry: the common
+case (ndarrays of native float32/float64, C-contiguous, one dtype, ``out`` absent or not
+overlapping an input except as the exact same array where the op allows it, valid shapes and
+scalars) is checked, allocated and computed there in one C++ call. Anything else -- array-likes,
+other or mixed dtypes, byte-swapped or strided arrays, overlapping ``out``, bad arguments --
+returns None and takes the conversion path below, which gives the errors.
+
+The conversion path validates its arguments (errors start with ``[op]`` and name the argument),
 resolves the result dtype (float32 stays float32, float64 stays float64, integers/bools become
 float64, mixed float32/float64 promote to float64), makes C-contiguous copies only where needed,
 checks ``out=`` completely before anything is written, and then calls one C++ kernel with the
@@ -17,6 +24,14 @@ from typing import Any
 import numpy as np
 
 from . import _core
+from ._core import (
+    _fast_attention,
+    _fast_layer_norm,
+    _fast_rms_norm,
+    _fast_rope,
+    _fast_silu,
+    _fast_swiglu,
+)
 from ._rope_scaling import rope_inv_freq
 
 __all__ = [
@@ -178,6 +193,9 @@ def rms_norm(
         >>> np.round(lk.rms_norm([[3.0, 4.0]], eps=0.0), 4)
         array([[0.8485, 1.1314]])
     """
+    r = _fast_rms_norm(x, weight, eps, out)
+    if r is not None:
+        return r
     fn = "rms_norm"
     x = _as_array(fn, "x", x)
     w = None if weight is None else _as_array(fn, "weight", weight)
@@ -219,6 +237,9 @@ def layer_norm(
         >>> np.round(lk.layer_norm([[1.0, 2.0, 3.0]], eps=0.0), 4)
         array([[-1.2247,  0.    ,  1.2247]])
     """
+    r = _fast_layer_norm(x, weight, bias, eps, out)
+    if r is not None:
+        return r
     fn = "layer_norm"
     x = _as_array(fn, "x", x)
     w = None if weight is None else _as_array(fn, "weight", weight)
@@ -260,6 +281,9 @@ def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
         >>> np.round(lk.silu([-1.0, 0.0, 1.0]), 4)
         array([-0.2689,  0.    ,  0.7311])
     """
+    r = _fast_silu(x, out)
+    if r is not None:
+        return r
     fn = "silu"
     x = _as_array(fn, "x", x)
     dtype = _compute_dtype(x)
@@ -282,6 +306,9 @@ def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
         >>> np.round(lk.swiglu([1.0, 2.0], [3.0, 0.5]), 4)
         array([2.1932, 0.8808])
     """
+    r = _fast_swiglu(gate, up, out)
+    if r is not None:
+        return r
     fn = "swiglu"
     g = _as_array(fn, "gate", gate)
     u = _as_array(fn, "up", up)
@@ -413,6 +440,16 @@ _TABLE_CACHE_LOCK = threading.Lock()
 _table_cache_used = 0
 
 
+# The fast path's tables for the default positions arange(T) and rotary_dim = D, keyed by
+# (T, D, theta, attention_factor, dtype char): one dict lookup instead of hashing positions and
+# frequencies. Filled by the conversion path (the same tables _rope_tables returns, so results are
+# bitwise those of the conversion path); bounded (small tables, at most _ROPE_DEFAULT_ENTRIES,
+# cleared when full). Dict reads and writes are atomic under the GIL.
+_ROPE_DEFAULT: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_ROPE_DEFAULT_BYTES = 1 << 20
+_ROPE_DEFAULT_ENTRIES = 64
+
+
 def _rope_tables(
     pos: np.ndarray, freqs: np.ndarray, attention_factor: float, dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -473,6 +510,21 @@ def rope(
         >>> np.round(lk.rope([[1.0, 0.5]], [1], inv_freq=[0.1]), 4)  # 0.1 rad/position, position 1
         array([[0.9451, 0.5973]])
     """
+    if (
+        positions is None
+        and inv_freq is None
+        and rotary_dim is None
+        and type(x) is np.ndarray
+        and x.ndim >= 2
+        and type(theta) is float
+        and type(attention_factor) is float
+    ):
+        key = (x.shape[-2], x.shape[-1], theta, attention_factor, x.dtype.char)
+        tables = _ROPE_DEFAULT.get(key)
+        if tables is not None:
+            r = _fast_rope(x, tables[0], tables[1], interleaved, out)
+            if r is not None:
+                return r
     fn = "rope"
     x = _as_array(fn, "x", x)
     if x.ndim < 2:
@@ -526,6 +578,16 @@ def rope(
     # one table row per distinct entry of the (unbroadcast) positions array; row r of x uses
     # table row table_row[r]
     cos_tab, sin_tab = _rope_tables(pos.reshape(-1), freqs, attention_factor, dtype)
+    if (
+        positions is None
+        and rotary_dim is None
+        and inv_freq is None
+        and type(theta) is float
+        and cos_tab.nbytes <= _ROPE_DEFAULT_BYTES
+    ):
+        if len(_ROPE_DEFAULT) >= _ROPE_DEFAULT_ENTRIES:
+            _ROPE_DEFAULT.clear()
+        _ROPE_DEFAULT[(t, d, theta, attention_factor, dtype.char)] = (cos_tab, sin_tab)
     if pos.shape == (t,):  # the common case: row r of x sits at position index r % T
         table_row = np.tile(np.arange(t, dtype=np.int64), x.size // (t * d))
     else:
@@ -582,6 +644,10 @@ def attention(
         array([[[0.7311, 0.2689],
                 [0.2689, 0.7311]]])
     """
+    if mask is None and return_weights is False:
+        r = _fast_attention(q, k, v, causal, scale, out)
+        if r is not None:
+            return r
     fn = "attention"
     q = _as_array(fn, "q", q)
     k = _as_array(fn, "k", k)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import numbers
 import os
@@ -163,7 +164,20 @@ class _Module:
                 arr[...] = rng.standard_normal(arr.shape, dtype=np.float32) * _INIT_STD
 
 
+_F32 = np.dtype(np.float32)
+
+
 def _as_f32(cls: str, name: str, x: Any, last: int) -> np.ndarray:
+    # the common case first: a C-contiguous native float32 array is passed on as is (the C++
+    # forward checks its shape again)
+    if (
+        type(x) is np.ndarray
+        and x.dtype == _F32
+        and x.flags.c_contiguous
+        and x.ndim >= 1
+        and x.shape[-1] == last
+    ):
+        return x
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"[{cls}] {name} has unsupported dtype {arr.dtype}")
@@ -384,12 +398,22 @@ def _holding(cache: KVCache | ModelCache | None) -> Any:
 _MAX_POSITION = 2**62
 
 
+@functools.lru_cache(maxsize=64)
+def _default_positions(batch: int, seq: int) -> np.ndarray:
+    pos = np.ascontiguousarray(np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)))
+    pos.flags.writeable = False
+    return pos
+
+
 def _positions_and_mask(
     cls: str, batch: int, seq: int, positions: Any, mask: Any, cache: KVCache | ModelCache | None
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """(B, T) int64 positions, (B, T) uint8 key mask or None, and the next positions for the
     cache. Default positions: the cache's next position per sequence + the count of real tokens
     before each one (HF's cumsum(attention_mask) - 1 convention for padded batches)."""
+    if mask is None and positions is None and cache is None:
+        # the stateless forward: arange(T) per sequence, shared read-only between calls
+        return _default_positions(batch, seq), None, None
     key_mask = None
     if mask is not None:
         m = np.asarray(mask)
