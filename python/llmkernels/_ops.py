@@ -24,14 +24,6 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._core import (
-    _fast_attention,
-    _fast_layer_norm,
-    _fast_rms_norm,
-    _fast_rope,
-    _fast_silu,
-    _fast_swiglu,
-)
 from ._rope_scaling import rope_inv_freq
 
 __all__ = [
@@ -193,7 +185,7 @@ def rms_norm(
         >>> np.round(lk.rms_norm([[3.0, 4.0]], eps=0.0), 4)
         array([[0.8485, 1.1314]])
     """
-    r = _fast_rms_norm(x, weight, eps, out)
+    r = _core._fast_rms_norm(x, weight, eps, out)
     if r is not None:
         return r
     fn = "rms_norm"
@@ -237,7 +229,7 @@ def layer_norm(
         >>> np.round(lk.layer_norm([[1.0, 2.0, 3.0]], eps=0.0), 4)
         array([[-1.2247,  0.    ,  1.2247]])
     """
-    r = _fast_layer_norm(x, weight, bias, eps, out)
+    r = _core._fast_layer_norm(x, weight, bias, eps, out)
     if r is not None:
         return r
     fn = "layer_norm"
@@ -281,7 +273,7 @@ def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
         >>> np.round(lk.silu([-1.0, 0.0, 1.0]), 4)
         array([-0.2689,  0.    ,  0.7311])
     """
-    r = _fast_silu(x, out)
+    r = _core._fast_silu(x, out)
     if r is not None:
         return r
     fn = "silu"
@@ -306,7 +298,7 @@ def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
         >>> np.round(lk.swiglu([1.0, 2.0], [3.0, 0.5]), 4)
         array([2.1932, 0.8808])
     """
-    r = _fast_swiglu(gate, up, out)
+    r = _core._fast_swiglu(gate, up, out)
     if r is not None:
         return r
     fn = "swiglu"
@@ -522,7 +514,7 @@ def rope(
         key = (x.shape[-2], x.shape[-1], theta, attention_factor, x.dtype.char)
         tables = _ROPE_DEFAULT.get(key)
         if tables is not None:
-            r = _fast_rope(x, tables[0], tables[1], interleaved, out)
+            r = _core._fast_rope(x, tables[0], tables[1], interleaved, out)
             if r is not None:
                 return r
     fn = "rope"
@@ -645,7 +637,7 @@ def attention(
                 [0.2689, 0.7311]]])
     """
     if mask is None and return_weights is False:
-        r = _fast_attention(q, k, v, causal, scale, out)
+        r = _core._fast_attention(q, k, v, causal, scale, out)
         if r is not None:
             return r
     fn = "attention"
