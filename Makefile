@@ -81,6 +81,7 @@ bench: $(VENV)/.installed-compare
 	$(PY) benchmarks/bench_ops.py --out benchmarks/results
 	$(PY) benchmarks/bench_attention.py --out benchmarks/results
 	$(PY) benchmarks/bench_blocks.py --out benchmarks/results
+	$(PY) benchmarks/bench_sizes.py --out benchmarks/results
 	$(PY) benchmarks/plot_results.py benchmarks/results/ops.json benchmarks/results/attention.json
 	$(PY) benchmarks/render_readme.py
 

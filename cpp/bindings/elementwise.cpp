@@ -8,6 +8,7 @@
 
 #include "bindings/common.hpp"
 #include "common/isa.hpp"
+#include "common/rope_tables.hpp"
 #include "common/thread_pool.hpp"
 #include "ffn.hpp"
 #include "kernels/ops.hpp"
@@ -169,11 +170,7 @@ py::tuple rope_tables(py::array_t<std::int64_t, py::array::c_style> positions,
       py::gil_scoped_release nogil;
       parallel_for(p, 1, 40.0 * static_cast<double>(half), [&](std::size_t b, std::size_t e) {
         for (std::size_t i = b; i < e; ++i)
-          for (std::size_t j = 0; j < half; ++j) {
-            double angle = static_cast<double>(pos[i]) * f[j];
-            c[i * half + j] = static_cast<T>(std::cos(angle) * attention_factor);
-            s[i * half + j] = static_cast<T>(std::sin(angle) * attention_factor);
-          }
+          rope_table_row(pos[i], f, half, attention_factor, c + i * half, s + i * half);
       });
     }
     return py::make_tuple(cos_tab, sin_tab);

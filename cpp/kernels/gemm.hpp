@@ -41,13 +41,15 @@ constexpr int kGemmXtTokenVectors = 4;
 // stays in L2 while every feature block of the thread streams past it.
 constexpr std::size_t kGemmXtKChunk = 2048;
 
-// y[t, f] (+)= sum_kk xt[kk, t] * w[f * ldw + kk] for f < RN, t < min(valid, TV*N), kk < k.
+// y[t, f] (+)= sum_kk xt[kk, t] * w[f * ldw + kk] (+ bias[f]) for f < RN, t < min(valid, TV*N),
+// kk < k; bias (RN,) or null, added in the final store (the caller passes it with the last k chunk)
 //   y  (.., ldy)   row t, column f
 //   xt (k, ldxt)   packed tokens, zero past the last token
 //   w  (RN, ldw)   RN weight rows
 template <class Arch, class T, int RN, int TV>
 inline void gemm_xt_block(T* y, std::size_t ldy, const T* xt, std::size_t ldxt, const T* w,
-                          std::size_t ldw, std::size_t k, std::size_t valid, bool accumulate) {
+                          std::size_t ldw, std::size_t k, std::size_t valid, bool accumulate,
+                          const T* bias) {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
   V acc[RN][TV];
@@ -68,7 +70,10 @@ inline void gemm_xt_block(T* y, std::size_t ldy, const T* xt, std::size_t ldxt, 
   const std::size_t rows = std::min(valid, TV * N);
   for (std::size_t t = 0; t < rows; ++t) {
     T* dst = y + t * ldy;
-    for (int f = 0; f < RN; ++f) dst[f] = accumulate ? dst[f] + tile[f][t] : tile[f][t];
+    for (int f = 0; f < RN; ++f) {
+      dst[f] = accumulate ? dst[f] + tile[f][t] : tile[f][t];
+      if (bias) dst[f] += bias[f];  // as a separate bias pass would round it
+    }
   }
 }
 
@@ -76,20 +81,23 @@ inline void gemm_xt_block(T* y, std::size_t ldy, const T* xt, std::size_t ldxt, 
 template <class Arch, class T, int TV>
 inline void gemm_xt_tokens(T* y, std::size_t ldy, const T* xt, std::size_t ldxt, std::size_t valid,
                            const T* w, std::size_t ldw, std::size_t n, std::size_t k,
-                           bool accumulate) {
+                           bool accumulate, const T* bias) {
   constexpr int RN = gemm_xt_features<Arch>(TV);
   std::size_t f = 0;
   for (; f + RN <= n; f += RN)
-    gemm_xt_block<Arch, T, RN, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate);
+    gemm_xt_block<Arch, T, RN, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate,
+                                   bias ? bias + f : bias);
   for (; f < n; ++f)  // feature tail
-    gemm_xt_block<Arch, T, 1, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate);
+    gemm_xt_block<Arch, T, 1, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate,
+                                  bias ? bias + f : bias);
 }
 
 }  // namespace
 
 template <class Arch, class T>
 void gemm_xt_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,
-                                std::size_t n, std::size_t k, bool accumulate) const {
+                                std::size_t n, std::size_t k, bool accumulate,
+                                const T* bias) const {
   constexpr std::size_t N = vec<Arch, T>::size;
   constexpr std::size_t chunk = kGemmXtTokenVectors * N;  // divides kGemmPanel
   static_assert(kGemmPanel % chunk == 0, "a token chunk must not straddle two panels");
@@ -99,22 +107,23 @@ void gemm_xt_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xt, std::s
     for (std::size_t k0 = 0; k0 < k; k0 += kGemmXtKChunk) {
       const std::size_t kc = std::min(k - k0, kGemmXtKChunk);
       const bool acc = accumulate || k0 > 0;
+      const T* b = k0 + kc == k ? bias : nullptr;  // the bias goes with the last chunk
       T* yt = y + t * ldy;
       const T* x0 = panel + k0 * kGemmPanel;
       const std::size_t valid = m - t;
       switch (vectors) {
         case 1:
-          gemm_xt_tokens<Arch, T, 1>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc);
+          gemm_xt_tokens<Arch, T, 1>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
           break;
         case 2:
-          gemm_xt_tokens<Arch, T, 2>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc);
+          gemm_xt_tokens<Arch, T, 2>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
           break;
         case 3:
-          gemm_xt_tokens<Arch, T, 3>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc);
+          gemm_xt_tokens<Arch, T, 3>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
           break;
         default:
           gemm_xt_tokens<Arch, T, kGemmXtTokenVectors>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n,
-                                                       kc, acc);
+                                                       kc, acc, b);
           break;
       }
     }

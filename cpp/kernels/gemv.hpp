@@ -16,10 +16,11 @@
 namespace llmk {
 namespace {
 
-// y[t * ldy + r] (+)= dot(w[r * k : (r + 1) * k], x[t * ldx : t * ldx + k]) for r < R, t < M
+// y[t * ldy + r] (+)= dot(w[r * k : (r + 1) * k], x[t * ldx : t * ldx + k]) (+ bias[r])
+// for r < R, t < M; bias (R,) or null, added in the final store (no second pass over y)
 template <class Arch, class T, int R, int M>
 inline void gemv_rows(T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx, std::size_t k,
-                      bool accumulate) {
+                      bool accumulate, const T* bias) {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
   constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token)
@@ -55,6 +56,7 @@ inline void gemv_rows(T* y, std::size_t ldy, const T* w, const T* x, std::size_t
       for (std::size_t j = i; j < k; ++j) sum += w[r * k + j] * x[t * ldx + j];  // scalar tail
       T& dst = y[t * ldy + r];
       dst = accumulate ? dst + sum : sum;
+      if (bias) dst += bias[r];  // as a separate bias pass would round it
     }
   }
 }
@@ -62,33 +64,34 @@ inline void gemv_rows(T* y, std::size_t ldy, const T* w, const T* x, std::size_t
 // Every row of w against M tokens.
 template <class Arch, class T, int M>
 inline void gemv_tokens(T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,
-                        std::size_t rows, std::size_t k, bool accumulate) {
+                        std::size_t rows, std::size_t k, bool accumulate, const T* bias) {
   constexpr int R = 4;
   std::size_t r = 0;
   for (; r + R <= rows; r += R)
-    gemv_rows<Arch, T, R, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate);
-  for (; r < rows; ++r) gemv_rows<Arch, T, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate);
+    gemv_rows<Arch, T, R, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate, bias ? bias + r : bias);
+  for (; r < rows; ++r)
+    gemv_rows<Arch, T, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate, bias ? bias + r : bias);
 }
 
 }  // namespace
 
 template <class Arch, class T>
 void gemv_kernel::operator()(Arch, T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,
-                             std::size_t m, std::size_t rows, std::size_t k,
-                             bool accumulate) const {
+                             std::size_t m, std::size_t rows, std::size_t k, bool accumulate,
+                             const T* bias) const {
   constexpr std::size_t G = 4;  // tokens per pass over the weights
   std::size_t t = 0;
   for (; t + G <= m; t += G)
-    gemv_tokens<Arch, T, G>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate);
+    gemv_tokens<Arch, T, G>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
   switch (m - t) {
     case 1:
-      gemv_tokens<Arch, T, 1>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate);
+      gemv_tokens<Arch, T, 1>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
       break;
     case 2:
-      gemv_tokens<Arch, T, 2>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate);
+      gemv_tokens<Arch, T, 2>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
       break;
     case 3:
-      gemv_tokens<Arch, T, 3>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate);
+      gemv_tokens<Arch, T, 3>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
       break;
     default:
       break;

@@ -26,10 +26,10 @@
                                                         std::size_t) const;                    \
   template void llmk::gemv_kernel::operator()<A, T>(A, T*, std::size_t, const T*, const T*,   \
                                                     std::size_t, std::size_t, std::size_t,     \
-                                                    std::size_t, bool) const;                  \
+                                                    std::size_t, bool, const T*) const;        \
   template void llmk::gemm_xt_kernel::operator()<A, T>(A, T*, std::size_t, const T*,           \
                                                       std::size_t, const T*, std::size_t,       \
-                                                      std::size_t, bool) const;                 \
+                                                      std::size_t, bool, const T*) const;       \
   template void llmk::rope_kernel::operator()<A, T>(A, T*, const T*, const std::int64_t*,      \
                                                     const T*, const T*, std::size_t,           \
                                                     std::size_t, std::size_t, bool, bool) const; \

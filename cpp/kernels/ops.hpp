@@ -117,22 +117,24 @@ struct add_bias_kernel {
   void operator()(Arch, T* out, const T* bias, std::size_t rows, std::size_t n) const;
 };
 
-// y[t, r] (+)= dot(w[r, :], x[t, :])   y (m, rows) row stride ldy, w (rows, k) row-major,
-// x (m, k) row stride ldx -- decode projections (one token, or a few)
+// y[t, r] (+)= dot(w[r, :], x[t, :]) (+ bias[r])   y (m, rows) row stride ldy, w (rows, k)
+// row-major, x (m, k) row stride ldx, bias (rows,) or null -- decode projections (one token, or
+// a few); the bias is added in the final store
 struct gemv_kernel {
   template <class Arch, class T>
   void operator()(Arch, T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,
-                  std::size_t m, std::size_t rows, std::size_t k, bool accumulate) const;
+                  std::size_t m, std::size_t rows, std::size_t k, bool accumulate,
+                  const T* bias) const;
 };
 
-// y (m, n) (+)= x (m, k) . w (n, k)^T for a few dozen tokens (prefill projections), x given
-// packed by pack_panels: xt[(p * k + kk) * kGemmPanel + i] = x[p * kGemmPanel + i, kk], zero
-// past row m. y has row stride ldy.
+// y (m, n) (+)= x (m, k) . w (n, k)^T (+ bias) for a few dozen tokens (prefill projections), x
+// given packed by pack_panels: xt[(p * k + kk) * kGemmPanel + i] = x[p * kGemmPanel + i, kk],
+// zero past row m. y has row stride ldy; bias (n,) or null, added in the final store.
 constexpr std::size_t kGemmPanel = 64;
 struct gemm_xt_kernel {
   template <class Arch, class T>
   void operator()(Arch, T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,
-                  std::size_t n, std::size_t k, bool accumulate) const;
+                  std::size_t n, std::size_t k, bool accumulate, const T* bias) const;
 };
 
 // Roofline probes: FMA throughput (*flops = floating-point operations done; *sink keeps the

@@ -10,6 +10,7 @@
 
 #include "attention.hpp"
 #include "common/isa.hpp"
+#include "common/rope_tables.hpp"
 #include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
@@ -139,15 +140,19 @@ void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::s
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
       const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
       dispatch(gemm_xt_kernel{}, y + c0, n, static_cast<const float*>(xt), m, w + c0 * k, c1 - c0,
-               k, accumulate);
+               k, accumulate, bias ? bias + c0 : bias);
     });
+    return;  // the bias went into the kernel's final stores
   } else {  // decode: matrix-vector products, bound by reading the weights
     const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
       const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
-      dispatch(gemv_kernel{}, y + c0, n, w + c0 * k, x, k, m, c1 - c0, k, accumulate);
+      dispatch(gemv_kernel{}, y + c0, n, w + c0 * k, x, k, m, c1 - c0, k, accumulate,
+               bias ? bias + c0 : bias);
     });
+    return;  // the bias went into the kernel's final stores
   }
+  // the BLAS path (and k == 0): a pass of its own over y
   add_bias(y, bias, m, n);
 }
 
@@ -298,12 +303,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
     for (std::size_t r = b; r < e; ++r) {
       float* c = rope_tab + r * hd;
       float* s = c + half;
-      const double pos = static_cast<double>(positions[r]);
-      for (std::size_t j = 0; j < half; ++j) {
-        const double angle = pos * freqs[j];
-        c[j] = static_cast<float>(std::cos(angle) * attention_factor);
-        s[j] = static_cast<float>(std::sin(angle) * attention_factor);
-      }
+      rope_table_row(positions[r], freqs, half, attention_factor, c, s);
       float* q = qkv + r * width;
       // heads of one token share the table row: table_row = 0 with the table at this token
       for (std::size_t h0 = 0; h0 < hq + hkv; h0 += zeros.size()) {
