@@ -884,6 +884,11 @@ class Transformer(_Module):
         with _no_random_init():
             model = cls(config)
         dests = model.state_dict()
+        # the weights were allocated uninitialised: every one must come from the files
+        unread = [k for k in dests if k not in located and not (
+            k == "lm_head.weight" and config.tie_embeddings)]
+        if unread:
+            raise ValueError(f"[from_pretrained] {path}: no tensor for {unread[:5]}")
         total = sum(info.offsets[1] - info.offsets[0] for _, info in located.values())
         show = (sys.stderr.isatty() and total > 256 << 20) if progress is None else progress
         bar = _progress(total, show, desc="load", unit="B")
