@@ -458,6 +458,7 @@ class _RopeSchedule:
             )
             self.cached_len = self.original
             self.current: np.ndarray | None = None
+            self._lock = threading.Lock()
 
     def frequencies(self, positions: np.ndarray) -> np.ndarray | None:
         if self.kind == "static" or positions.size == 0:
@@ -465,13 +466,16 @@ class _RopeSchedule:
         seq_len = int(positions.max()) + 1
         if self.kind == "longrope":
             return rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=seq_len)
-        if seq_len > self.cached_len:  # dynamic: grow
-            self.cached_len = seq_len
-            self.current = rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=seq_len)
-        elif seq_len < self.original < self.cached_len:  # back to the original frequencies
-            self.cached_len = self.original
-            self.current = None
-        return self.current
+        with self._lock:  # the state and the frequencies returned change together
+            if seq_len > self.cached_len:  # dynamic: grow
+                self.cached_len = seq_len
+                self.current = rope_inv_freq(
+                    self.head_dim, self.theta, self.scaling, seq_len=seq_len
+                )
+            elif seq_len < self.original < self.cached_len:  # back to the original frequencies
+                self.cached_len = self.original
+                self.current = None
+            return self.current
 
 
 class MultiHeadAttention(_Module):
