@@ -1,8 +1,11 @@
 #include "modules/modules.hpp"
 
 #include <cblas.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -16,6 +19,23 @@
 #include "kernels/ops.hpp"
 
 namespace llmk {
+
+WeightBuffer::WeightBuffer(std::size_t n) : n_(n) {
+  if (n == 0) return;
+  constexpr std::size_t kHuge = std::size_t{2} << 20;
+  if (n > (SIZE_MAX - kHuge) / sizeof(float)) throw std::bad_alloc();
+  std::size_t bytes = n * sizeof(float);
+  bool huge = bytes >= 2 * kHuge;
+  std::size_t align = huge ? kHuge : 64;
+  bytes = (bytes + align - 1) / align * align;  // aligned_alloc wants a multiple of the alignment
+  void* p = std::aligned_alloc(align, bytes);
+  if (!p) throw std::bad_alloc();
+  if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: ignored where THP is off
+  p_.reset(static_cast<float*>(p));
+}
+
+void WeightBuffer::Free::operator()(float* p) const { std::free(p); }
+
 namespace {
 
 // Thread-local scratch buffers, one slot per purpose, reused from call to call: a steady-state
@@ -196,9 +216,9 @@ FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool b
     : dim_(dim),
       hidden_(hidden),
       bias_(bias),
-      w_gate_up_(2 * hidden * dim, 0.f),
+      w_gate_up_(2 * hidden * dim),
       b_gate_up_(bias ? 2 * hidden : 0, 0.f),
-      w_down_(dim * hidden, 0.f),
+      w_down_(dim * hidden),
       b_down_(bias ? dim : 0, 0.f) {}
 
 void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
@@ -255,9 +275,9 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
       causal(causal_),
       inv_freq(std::move(inv_freq_)),
       attention_factor(attention_factor_),
-      w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_, 0.f),
+      w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_),
       b_qkv_(qkv_bias_ ? (n_heads_ + 2 * n_kv_heads_) * head_dim_ : 0, 0.f),
-      w_o_(dim_ * n_heads_ * head_dim_, 0.f),
+      w_o_(dim_ * n_heads_ * head_dim_),
       b_o_(o_bias_ ? dim_ : 0, 0.f) {
   if (2 * inv_freq.size() > head_dim)
     throw std::invalid_argument("[MultiHeadAttention] inv_freq must have at most head_dim/2 = " +
@@ -408,8 +428,8 @@ TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
       blocks(std::move(b)),
       final_norm(std::move(n)),
       tie_embeddings(tie),
-      embed_(vocab_ * dim_, 0.f),
-      lm_head_(tie ? 0 : vocab_ * dim_, 0.f) {}
+      embed_(vocab_ * dim_),
+      lm_head_(tie ? 0 : vocab_ * dim_) {}
 
 std::vector<Param> TransformerModule::params() {
   std::vector<Param> p{{"model.embed_tokens.weight", {vocab, dim}, embed_.data()}};

@@ -29,6 +29,27 @@ struct Param {
   }
 };
 
+// Storage of a weight matrix, allocated uninitialised: every entry is written (by a checkpoint
+// load or by the random initialisation) before any forward reads it, and zero-filling hundreds
+// of MiB first made loading a checkpoint cost twice its page faults. Large matrices sit on 2 MiB
+// boundaries with transparent huge pages requested (madvise), so first writing them faults once
+// per 2 MiB instead of once per 4 KiB. Throws std::bad_alloc (MemoryError in Python).
+class WeightBuffer {
+ public:
+  WeightBuffer() = default;
+  explicit WeightBuffer(std::size_t n);
+  float* data() { return p_.get(); }
+  const float* data() const { return p_.get(); }
+  std::size_t size() const { return n_; }
+
+ private:
+  struct Free {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float, Free> p_;
+  std::size_t n_ = 0;
+};
+
 // y (m, n) [+]= x (m, k) . w^T (w: (n, k), HF layout) [+ bias (n)]. Fixed row/column blocks
 // (chosen from the shape only) run as single-threaded BLAS calls on the pool: results do not
 // depend on the thread count.
@@ -92,8 +113,10 @@ class FeedForwardModule {
  private:
   std::size_t dim_, hidden_;
   bool bias_;
-  std::vector<float> w_gate_up_, b_gate_up_;  // (2*hidden, dim), (2*hidden,)
-  std::vector<float> w_down_, b_down_;        // (dim, hidden), (dim,)
+  WeightBuffer w_gate_up_;                   // (2*hidden, dim)
+  std::vector<float> b_gate_up_;             // (2*hidden,)
+  WeightBuffer w_down_;                      // (dim, hidden)
+  std::vector<float> b_down_;                // (dim,)
 };
 
 // K/V of past tokens for one layer: k, v (B, Hkv, max_len, head_dim), key validity (B, max_len).
@@ -130,8 +153,10 @@ class MultiHeadAttentionModule {
   double attention_factor;
 
  private:
-  std::vector<float> w_qkv_, b_qkv_;  // ((Hq + 2 Hkv) * hd, dim), (...)
-  std::vector<float> w_o_, b_o_;      // (dim, Hq * hd), (dim,)
+  WeightBuffer w_qkv_;        // ((Hq + 2 Hkv) * hd, dim)
+  std::vector<float> b_qkv_;  // ((Hq + 2 Hkv) * hd,)
+  WeightBuffer w_o_;          // (dim, Hq * hd)
+  std::vector<float> b_o_;    // (dim,)
 };
 
 class TransformerBlockModule {
@@ -167,7 +192,7 @@ class TransformerModule {
   bool tie_embeddings;
 
  private:
-  std::vector<float> embed_, lm_head_;  // (vocab, dim)
+  WeightBuffer embed_, lm_head_;  // (vocab, dim)
 };
 
 }  // namespace llmk

@@ -482,6 +482,7 @@ class _RopeSchedule:
             )
             self.cached_len = self.original
             self.current: np.ndarray | None = None
+            self._lock = threading.Lock()
 
     def frequencies(self, positions: np.ndarray) -> np.ndarray | None:
         if self.kind == "static" or positions.size == 0:
@@ -489,13 +490,16 @@ class _RopeSchedule:
         seq_len = int(positions.max()) + 1
         if self.kind == "longrope":
             return rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=seq_len)
-        if seq_len > self.cached_len:  # dynamic: grow
-            self.cached_len = seq_len
-            self.current = rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=seq_len)
-        elif seq_len < self.original < self.cached_len:  # back to the original frequencies
-            self.cached_len = self.original
-            self.current = None
-        return self.current
+        with self._lock:  # the state and the frequencies returned change together
+            if seq_len > self.cached_len:  # dynamic: grow
+                self.cached_len = seq_len
+                self.current = rope_inv_freq(
+                    self.head_dim, self.theta, self.scaling, seq_len=seq_len
+                )
+            elif seq_len < self.original < self.cached_len:  # back to the original frequencies
+                self.cached_len = self.original
+                self.current = None
+            return self.current
 
 
 class MultiHeadAttention(_Module):
@@ -908,6 +912,11 @@ class Transformer(_Module):
         with _no_random_init():
             model = cls(config)
         dests = model.state_dict()
+        # the weights were allocated uninitialised: every one must come from the files
+        unread = [k for k in dests if k not in located and not (
+            k == "lm_head.weight" and config.tie_embeddings)]
+        if unread:
+            raise ValueError(f"[from_pretrained] {path}: no tensor for {unread[:5]}")
         total = sum(info.offsets[1] - info.offsets[0] for _, info in located.values())
         show = (sys.stderr.isatty() and total > 256 << 20) if progress is None else progress
         bar = _progress(total, show, desc="load", unit="B")
