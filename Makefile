@@ -37,7 +37,7 @@ SAN_SKIP := --deselect tests/test_reliability.py::test_no_leak_ops \
 .PHONY: demo test test-matrix test-sanitize test-wheel wheel bench lint stubs clean sysdeps
 
 demo: $(VENV)/.installed-compare
-	$(PY) -m llmkernels demo
+	$(PY) examples/demo.py demo
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q

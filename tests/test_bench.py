@@ -171,9 +171,9 @@ def test_bench_attention_quick(tmp_path: Path) -> None:
 
 
 def test_cli_bench_builtin_table(tmp_path: Path) -> None:
-    """``python -m llmkernels bench``: the side-by-side table of every op, and its JSON (the
-    full benchmarks are the scripts above, from the source tree)."""
-    proc = _run("-m", "llmkernels", "bench", "--quick", "--out", str(tmp_path))
+    """``python examples/demo.py bench``: the side-by-side table of every op, and its JSON (the
+    full benchmarks are the scripts above)."""
+    proc = _run("examples/demo.py", "bench", "--quick", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "Warning" not in proc.stderr and "\r" not in proc.stderr
     for op in ("rms_norm", "layer_norm", "silu", "swiglu", "swiglu_ffn", "rope", "attention"):

@@ -26,7 +26,11 @@ bool parse_isa(const std::string& name, Isa* isa);
 
 // Calls f(ArchTag{}, args...) for the active ISA. Every kernel functor has an explicit
 // instantiation for the three tags (cpp/arch/*.cpp), so this is a plain switch. Arguments are
-// validated before this point: kernels assume valid input.
+// validated before this point: kernels assume valid input. Kernels neither allocate nor throw:
+// their scratch is allocated by the calling thread before the parallel region
+// (common/scratch.hpp). dispatch is deliberately not noexcept, so should a kernel ever throw,
+// the exception travels to the thread pool, which stops the job and rethrows it in the caller
+// instead of calling std::terminate.
 template <class F, class... Args>
 void dispatch(const F& f, Args... args) {
   switch (active_isa()) {

@@ -113,8 +113,11 @@ class Pool {
  private:
   // Claims and runs chunks of job `gen` until none is left; a ticket is (generation << 32 |
   // next chunk), so a late worker cannot claim a chunk of a later job with an earlier job's
-  // pointer. Counts each chunk it claimed in done_ (run or skipped). Never throws.
-  void run_chunks(std::uint32_t gen, function_ref<void(int, int)> job, int chunks) noexcept {
+  // pointer. Counts each chunk it claimed in done_ (run or skipped). Never throws. `job` lives
+  // on the caller's stack: it is only touched after a chunk of its job was claimed (the caller
+  // cannot return before that chunk is counted), never by a late worker.
+  void run_chunks(std::uint32_t gen, const function_ref<void(int, int)>& job,
+                  int chunks) noexcept {
     for (;;) {
       std::uint64_t t = ticket_.load(std::memory_order_acquire);
       do {

@@ -26,7 +26,7 @@ Verdicts (:func:`classify`), with ``u`` one unit in the last digit the seed wrot
 Usage::
 
     import llmkernels
-    from llmkernels._seeds import evaluate
+    from seed_examples import evaluate
     for row in evaluate(llmkernels, np.float32):
         print(row.item.label, row.item.stated, row.value, row.exact, row.verdict)
 """
