@@ -120,7 +120,8 @@ inline bool same_shape(const py::array& a, const py::array& b) {
 
 // byte ranges of two C-contiguous arrays intersect
 inline bool overlaps(const py::array& a, const py::array& b) {
-  auto pa = reinterpret_cast<std::uintptr_t>(a.data()), pb = reinterpret_cast<std::uintptr_t>(b.data());
+  auto pa = reinterpret_cast<std::uintptr_t>(a.data());
+  auto pb = reinterpret_cast<std::uintptr_t>(b.data());
   auto na = static_cast<std::uintptr_t>(a.nbytes()), nb = static_cast<std::uintptr_t>(b.nbytes());
   return na && nb && pa < pb + nb && pb < pa + na;
 }

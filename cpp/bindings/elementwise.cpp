@@ -193,7 +193,8 @@ void run_rope(const py::array& x, const std::int64_t* tr, const py::array& cos_t
     const T* sp = cptr<T>(sin_tab);
     T* op = ptr<T>(out);
     // streamed stores at o + i and o + half + i: both row starts and halves must be aligned
-    const bool stream = !interleaved && rotary_dim == d && use_stream_aligned_rows(out, d * sizeof(T)) &&
+    const bool stream = !interleaved && rotary_dim == d &&
+                        use_stream_aligned_rows(out, d * sizeof(T)) &&
                         (rotary_dim / 2 * sizeof(T)) % 64 == 0;
     py::gil_scoped_release nogil;
     parallel_for(rows, 1, static_cast<double>(d), [&](std::size_t b, std::size_t e) {
@@ -337,7 +338,8 @@ py::object fast_layer_norm(py::handle x_h, py::handle w_h, py::handle b_h, py::h
         (vec[1] && overlaps(*vec[1], out)))
       return py::none();
   }
-  if (x.size()) run_layer_norm(x, vec[0] ? &*vec[0] : nullptr, vec[1] ? &*vec[1] : nullptr, eps, out);
+  if (x.size())
+    run_layer_norm(x, vec[0] ? &*vec[0] : nullptr, vec[1] ? &*vec[1] : nullptr, eps, out);
   return std::move(out);
 }
 

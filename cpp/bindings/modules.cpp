@@ -284,9 +284,10 @@ void bind_modules(py::module_& m) {
              std::optional<u8_array> key_mask, std::vector<KVCache*> caches, bool last_only,
              std::optional<f64_array> inv_freq) {
             const char* fn = "Transformer";
-            const double* fo = self.blocks.empty()
-                                   ? nullptr
-                                   : freq_override(fn, inv_freq, self.blocks[0]->attention->inv_freq.size());
+            const double* fo =
+                self.blocks.empty()
+                    ? nullptr
+                    : freq_override(fn, inv_freq, self.blocks[0]->attention->inv_freq.size());
             for (auto& blk : self.blocks)
               expect(!fo || blk->attention->head_dim == self.blocks[0]->attention->head_dim, fn,
                      "inv_freq needs one head_dim for all blocks");
