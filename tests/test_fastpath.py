@@ -94,21 +94,48 @@ def test_unusual_inputs_take_the_conversion_path(make) -> None:  # type: ignore[
     np.testing.assert_allclose(r, _silu_ref(np.asarray(y)), rtol=2e-5, atol=1e-6)
 
 
-def test_bad_or_mixed_arguments_take_the_conversion_path() -> None:
+def test_bad_or_mixed_arguments() -> None:
+    """Mixed dtypes and overlapping ``out`` take the conversion path (None); for rms_norm,
+    layer_norm, silu and swiglu the entry itself checks everything else with the public
+    messages (validation once, in C++); attention's entry returns None for anything unusual."""
     x = np.ones((2, 8), np.float32)
     assert _core._fast_rms_norm(x, np.ones(8, np.float64), 1e-6, None) is None  # mixed
-    assert _core._fast_rms_norm(x, np.ones(7, np.float32), 1e-6, None) is None  # bad shape
-    assert _core._fast_rms_norm(x, None, -1.0, None) is None  # bad eps
-    assert _core._fast_rms_norm(x, None, 1, None) is None  # int eps: converted in Python
-    assert _core._fast_rms_norm(x, None, float("nan"), None) is None
-    assert _core._fast_swiglu(x, np.ones((2, 7), np.float32), None) is None
-    assert _core._fast_silu(x, np.empty((2, 8), np.float64)) is None  # out dtype
-    assert _core._fast_silu(x, np.empty((8, 2), np.float32)) is None  # out shape
+    with pytest.raises(
+        ValueError, match=r"^\[rms_norm\] weight must have shape \(8,\), got \(7,\)"
+    ):
+        _core._fast_rms_norm(x, np.ones(7, np.float32), 1e-6, None)
+    with pytest.raises(
+        ValueError, match=r"^\[rms_norm\] eps must be a finite number >= 0, got -1.0"
+    ):
+        _core._fast_rms_norm(x, None, -1.0, None)
+    with pytest.raises(
+        ValueError, match=r"^\[layer_norm\] eps must be a finite number >= 0, got nan"
+    ):
+        _core._fast_layer_norm(x, None, None, float("nan"), None)
+    with pytest.raises(TypeError, match=r"^\[rms_norm\] eps must be a real number, got bool"):
+        _core._fast_rms_norm(x, None, True, None)
+    with pytest.raises(ValueError, match=r"^\[rms_norm\] eps must be finite \(got an integer"):
+        _core._fast_rms_norm(x, None, 10**400, None)
+    np.testing.assert_array_equal(  # an int or NumPy eps is a real number
+        _core._fast_rms_norm(x, None, 1, None), lk.rms_norm(x, None, 1.0)
+    )
+    assert _core._fast_rms_norm(x, None, np.float32(0.5), None) is not None
+    with pytest.raises(ValueError, match=r"^\[swiglu\] up must have the shape of gate"):
+        _core._fast_swiglu(x, np.ones((2, 7), np.float32), None)
+    with pytest.raises(TypeError, match=r"^\[silu\] out must have dtype float32, got float64"):
+        _core._fast_silu(x, np.empty((2, 8), np.float64))
+    with pytest.raises(ValueError, match=r"^\[silu\] out must have shape \(2, 8\), got \(8, 2\)"):
+        _core._fast_silu(x, np.empty((8, 2), np.float32))
+    with pytest.raises(TypeError, match=r"^\[silu\] out must be a numpy.ndarray, got list"):
+        _core._fast_silu(x, [0.0] * 16)
     ro = np.empty_like(x)
     ro.flags.writeable = False
-    assert _core._fast_silu(x, ro) is None
+    with pytest.raises(ValueError, match=r"^\[silu\] out must be writeable"):
+        _core._fast_silu(x, ro)
+    with pytest.raises(ValueError, match=r"^\[silu\] out must be C-contiguous"):
+        _core._fast_silu(x, np.empty((8, 2), np.float32).T)
     big = np.zeros(17, np.float32)
-    assert _core._fast_silu(big[:16], big[1:]) is None  # partial overlap
+    assert _core._fast_silu(big[:16], big[1:]) is None  # partial overlap: copied in Python
     q = np.ones((1, 2, 4, 8), np.float32)
     assert _core._fast_attention(q, q, q, 1, None, None) is None  # causal not a bool
     assert _core._fast_attention(q, q, q, False, 1, None) is None  # int scale: converted

@@ -133,14 +133,6 @@ inline bool plain_out(py::handle out, int kind, const py::array& like) {
   return o.writeable() && same_shape(o, like);
 }
 
-// eps-like scalar of the fast path: a Python float, finite and >= 0 (anything else: slow path)
-inline bool plain_nonneg(py::handle h, double* value) {
-  if (!PyFloat_CheckExact(h.ptr())) return false;
-  double v = PyFloat_AS_DOUBLE(h.ptr());
-  *value = v;
-  return v >= 0.0 && std::isfinite(v);
-}
-
 // Outputs of at least kAlignBytes are 64-byte aligned (as _ops._empty does), so the kernels can
 // use aligned streaming stores on large outputs; small ones are a plain NumPy allocation.
 constexpr std::size_t kAlignBytes = std::size_t(1) << 20;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "bindings/common.hpp"
@@ -285,87 +287,135 @@ py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, opt_array w_
 // ---------------------------------------------------------------------------------------------
 // fast paths (see common.hpp): the result, or None for the Python conversion path
 
+// The public checks of the four ops, with the messages of the Python layer (the order is the
+// Python layer's too: conversion errors there first, then these). All operands are plain
+// arrays of one kind by now; `out` is checked here whatever it is.
+
+// eps: a real number (not a bool), representable as a float, finite and >= 0
+double public_eps(const char* fn, py::handle h) {
+  if (!PyFloat_CheckExact(h.ptr())) {
+    static py::handle real = py::object(py::module_::import("numbers").attr("Real")).release();
+    if (PyBool_Check(h.ptr()) || !py::isinstance(h, real))
+      throw py::type_error(std::string("[") + fn + "] eps must be a real number, got " +
+                           py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>());
+  }
+  double v = PyFloat_AsDouble(h.ptr());
+  if (v == -1.0 && PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw py::error_already_set();
+    PyErr_Clear();
+    fail(fn, "eps must be finite (got an integer beyond float range)");
+  }
+  if (!(v >= 0.0) || !std::isfinite(v))
+    fail(fn, "eps must be a finite number >= 0, got " +
+                 py::repr(py::float_(v)).cast<std::string>());
+  return v;
+}
+
+// out: None (a new array of like's shape and dtype), or an ndarray of like's dtype and shape,
+// C-contiguous and writeable
+py::array public_out(const char* fn, py::handle out_h, const py::array& like) {
+  if (out_h.is_none())
+    return is_f32(like) ? new_output<float>(shape_of(like)) : new_output<double>(shape_of(like));
+  if (!py::isinstance<py::array>(out_h))
+    throw py::type_error(std::string("[") + fn + "] out must be a numpy.ndarray, got " +
+                         py::str(py::type::handle_of(out_h).attr("__name__")).cast<std::string>());
+  auto out = py::reinterpret_borrow<py::array>(out_h);
+  if (!same_dtype(out.dtype(), like.dtype()))
+    throw py::type_error(std::string("[") + fn + "] out must have dtype " +
+                         std::string(py::str(like.dtype())) + ", got " +
+                         std::string(py::str(out.dtype())));
+  if (!same_shape(out, like))
+    fail(fn, "out must have shape " + shape_str(like) + ", got " + shape_str(out));
+  if (!(out.flags() & py::array::c_style)) fail(fn, "out must be C-contiguous");
+  if (!out.writeable()) fail(fn, "out must be writeable (got a read-only array)");
+  return out;
+}
+
+// a (n,) vector operand of a row-wise op
+void public_vector(const char* fn, const char* name, const py::array& a, py::ssize_t n) {
+  if (a.ndim() != 1 || a.shape(0) != n)
+    fail(fn, std::string(name) + " must have shape (" + std::to_string(n) + ",), got " +
+                 shape_str(a));
+}
+
+// The public entries of rms_norm, layer_norm, silu and swiglu: None when an operand needs the
+// Python layer's conversion (array-likes, other/mixed dtypes, byte order, strides) or overlaps
+// `out` other than as allowed (the Python layer copies it); otherwise the arguments are checked
+// (ValueError/TypeError with the public messages) and the result computed.
+
+// the operands (null handles skipped) are plain arrays of one kind; that kind, or 0
+int plain_operands(std::initializer_list<py::handle> hs) {
+  int kind = 0;
+  for (py::handle h : hs) {
+    if (!h || h.is_none()) continue;
+    int k = plain_kind(h);
+    if (!k || (kind && k != kind)) return 0;
+    kind = k;
+  }
+  return kind;
+}
+
 py::object fast_rms_norm(py::handle x_h, py::handle w_h, py::handle eps_h, py::handle out_h) {
-  const int kind = plain_kind(x_h);
-  double eps;
-  if (!kind || !plain_nonneg(eps_h, &eps)) return py::none();
+  const char* fn = "rms_norm";
+  if (!plain_operands({x_h, w_h})) return py::none();
   auto x = py::reinterpret_borrow<py::array>(x_h);
-  if (x.ndim() < 1) return py::none();
+  const double eps = public_eps(fn, eps_h);
+  if (x.ndim() < 1) fail(fn, "x must have at least 1 dimension, got a 0-d array");
   const py::ssize_t n = x.shape(x.ndim() - 1);
   std::optional<py::array> w;
   if (!w_h.is_none()) {
-    if (plain_kind(w_h) != kind) return py::none();
     w = py::reinterpret_borrow<py::array>(w_h);
-    if (w->ndim() != 1 || w->shape(0) != n) return py::none();
+    public_vector(fn, "weight", *w, n);
   }
-  py::array out;
-  if (out_h.is_none()) {
-    out = kind == 1 ? new_output<float>(shape_of(x)) : new_output<double>(shape_of(x));
-  } else {
-    if (!plain_out(out_h, kind, x)) return py::none();
-    out = py::reinterpret_borrow<py::array>(out_h);
-    // x may be out exactly (rows are read before written); the weight must not overlap it
-    if ((overlaps(x, out) && x.data() != out.data()) || (w && overlaps(*w, out)))
-      return py::none();
-  }
+  py::array out = public_out(fn, out_h, x);
+  // x may be out exactly (rows are read before written); the weight must not overlap it
+  if ((overlaps(x, out) && x.data() != out.data()) || (w && overlaps(*w, out)))
+    return py::none();
   if (x.size()) run_rms_norm(x, w ? &*w : nullptr, eps, out);
   return std::move(out);
 }
 
 py::object fast_layer_norm(py::handle x_h, py::handle w_h, py::handle b_h, py::handle eps_h,
                            py::handle out_h) {
-  const int kind = plain_kind(x_h);
-  double eps;
-  if (!kind || !plain_nonneg(eps_h, &eps)) return py::none();
+  const char* fn = "layer_norm";
+  if (!plain_operands({x_h, w_h, b_h})) return py::none();
   auto x = py::reinterpret_borrow<py::array>(x_h);
-  if (x.ndim() < 1) return py::none();
+  const double eps = public_eps(fn, eps_h);
+  if (x.ndim() < 1) fail(fn, "x must have at least 1 dimension, got a 0-d array");
   const py::ssize_t n = x.shape(x.ndim() - 1);
   std::optional<py::array> vec[2];
-  py::handle hs[2] = {w_h, b_h};
+  const py::handle hs[2] = {w_h, b_h};
+  const char* names[2] = {"weight", "bias"};
   for (int i = 0; i < 2; ++i) {
     if (hs[i].is_none()) continue;
-    if (plain_kind(hs[i]) != kind) return py::none();
     vec[i] = py::reinterpret_borrow<py::array>(hs[i]);
-    if (vec[i]->ndim() != 1 || vec[i]->shape(0) != n) return py::none();
+    public_vector(fn, names[i], *vec[i], n);
   }
-  py::array out;
-  if (out_h.is_none()) {
-    out = kind == 1 ? new_output<float>(shape_of(x)) : new_output<double>(shape_of(x));
-  } else {
-    if (!plain_out(out_h, kind, x)) return py::none();
-    out = py::reinterpret_borrow<py::array>(out_h);
-    if ((overlaps(x, out) && x.data() != out.data()) || (vec[0] && overlaps(*vec[0], out)) ||
-        (vec[1] && overlaps(*vec[1], out)))
-      return py::none();
-  }
+  py::array out = public_out(fn, out_h, x);
+  if ((overlaps(x, out) && x.data() != out.data()) || (vec[0] && overlaps(*vec[0], out)) ||
+      (vec[1] && overlaps(*vec[1], out)))
+    return py::none();
   if (x.size())
     run_layer_norm(x, vec[0] ? &*vec[0] : nullptr, vec[1] ? &*vec[1] : nullptr, eps, out);
   return std::move(out);
 }
 
-// silu (up null) and swiglu; each input may be `out` exactly (elements read before written)
+// silu (no up) and swiglu; each input may be `out` exactly (elements read before written)
 template <class Kernel>
-py::object fast_elementwise(const Kernel& kernel, py::handle x_h, py::handle up_h,
+py::object fast_elementwise(const char* fn, const Kernel& kernel, py::handle x_h, py::handle up_h,
                             py::handle out_h) {
-  const int kind = plain_kind(x_h);
-  if (!kind) return py::none();
+  if (!plain_operands({x_h, up_h})) return py::none();
   auto x = py::reinterpret_borrow<py::array>(x_h);
   std::optional<py::array> up;
   if (up_h) {
-    if (plain_kind(up_h) != kind) return py::none();
     up = py::reinterpret_borrow<py::array>(up_h);
-    if (!same_shape(*up, x)) return py::none();
+    if (!same_shape(*up, x))
+      fail(fn, "up must have the shape of gate " + shape_str(x) + ", got " + shape_str(*up));
   }
-  py::array out;
-  if (out_h.is_none()) {
-    out = kind == 1 ? new_output<float>(shape_of(x)) : new_output<double>(shape_of(x));
-  } else {
-    if (!plain_out(out_h, kind, x)) return py::none();
-    out = py::reinterpret_borrow<py::array>(out_h);
-    if ((overlaps(x, out) && x.data() != out.data()) ||
-        (up && overlaps(*up, out) && up->data() != out.data()))
-      return py::none();
-  }
+  py::array out = public_out(fn, out_h, x);
+  if ((overlaps(x, out) && x.data() != out.data()) ||
+      (up && overlaps(*up, out) && up->data() != out.data()))
+    return py::none();
   if (x.size()) run_elementwise(kernel, x, up ? &*up : nullptr, out);
   return std::move(out);
 }
@@ -437,10 +487,10 @@ void bind_elementwise(py::module_& m) {
   m.def("_fast_layer_norm", &fast_layer_norm, "x"_a, "weight"_a, "bias"_a, "eps"_a, "out"_a,
         "layer_norm's common case in C++, or None.");
   m.def("_fast_silu", [](py::handle x, py::handle out) {
-        return fast_elementwise(silu_kernel<false>{}, x, py::handle(), out); },
+        return fast_elementwise("silu", silu_kernel<false>{}, x, py::handle(), out); },
         "x"_a, "out"_a, "silu's common case in C++, or None.");
   m.def("_fast_swiglu", [](py::handle gate, py::handle up, py::handle out) {
-        return fast_elementwise(silu_kernel<true>{}, gate, up, out); },
+        return fast_elementwise("swiglu", silu_kernel<true>{}, gate, up, out); },
         "gate"_a, "up"_a, "out"_a, "swiglu's common case in C++, or None.");
   m.def("_fast_rope", &fast_rope, "x"_a, "cos"_a, "sin"_a, "interleaved"_a, "out"_a,
         "rope's common case (default positions, full rotary_dim, cached tables), or None.");

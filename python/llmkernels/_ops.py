@@ -2,10 +2,13 @@
 
 Each op first offers its arguments, as given, to its ``_core._fast_<op>`` entry: the common
 case (ndarrays of native float32/float64, C-contiguous, one dtype, ``out`` absent or not
-overlapping an input except as the exact same array where the op allows it, valid shapes and
-scalars) is checked, allocated and computed there in one C++ call. Anything else -- array-likes,
-other or mixed dtypes, byte-swapped or strided arrays, overlapping ``out``, bad arguments --
-returns None and takes the conversion path below, which gives the errors.
+overlapping an input except as the exact same array where the op allows it) is checked,
+allocated and computed there in one C++ call. Anything else -- array-likes, other or mixed
+dtypes, byte-swapped or strided arrays, an overlapping ``out`` -- returns None and takes the
+conversion path below. For rms_norm, layer_norm, silu and swiglu the conversion path only
+converts (and copies inputs that overlap ``out``) and calls the same entry again, which does
+every check (validation once, in C++); rope, attention and swiglu_ffn still check their
+arguments here (their fast entries return None for anything unusual or invalid).
 
 The conversion path validates its arguments (errors start with ``[op]`` and name the argument),
 resolves the result dtype (float32 stays float32, float64 stays float64, integers/bools become
@@ -191,24 +194,13 @@ def rms_norm(
     fn = "rms_norm"
     x = _as_array(fn, "x", x)
     w = None if weight is None else _as_array(fn, "weight", weight)
-    eps = _check_eps(fn, eps)
-    if x.ndim < 1:
-        raise ValueError(f"[{fn}] x must have at least 1 dimension, got a 0-d array")
-    d = x.shape[-1]
-    if w is not None:
-        _check_vector(fn, "weight", w, d)
     dtype = _compute_dtype(x, w)
-    if out is not None:
-        _check_out(fn, out, x.shape, dtype)
-    result = out if out is not None else _empty(x.shape, dtype)
-    xc = _contiguous(x, dtype)
-    wc = None if w is None else _contiguous(w, dtype)
-    if out is not None:
+    xc = _contiguous(x, dtype).reshape(x.shape)
+    wc = None if w is None else _contiguous(w, dtype).reshape(w.shape)
+    if isinstance(out, np.ndarray):
         xc = _detach_from_out(xc, out, allow_exact=True)
         wc = None if wc is None else _detach_from_out(wc, out, allow_exact=False)
-    if x.size:
-        _core.rms_norm(xc, wc, eps, result)
-    return result
+    return _core._fast_rms_norm(xc, wc, eps, out)  # checks the arguments (C++)
 
 
 def layer_norm(
@@ -236,28 +228,15 @@ def layer_norm(
     x = _as_array(fn, "x", x)
     w = None if weight is None else _as_array(fn, "weight", weight)
     b = None if bias is None else _as_array(fn, "bias", bias)
-    eps = _check_eps(fn, eps)
-    if x.ndim < 1:
-        raise ValueError(f"[{fn}] x must have at least 1 dimension, got a 0-d array")
-    d = x.shape[-1]
-    if w is not None:
-        _check_vector(fn, "weight", w, d)
-    if b is not None:
-        _check_vector(fn, "bias", b, d)
     dtype = _compute_dtype(x, w, b)
-    if out is not None:
-        _check_out(fn, out, x.shape, dtype)
-    result = out if out is not None else _empty(x.shape, dtype)
-    xc = _contiguous(x, dtype)
-    wc = None if w is None else _contiguous(w, dtype)
-    bc = None if b is None else _contiguous(b, dtype)
-    if out is not None:
+    xc = _contiguous(x, dtype).reshape(x.shape)
+    wc = None if w is None else _contiguous(w, dtype).reshape(w.shape)
+    bc = None if b is None else _contiguous(b, dtype).reshape(b.shape)
+    if isinstance(out, np.ndarray):
         xc = _detach_from_out(xc, out, allow_exact=True)
         wc = None if wc is None else _detach_from_out(wc, out, allow_exact=False)
         bc = None if bc is None else _detach_from_out(bc, out, allow_exact=False)
-    if x.size:
-        _core.layer_norm(xc, wc, bc, eps, result)
-    return result
+    return _core._fast_layer_norm(xc, wc, bc, eps, out)  # checks the arguments (C++)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -276,18 +255,11 @@ def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     r = _core._fast_silu(x, out)
     if r is not None:
         return r
-    fn = "silu"
-    x = _as_array(fn, "x", x)
-    dtype = _compute_dtype(x)
-    if out is not None:
-        _check_out(fn, out, x.shape, dtype)
-    result = out if out is not None else _empty(x.shape, dtype)
-    xc = _contiguous(x, dtype)
-    if out is not None:
+    x = _as_array("silu", "x", x)
+    xc = _contiguous(x, _compute_dtype(x)).reshape(x.shape)
+    if isinstance(out, np.ndarray):
         xc = _detach_from_out(xc, out, allow_exact=True)
-    if x.size:
-        _core.silu(xc.reshape(-1), result.reshape(-1))
-    return result
+    return _core._fast_silu(xc, out)  # checks out (C++)
 
 
 def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -304,20 +276,13 @@ def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     fn = "swiglu"
     g = _as_array(fn, "gate", gate)
     u = _as_array(fn, "up", up)
-    if g.shape != u.shape:
-        raise ValueError(f"[{fn}] up must have the shape of gate {g.shape}, got {u.shape}")
     dtype = _compute_dtype(g, u)
-    if out is not None:
-        _check_out(fn, out, g.shape, dtype)
-    result = out if out is not None else _empty(g.shape, dtype)
-    gc = _contiguous(g, dtype)
-    uc = _contiguous(u, dtype)
-    if out is not None:
+    gc = _contiguous(g, dtype).reshape(g.shape)
+    uc = _contiguous(u, dtype).reshape(u.shape)
+    if isinstance(out, np.ndarray):
         gc = _detach_from_out(gc, out, allow_exact=True)
         uc = _detach_from_out(uc, out, allow_exact=True)
-    if g.size:
-        _core.swiglu(gc.reshape(-1), uc.reshape(-1), result.reshape(-1))
-    return result
+    return _core._fast_swiglu(gc, uc, out)  # checks the shapes and out (C++)
 
 
 def swiglu_ffn(
