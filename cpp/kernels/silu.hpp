@@ -15,10 +15,11 @@ namespace llmk {
 //   tiny |g| (< 2^-30 in float32, a subnormal g included): sigmoid(g) = 1/2 to far below
 //     rounding, so y = (g * up) / 2 -- g * up first: it cannot overflow (|g| < 2^-30), and no
 //     bit of a subnormal g is lost to a halving;
-//   g below the exp cut-off (-88 in float32, -709 in float64), where exp(-g) overflows and
-//     silu(g) = g exp(g) (1 + exp(g) = 1 there) underflows: y = ((up e) e e) (g e) with
-//     e = exp(g/4) (g/4 is exact; e is normal down to g = -349, and every partial product is
-//     at least the final one in magnitude, so nothing underflows before the result does).
+//   g below -ln(max) (-88.72 in float32, -709.78 in float64), where exp(-g) overflows and
+//     silu(g) = g exp(g) (1 + exp(g) = 1 there) underflows: y = ((g e) up) C^m with
+//     e = exp(g + mK), C = exp(-K) (K = 44 / 704, so g + mK is exact, and m = 1..3 the least
+//     that keeps e normal): every partial product is a normal number unless the result is
+//     not, and the error stays within a few ulp.
 // Finding those lanes costs nothing on normal data: a tiny or subnormal g raises MXCSR's sticky
 // underflow or denormal-operand flag in the bare formula (so does any subnormal result), and
 // g < -88 is one compare per batch or-ed into a block mask. A block of kBlock elements runs the
@@ -34,9 +35,14 @@ void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::
   constexpr std::size_t N = B::size;
   constexpr std::size_t kBlock = 512;    // elements per MXCSR check (a multiple of N)
   constexpr unsigned kFlagsMask = 0x12;  // UE (underflow, bit 4) | DE (denormal operand, bit 1)
-  const B one(T(1)), half(T(0.5)), quarter(T(0.25));
+  const B one(T(1)), half(T(0.5));
   const B tiny(exp_one_below<T>()), lo(exp_subnormal_below<T>());
-  const B cutoff(std::is_same<T, float>::value ? T(88.0) : T(709.0));  // exp_wide's cut-off
+  const bool f32 = std::is_same<T, float>::value;
+  const B cutoff(f32 ? T(88.0) : T(709.0));     // exp_wide's cut-off: beyond it, check the block
+  const B ovf(f32 ? T(88.72) : T(709.78));      // -g beyond: exp(-g) overflows, g is "big"
+  const B kk(f32 ? T(44.0) : T(704.0));         // the shift K of the big lanes' exp
+  const B ck(f32 ? T(7.781132241133797e-20) : T(1.8058627513522668e-306));  // exp(-K)
+  const B lnmin(-exp_subnormal_below<T>());  // e = exp(g + mK) is normal while g + mK >= -lnmin
   const unsigned csr_caller = _mm_getcsr();  // restored at the end (its status flags too)
   ExactSubnormals exact;  // subnormal operands count (no DAZ/FTZ), whatever the caller's MXCSR
   const unsigned csr_clean = _mm_getcsr() & ~0x3Fu;  // our mode bits, status flags clear
@@ -50,25 +56,40 @@ void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::
     const B s = g / (one + xsimd::exp(arg));
     return Gated ? s * u : s;
   };
+  // y for the big lanes (g < -ln(max)): ((g e) up) C^m, see above
+  auto big_y = [&](const B& g, const B& u) {
+    // m = 1, 2 or 3 shifts K: the least with g + mK >= -ln(min normal)
+    const auto m2 = g < -(lnmin + kk), m3 = g < -(lnmin + kk + kk);
+    const B shift = xsimd::select(m3, kk + kk + kk, xsimd::select(m2, kk + kk, kk));
+    const B e = xsimd::exp(g + shift);  // g + mK: exact (|sum| < |g|); -inf: e = 0, y NaN
+    B yb = g * e;
+    if (Gated) yb *= u;
+    // (factors of 1 where not needed: a product that underflows to 0 costs a microcode
+    // assist even when a select would discard it)
+    yb *= ck;
+    yb *= xsimd::select(m2, ck, one);
+    return yb * xsimd::select(m3, ck, one);
+  };
+  // y for the tiny lanes: (g up) / 2
+  auto tiny_y = [&](const B& g, const B& u) { return (Gated ? g * u : g) * half; };
   // Every lane right, and no subnormal formed unless the result is one; *need: lanes that
-  // needed it (tiny or hugely negative g).
+  // needed it (tiny or hugely negative g). Batches entirely of one kind (runs of subnormal or
+  // extreme data) take only their own formula.
   auto checked = [&](const B& g, const B& u, M* need) {
     const auto is_tiny = xsimd::abs(g) < tiny;
-    const auto is_big = g < -cutoff;
+    const auto is_big = g < -ovf;
+    *need = *need || is_tiny || is_big;
+    if (xsimd::all(is_tiny)) return tiny_y(g, u);
+    if (xsimd::all(is_big)) return big_y(g, u);
     // exp(-g) with tiny |g| as exp(0) and -g below ln(2^-126) clamped (adds nothing to 1); the
-    // big lanes' argument is clamped too (xsimd's exp is several times slower past its range,
+    // big lanes' argument is 0 instead (xsimd's exp is several times slower past its range,
     // and their result is replaced below). Tiny lanes divide 0, not a subnormal (also slow).
     const B g0 = xsimd::select(is_tiny, B(T(0)), g);
-    const B arg = xsimd::min(xsimd::max(-g0, lo), cutoff);
+    const B arg = xsimd::max(xsimd::select(is_big, B(T(0)), -g0), lo);
     const B s = g0 / (one + exp_wide<Arch, T>(arg));
     B y = Gated ? s * u : s;
-    y = xsimd::select(is_tiny, (Gated ? g * u : g) * half, y);
-    if (xsimd::any(is_big)) {
-      const B e = xsimd::exp(g * quarter);
-      const B ge = g * e;
-      y = xsimd::select(is_big, Gated ? (((u * e) * e) * e) * ge : ((ge * e) * e) * e, y);
-    }
-    *need = *need || is_tiny || is_big;
+    y = xsimd::select(is_tiny, tiny_y(g, u), y);
+    if (xsimd::any(is_big)) y = xsimd::select(is_big, big_y(g, u), y);
     return y;
   };
   // a partial batch of cnt < N elements at i goes through a padded buffer, the checked code
