@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "common/isa.hpp"
@@ -23,8 +24,10 @@ constexpr std::size_t kKeySplit = 512;
 // the fast kernel cannot get right in T (scores past T's range while the reference's are
 // finite: huge scale, q or k), and for all rows when scale itself is not a normal T. Slow
 // (scalar), and only ever taken for such extreme inputs or NaN/Inf data.
+// acc: (Dv,) scratch.
 template <class T>
-void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, std::size_t i) {
+void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, std::size_t i,
+                         double* acc) {
   const std::size_t group = p.hq / p.hkv, g = h / group;
   const T* q = p.q + b * p.qs[0] + h * p.qs[1] + i * p.qs[2];  // (D,)
   const T* kb = p.k + b * p.ks[0] + g * p.ks[1];               // (Tk, D), row stride ks[2]
@@ -52,7 +55,7 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
     *sc = v;
     return v != -inf;
   };
-  std::vector<double> acc(p.dv, 0.0);
+  std::fill(acc, acc + p.dv, 0.0);
   double m = -inf, l = 0.0;
   bool nan_row = false;  // a NaN or +inf score: the reference's softmax is NaN throughout
   for (std::size_t j = 0; j < jn && !nan_row; ++j) {
@@ -65,7 +68,7 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
     if (sc > m) {  // new running max: rescale what was summed so far
       const double a = std::exp(m - sc);
       l *= a;
-      for (double& x : acc) x *= a;
+      for (std::size_t d = 0; d < p.dv; ++d) acc[d] *= a;
       m = sc;
     }
     const double e = std::exp(sc - m);
@@ -126,21 +129,27 @@ void attention(const attn_params<T>& p) {
       }
   if (items.empty()) return;
 
-  // all rows of the call, the exact way (a scale outside T's normal range: 1e-50 or 1e40 in
-  // float32, which the reference applies in float64)
-  auto exact_rows = [&](const std::vector<std::size_t>& rows) {
-    parallel_for(rows.size(), 1, static_cast<double>(p.tk) * static_cast<double>(p.d + p.dv + 8),
-                 [&](std::size_t r0, std::size_t r1) {
-      for (std::size_t r = r0; r < r1; ++r) {
-        const std::size_t row = rows[r];  // (b, h, i) flattened
-        attention_row_exact(p, row / (p.hq * p.tq), (row / p.tq) % p.hq, row % p.tq);
+  // Rows recomputed the exact way (attention_row_exact), `rows` of them: row r is (b, h, i)
+  // flattened as row_of(r). Its scratch is allocated here, before anything is written.
+  const int max_threads = std::max(1, get_num_threads());
+  std::vector<double> exact_acc(static_cast<std::size_t>(max_threads) * std::max<std::size_t>(p.dv, 1));
+  auto exact_rows = [&](std::size_t rows, auto row_of) {
+    const double cost = static_cast<double>(p.tk) * static_cast<double>(p.d + p.dv + 8);
+    const int threads = static_cast<int>(std::min<double>(
+        max_threads, std::max(1.0, static_cast<double>(rows) * cost / 2e5)));
+    std::atomic<std::size_t> next_row{0};
+    parallel_for_threads(threads, [&](int chunk, int) {
+      double* acc = exact_acc.data() + static_cast<std::size_t>(chunk) * std::max<std::size_t>(p.dv, 1);
+      for (std::size_t r = next_row.fetch_add(1); r < rows; r = next_row.fetch_add(1)) {
+        const std::size_t row = row_of(r);
+        attention_row_exact(p, row / (p.hq * p.tq), (row / p.tq) % p.hq, row % p.tq, acc);
       }
     });
   };
+  // all rows of the call, the exact way (a scale outside T's normal range: 1e-50 or 1e40 in
+  // float32, which the reference applies in float64)
   if (!scale_fits<T>(p.scale)) {
-    std::vector<std::size_t> all(p.b * p.hq * p.tq);
-    for (std::size_t r = 0; r < all.size(); ++r) all[r] = r;
-    exact_rows(all);
+    exact_rows(p.b * p.hq * p.tq, [](std::size_t r) { return r; });
     return;
   }
 
@@ -153,8 +162,11 @@ void attention(const attn_params<T>& p) {
   if (splits > 1 && parts_buf.size() < items.size() * part_stride)
     parts_buf.resize(items.size() * part_stride);
   T* parts = parts_buf.data();
-  // per item and row: kAttnNonFinite / kAttnAllNegInf (see ops.hpp)
+  // per item and row: kAttnNonFinite / kAttnAllNegInf (see ops.hpp); then the list of the
+  // suspect rows (at most one per row of the call)
   std::vector<std::uint8_t> flags(items.size() * kAttnRowTile, 0);
+  // (uninitialised: pages are only touched when a row is listed)
+  std::unique_ptr<std::size_t[]> row_list(new std::size_t[std::max<std::size_t>(p.b * p.hq * p.tq, 1)]);
 
   // dynamic scheduling: causal tiles differ in cost; which thread runs an item does not change
   // what it computes
@@ -211,7 +223,7 @@ void attention(const attn_params<T>& p) {
   // +inf or NaN, or when every allowed score was -inf (scores that overflowed downwards; -inf
   // scores next to a finite one have weight 0 in the reference too: they lie more than 1e31
   // below it). Rare: for normal data this is a scan of the flags.
-  std::vector<std::size_t> suspect;
+  std::size_t n_suspect = 0;
   const std::size_t tiles = items.size() / splits;
   for (std::size_t t = 0; t < tiles; ++t) {
     const attn_item& it = items[t * splits];
@@ -228,11 +240,11 @@ void attention(const attn_params<T>& p) {
       }
       if (non_finite || (all_neg_inf && all_m_neg_inf)) {
         const std::size_t h = it.g * group + (it.row0 + r) / p.tq, i = (it.row0 + r) % p.tq;
-        suspect.push_back((it.b * p.hq + h) * p.tq + i);
+        row_list[n_suspect++] = (it.b * p.hq + h) * p.tq + i;
       }
     }
   }
-  if (!suspect.empty()) exact_rows(suspect);
+  if (n_suspect) exact_rows(n_suspect, [&](std::size_t r) { return row_list[r]; });
 }
 
 template void attention<float>(const attn_params<float>&);
