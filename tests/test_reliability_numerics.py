@@ -24,7 +24,10 @@ from llmkernels import reference as ref
 
 F32, F64 = np.float32, np.float64
 # DESIGN.md §4: attention outputs against the float64 reference
-ATTN_TOL = {np.dtype(F32): {"rtol": 1e-4, "atol": 1e-5}, np.dtype(F64): {"rtol": 1e-9, "atol": 1e-12}}
+ATTN_TOL = {
+    np.dtype(F32): {"rtol": 1e-4, "atol": 1e-5},
+    np.dtype(F64): {"rtol": 1e-9, "atol": 1e-12},
+}
 TAILS = [1, 7, 31, 33, 1025]
 
 
