@@ -8,6 +8,8 @@
 #include <memory>
 #include <vector>
 
+#include <xmmintrin.h>
+
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
 
@@ -17,6 +19,24 @@ namespace {
 // Key-range split for decode-like shapes (a KV group's rows fit one tile): fixed-size splits,
 // so the arithmetic (and hence the result) does not depend on the thread count.
 constexpr std::size_t kKeySplit = 512;
+
+// Clears MXCSR's DAZ/FTZ bits for its lifetime when the calling thread set them (like the
+// kernels' ExactSubnormals): the merge and the exact path below run outside the kernels.
+class NoFlush {
+ public:
+  NoFlush() : saved_(_mm_getcsr()) {
+    if (saved_ & kBits) _mm_setcsr(saved_ & ~kBits);
+  }
+  ~NoFlush() {
+    if (saved_ & kBits) _mm_setcsr(saved_);
+  }
+  NoFlush(const NoFlush&) = delete;
+  NoFlush& operator=(const NoFlush&) = delete;
+
+ private:
+  static constexpr unsigned kBits = 0x8040;  // FTZ | DAZ
+  unsigned saved_;
+};
 
 // One query row (b, h, i) the exact way: the float64 reference's own order and precision,
 // scores = (q . k) * scale + mask in double, softmax over the allowed keys with a running max
@@ -35,10 +55,9 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
   T* o = p.out + b * p.os[0] + h * p.os[1] + i * p.os[2];      // (Dv,)
   T* w = p.weights ? p.weights + ((b * p.hq + h) * p.tq + i) * p.tk : nullptr;  // (Tk,)
   // integer causal limit: the last key index this row may see
-  const std::int64_t lim = p.causal ? static_cast<std::int64_t>(i) + static_cast<std::int64_t>(p.tk) -
-                                          static_cast<std::int64_t>(p.tq)
-                                    : static_cast<std::int64_t>(p.tk) - 1;
-  const std::size_t jn = lim < 0 ? 0 : std::min<std::size_t>(p.tk, static_cast<std::size_t>(lim) + 1);
+  const std::int64_t tk = static_cast<std::int64_t>(p.tk), tq = static_cast<std::int64_t>(p.tq);
+  const std::int64_t lim = p.causal ? static_cast<std::int64_t>(i) + tk - tq : tk - 1;
+  const std::size_t jn = lim < 0 ? 0 : std::min(p.tk, static_cast<std::size_t>(lim) + 1);
   const std::int64_t mbase = static_cast<std::int64_t>(b) * p.mask_strides[0] +
                              static_cast<std::int64_t>(h) * p.mask_strides[1] +
                              static_cast<std::int64_t>(i) * p.mask_strides[2];
@@ -49,7 +68,8 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
     if (p.mask_kind == 1 && !static_cast<const std::uint8_t*>(p.mask)[mj]) return false;
     const T* kr = kb + j * p.ks[2];
     double dot = 0.0;
-    for (std::size_t d = 0; d < p.d; ++d) dot += static_cast<double>(q[d]) * static_cast<double>(kr[d]);
+    for (std::size_t d = 0; d < p.d; ++d)
+      dot += static_cast<double>(q[d]) * static_cast<double>(kr[d]);
     double v = dot * p.scale;
     if (p.mask_kind == 2) v += static_cast<double>(static_cast<const T*>(p.mask)[mj]);
     *sc = v;
@@ -132,14 +152,16 @@ void attention(const attn_params<T>& p) {
   // Rows recomputed the exact way (attention_row_exact), `rows` of them: row r is (b, h, i)
   // flattened as row_of(r). Its scratch is allocated here, before anything is written.
   const int max_threads = std::max(1, get_num_threads());
-  std::vector<double> exact_acc(static_cast<std::size_t>(max_threads) * std::max<std::size_t>(p.dv, 1));
+  const std::size_t acc_stride = std::max<std::size_t>(p.dv, 1);
+  std::vector<double> exact_acc(static_cast<std::size_t>(max_threads) * acc_stride);
   auto exact_rows = [&](std::size_t rows, auto row_of) {
     const double cost = static_cast<double>(p.tk) * static_cast<double>(p.d + p.dv + 8);
     const int threads = static_cast<int>(std::min<double>(
         max_threads, std::max(1.0, static_cast<double>(rows) * cost / 2e5)));
     std::atomic<std::size_t> next_row{0};
     parallel_for_threads(threads, [&](int chunk, int) {
-      double* acc = exact_acc.data() + static_cast<std::size_t>(chunk) * std::max<std::size_t>(p.dv, 1);
+      NoFlush no_flush;
+      double* acc = exact_acc.data() + static_cast<std::size_t>(chunk) * acc_stride;
       for (std::size_t r = next_row.fetch_add(1); r < rows; r = next_row.fetch_add(1)) {
         const std::size_t row = row_of(r);
         attention_row_exact(p, row / (p.hq * p.tq), (row / p.tq) % p.hq, row % p.tq, acc);
@@ -166,7 +188,8 @@ void attention(const attn_params<T>& p) {
   // suspect rows (at most one per row of the call)
   std::vector<std::uint8_t> flags(items.size() * kAttnRowTile, 0);
   // (uninitialised: pages are only touched when a row is listed)
-  std::unique_ptr<std::size_t[]> row_list(new std::size_t[std::max<std::size_t>(p.b * p.hq * p.tq, 1)]);
+  const std::size_t n_rows = std::max<std::size_t>(p.b * p.hq * p.tq, 1);
+  std::unique_ptr<std::size_t[]> row_list(new std::size_t[n_rows]);
 
   // dynamic scheduling: causal tiles differ in cost; which thread runs an item does not change
   // what it computes
@@ -189,6 +212,7 @@ void attention(const attn_params<T>& p) {
     const std::size_t tiles = items.size() / splits;
     parallel_for(tiles, 1, static_cast<double>(splits * kAttnRowTile * dv_pad),
                  [&](std::size_t t0, std::size_t t1) {
+      NoFlush no_flush;
       for (std::size_t t = t0; t < t1; ++t) {
         const attn_item& it = items[t * splits];
         for (std::size_t r = 0; r < it.nrows; ++r) {

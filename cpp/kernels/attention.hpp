@@ -205,8 +205,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   auto pack = [&](const T* qrow, std::size_t r, T mul) {
     for (std::size_t d = 0; d < D; ++d) {
       const T v = qrow[d] * mul;
-      if (std::isfinite(qrow[d]) && qrow[d] != T(0) && !(std::fabs(v) >= t_min && std::fabs(v) <= t_max))
-        fold = false;
+      const bool normal = std::fabs(v) >= t_min && std::fabs(v) <= t_max;
+      if (std::isfinite(qrow[d]) && qrow[d] != T(0) && !normal) fold = false;
       (rowwise ? s.qt[r * D + d] : s.qt[d * BQ + r]) = v;  // row-major (nrows, D) / (D, BQ)
     }
   };
@@ -275,7 +275,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       // limits relative to k0, clamped to [-1, nk]: small integers, exact in T
       for (std::size_t c = 0; c < ncols; ++c) {
         const std::int64_t rel = lim_abs[c] - static_cast<std::int64_t>(k0);
-        s.lim[c] = static_cast<T>(rel < -1 ? -1 : (rel > static_cast<std::int64_t>(nk) ? static_cast<std::int64_t>(nk) : rel));
+        const std::int64_t hi = static_cast<std::int64_t>(nk);
+        s.lim[c] = static_cast<T>(rel < -1 ? -1 : (rel > hi ? hi : rel));
       }
       for (std::size_t j = 0; j < nk; ++j) {
         const V kj(static_cast<T>(j));
@@ -365,7 +366,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     if (std::isnan(s.l[r]) || std::isnan(s.m[r]) || s.m[r] == -neg_inf) {
       f = kAttnNonFinite;
     } else if (s.m[r] == neg_inf) {  // every score -inf: fully masked (zeros) or overflowed?
-      const std::int64_t jend = std::min<std::int64_t>(lim_abs[r] + 1, static_cast<std::int64_t>(k_end));
+      const std::int64_t jend =
+          std::min<std::int64_t>(lim_abs[r] + 1, static_cast<std::int64_t>(k_end));
       const std::int64_t sj = p.mask_strides[3];
       const std::int64_t base = static_cast<std::int64_t>(it.b) * p.mask_strides[0] +
                                 static_cast<std::int64_t>(row_head(r)) * p.mask_strides[1] +

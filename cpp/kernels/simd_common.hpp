@@ -218,7 +218,8 @@ inline void sum_dev_and_sq(const T* x, std::size_t n, T shift, double* sum_d, do
     B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0)), q0(T(0)), q1(T(0)), q2(T(0)), q3(T(0));
     for (; i + 4 * N <= end; i += 4 * N) {
       const B d0 = B::load_unaligned(x + i) - sh, d1 = B::load_unaligned(x + i + N) - sh;
-      const B d2 = B::load_unaligned(x + i + 2 * N) - sh, d3 = B::load_unaligned(x + i + 3 * N) - sh;
+      const B d2 = B::load_unaligned(x + i + 2 * N) - sh;
+      const B d3 = B::load_unaligned(x + i + 3 * N) - sh;
       a0 += d0, a1 += d1, a2 += d2, a3 += d3;
       q0 = xsimd::fma(d0, d0, q0);
       q1 = xsimd::fma(d1, d1, q1);
