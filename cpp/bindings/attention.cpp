@@ -69,7 +69,7 @@ void attention(py::array q, py::array k, py::array v, double scale, bool causal,
     contiguous(p.ks, Hkv, Tk, D);
     contiguous(p.vs, Hkv, Tk, Dv);
     contiguous(p.os, Hq, Tq, Dv);
-    p.scale = static_cast<T>(scale);
+    p.scale = scale;  // double: applied exactly when it is outside T's normal range
     p.causal = causal;
     p.mask_kind = mask_kind;
     p.mask = mask ? mask->data() : nullptr;
