@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
+
+#include <xmmintrin.h>
 
 #include "common/isa.hpp"
 #include "common/scratch.hpp"
@@ -16,6 +20,108 @@ namespace {
 // Key-range split for decode-like shapes (a KV group's rows fit one tile): fixed-size splits,
 // so the arithmetic (and hence the result) does not depend on the thread count.
 constexpr std::size_t kKeySplit = 512;
+
+// Clears MXCSR's DAZ/FTZ bits for its lifetime when the calling thread set them (like the
+// kernels' ExactSubnormals): the merge and the exact path below run outside the kernels.
+class NoFlush {
+ public:
+  NoFlush() : saved_(_mm_getcsr()) {
+    if (saved_ & kBits) _mm_setcsr(saved_ & ~kBits);
+  }
+  ~NoFlush() {
+    if (saved_ & kBits) _mm_setcsr(saved_);
+  }
+  NoFlush(const NoFlush&) = delete;
+  NoFlush& operator=(const NoFlush&) = delete;
+
+ private:
+  static constexpr unsigned kBits = 0x8040;  // FTZ | DAZ
+  unsigned saved_;
+};
+
+// One query row (b, h, i) the exact way: the float64 reference's own order and precision,
+// scores = (q . k) * scale + mask in double, softmax over the allowed keys with a running max
+// (online; no Tk-sized buffer), output and weights rounded to T once at the end. For the rows
+// the fast kernel cannot get right in T (scores past T's range while the reference's are
+// finite: huge scale, q or k), and for all rows when scale itself is not a normal T. Slow
+// (scalar), and only ever taken for such extreme inputs or NaN/Inf data.
+// acc: (Dv,) scratch.
+template <class T>
+void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, std::size_t i,
+                         double* acc) {
+  const std::size_t group = p.hq / p.hkv, g = h / group;
+  const T* q = p.q + b * p.qs[0] + h * p.qs[1] + i * p.qs[2];  // (D,)
+  const T* kb = p.k + b * p.ks[0] + g * p.ks[1];               // (Tk, D), row stride ks[2]
+  const T* vb = p.v + b * p.vs[0] + g * p.vs[1];               // (Tk, Dv), row stride vs[2]
+  T* o = p.out + b * p.os[0] + h * p.os[1] + i * p.os[2];      // (Dv,)
+  T* w = p.weights ? p.weights + ((b * p.hq + h) * p.tq + i) * p.tk : nullptr;  // (Tk,)
+  // integer causal limit: the last key index this row may see
+  const std::int64_t tk = static_cast<std::int64_t>(p.tk), tq = static_cast<std::int64_t>(p.tq);
+  const std::int64_t lim = p.causal ? static_cast<std::int64_t>(i) + tk - tq : tk - 1;
+  const std::size_t jn = lim < 0 ? 0 : std::min(p.tk, static_cast<std::size_t>(lim) + 1);
+  const std::int64_t mbase = static_cast<std::int64_t>(b) * p.mask_strides[0] +
+                             static_cast<std::int64_t>(h) * p.mask_strides[1] +
+                             static_cast<std::int64_t>(i) * p.mask_strides[2];
+  const double inf = std::numeric_limits<double>::infinity();
+  // score of key j into *sc; false when the key is not attended (masked, or a -inf score)
+  auto score = [&](std::size_t j, double* sc) {
+    const std::int64_t mj = mbase + static_cast<std::int64_t>(j) * p.mask_strides[3];
+    if (p.mask_kind == 1 && !static_cast<const std::uint8_t*>(p.mask)[mj]) return false;
+    const T* kr = kb + j * p.ks[2];
+    double dot = 0.0;
+    for (std::size_t d = 0; d < p.d; ++d)
+      dot += static_cast<double>(q[d]) * static_cast<double>(kr[d]);
+    double v = dot * p.scale;
+    if (p.mask_kind == 2) v += static_cast<double>(static_cast<const T*>(p.mask)[mj]);
+    *sc = v;
+    return v != -inf;
+  };
+  std::fill(acc, acc + p.dv, 0.0);
+  double m = -inf, l = 0.0;
+  bool nan_row = false;  // a NaN or +inf score: the reference's softmax is NaN throughout
+  for (std::size_t j = 0; j < jn && !nan_row; ++j) {
+    double sc;
+    if (!score(j, &sc)) continue;
+    if (std::isnan(sc) || sc == inf) {
+      nan_row = true;
+      break;
+    }
+    if (sc > m) {  // new running max: rescale what was summed so far
+      const double a = std::exp(m - sc);
+      l *= a;
+      for (std::size_t d = 0; d < p.dv; ++d) acc[d] *= a;
+      m = sc;
+    }
+    const double e = std::exp(sc - m);
+    l += e;
+    const T* vr = vb + j * p.vs[2];
+    for (std::size_t d = 0; d < p.dv; ++d) acc[d] += e * static_cast<double>(vr[d]);
+  }
+  if (nan_row) {
+    std::fill(o, o + p.dv, std::numeric_limits<T>::quiet_NaN());
+    if (w) std::fill(w, w + p.tk, std::numeric_limits<T>::quiet_NaN());
+    return;
+  }
+  for (std::size_t d = 0; d < p.dv; ++d) o[d] = l > 0.0 ? static_cast<T>(acc[d] / l) : T(0);
+  if (w) {
+    std::fill(w, w + p.tk, T(0));
+    if (l > 0.0) {
+      for (std::size_t j = 0; j < jn; ++j) {
+        double sc;
+        if (score(j, &sc)) w[j] = static_cast<T>(std::exp(sc - m) / l);
+      }
+    }
+  }
+}
+
+// scale as a T multiplier: must be a normal number (or 0) for the fast kernel
+template <class T>
+bool scale_fits(double scale) {
+  const double a = std::fabs(scale);
+  return a == 0.0 || (a >= static_cast<double>(std::numeric_limits<T>::min()) &&
+                      a <= static_cast<double>(std::numeric_limits<T>::max()) &&
+                      static_cast<T>(a) >= std::numeric_limits<T>::min());
+}
 
 }  // namespace
 
@@ -44,6 +150,32 @@ void attention(const attn_params<T>& p) {
       }
   if (items.empty()) return;
 
+  // Rows recomputed the exact way (attention_row_exact), `rows` of them: row r is (b, h, i)
+  // flattened as row_of(r). Its scratch is allocated here, before anything is written.
+  const int max_threads = std::max(1, get_num_threads());
+  const std::size_t acc_stride = std::max<std::size_t>(p.dv, 1);
+  std::vector<double> exact_acc(static_cast<std::size_t>(max_threads) * acc_stride);
+  auto exact_rows = [&](std::size_t rows, auto row_of) {
+    const double cost = static_cast<double>(p.tk) * static_cast<double>(p.d + p.dv + 8);
+    const int threads = static_cast<int>(std::min<double>(
+        max_threads, std::max(1.0, static_cast<double>(rows) * cost / 2e5)));
+    std::atomic<std::size_t> next_row{0};
+    parallel_for_threads(threads, [&](int chunk, int) {
+      NoFlush no_flush;
+      double* acc = exact_acc.data() + static_cast<std::size_t>(chunk) * acc_stride;
+      for (std::size_t r = next_row.fetch_add(1); r < rows; r = next_row.fetch_add(1)) {
+        const std::size_t row = row_of(r);
+        attention_row_exact(p, row / (p.hq * p.tq), (row / p.tq) % p.hq, row % p.tq, acc);
+      }
+    });
+  };
+  // all rows of the call, the exact way (a scale outside T's normal range: 1e-50 or 1e40 in
+  // float32, which the reference applies in float64)
+  if (!scale_fits<T>(p.scale)) {
+    exact_rows(p.b * p.hq * p.tq, [](std::size_t r) { return r; });
+    return;
+  }
+
   const std::size_t dv_pad = attn_dv_pad_t<T>(p.dv);
   const std::size_t ws = attn_workspace_size<T>(p.d, p.dv);
   // key-split partial states, per item: m and l (R each) and O (R x dv_pad), R = the rows of
@@ -51,6 +183,12 @@ void attention(const attn_params<T>& p) {
   // group * Tq <= kAttnRowTile, so a 4-head group keeps 4 rows of state, not 64)
   const std::size_t part_rows = std::min(kAttnRowTile, rows_per_group);
   const std::size_t part_stride = part_rows * (2 + dv_pad);
+  // per item and row: kAttnNonFinite / kAttnAllNegInf (see ops.hpp); then the list of the
+  // suspect rows (at most one per row of the call); both allocated before anything is written
+  std::vector<std::uint8_t> flags(items.size() * kAttnRowTile, 0);
+  // (uninitialised: pages are only touched when a row is listed)
+  const std::size_t n_rows = std::max<std::size_t>(p.b * p.hq * p.tq, 1);
+  std::unique_ptr<std::size_t[]> row_list(new std::size_t[n_rows]);
 
   // dynamic scheduling: causal tiles differ in cost; which thread runs an item does not change
   // what it computes
@@ -74,7 +212,8 @@ void attention(const attn_params<T>& p) {
     for (std::size_t i = next.fetch_add(1); i < items.size(); i = next.fetch_add(1)) {
       T* part = splits > 1 ? parts + i * part_stride : nullptr;
       dispatch(attention_tile_kernel{}, p, items[i], workspace, part,
-               part ? part + part_rows : nullptr, part ? part + 2 * part_rows : nullptr);
+               part ? part + part_rows : nullptr, part ? part + 2 * part_rows : nullptr,
+               flags.data() + i * kAttnRowTile);
     }
   });
 
@@ -82,6 +221,7 @@ void attention(const attn_params<T>& p) {
     const std::size_t tiles = items.size() / splits;
     parallel_for(tiles, 1, static_cast<double>(splits * part_rows * dv_pad),
                  [&](std::size_t t0, std::size_t t1) {
+      NoFlush no_flush;
       for (std::size_t t = t0; t < t1; ++t) {
         const attn_item& it = items[t * splits];
         for (std::size_t r = 0; r < it.nrows; ++r) {
@@ -111,6 +251,33 @@ void attention(const attn_params<T>& p) {
       }
     });
   }
+
+  // Rows whose scores left T's range: recomputed exactly. A row is suspect when a score was
+  // +inf or NaN, or when every allowed score was -inf (scores that overflowed downwards; -inf
+  // scores next to a finite one have weight 0 in the reference too: they lie more than 1e31
+  // below it). Rare: for normal data this is a scan of the flags.
+  std::size_t n_suspect = 0;
+  const std::size_t tiles = items.size() / splits;
+  for (std::size_t t = 0; t < tiles; ++t) {
+    const attn_item& it = items[t * splits];
+    for (std::size_t r = 0; r < it.nrows; ++r) {
+      bool non_finite = false, all_neg_inf = false, all_m_neg_inf = true;
+      for (std::size_t sp = 0; sp < splits; ++sp) {
+        const std::uint8_t f = flags[(t * splits + sp) * kAttnRowTile + r];
+        non_finite |= (f & kAttnNonFinite) != 0;
+        all_neg_inf |= (f & kAttnAllNegInf) != 0;
+        if (splits > 1) {
+          const T pm = parts[(t * splits + sp) * part_stride + r];
+          all_m_neg_inf &= std::isinf(pm) && pm < 0;
+        }
+      }
+      if (non_finite || (all_neg_inf && all_m_neg_inf)) {
+        const std::size_t h = it.g * group + (it.row0 + r) / p.tq, i = (it.row0 + r) % p.tq;
+        row_list[n_suspect++] = (it.b * p.hq + h) * p.tq + i;
+      }
+    }
+  }
+  if (n_suspect) exact_rows(n_suspect, [&](std::size_t r) { return row_list[r]; });
 }
 
 template void attention<float>(const attn_params<float>&);

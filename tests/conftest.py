@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator, Sequence
 
 import llmkernels as lk
 import numpy as np
@@ -17,6 +22,34 @@ TOL = {
     np.dtype(np.float32): {"rtol": 2e-5, "atol": 1e-6},
     np.dtype(np.float64): {"rtol": 1e-12, "atol": 1e-14},
 }
+
+
+def run_python(
+    code: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    drop: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a fresh interpreter (its own session, environment minus ``drop``, plus
+    ``env``); returns the CompletedProcess. A hang kills the process group (forked children
+    included) after ``timeout`` s and fails the test instead of hanging the suite."""
+    full_env = {k: v for k, v in os.environ.items() if k not in drop}
+    full_env.update(env or {})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"subprocess hung (killed after {timeout} s)\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @pytest.fixture(params=SUPPORTED_ISAS)

@@ -187,3 +187,21 @@ def test_rope_table_cache_threads_and_bound():
         assert _ops._table_cache_used <= _ops._TABLE_CACHE_BYTES
     assert _ops._table_cache_used == sum(c.nbytes + s.nbytes for c, s in
                                          _ops._TABLE_CACHE.values())
+
+
+@pytest.mark.parametrize("base", [2**24 + 3, 2**31 - 2, 2**31 + 5, 2**32 + 1, 2**40 + 7])
+def test_block_positions_past_2_24_and_2_31(base):
+    """Positions are int64 end to end (Python, the C++ block, the cache's next position): a
+    block at positions past 2**24 and 2**31 equals the float64 reference block there, and a
+    cached decode continues from them."""
+    cfg = {"dim": 32, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 64}
+    block = lk.TransformerBlock.from_config(cfg, seed=1)
+    rng = np.random.default_rng(base % 97)
+    x = rng.standard_normal((2, 5, 32)).astype(np.float32)
+    pos = base + np.stack([np.arange(5), 3 + np.arange(5)])
+    want = ref.transformer_block(x, block.state_dict(), cfg, positions=pos)
+    np.testing.assert_allclose(block(x, positions=pos), want, rtol=1e-4, atol=1e-5)
+    cache = block.new_cache(2, 8)
+    block(x[:, :4], positions=pos[:, :4], cache=cache)
+    assert list(cache.next_positions) == list(pos[:, 3] + 1)
+    np.testing.assert_allclose(block(x[:, 4:], cache=cache), want[:, 4:], rtol=1e-4, atol=1e-5)

@@ -25,14 +25,11 @@ test-sanitize``), and run in ``make test`` / ``make test-matrix``.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 
 import llmkernels as lk
 import numpy as np
 import pytest
+from conftest import run_python
 
 TIMEOUT = 180  # seconds per subprocess; the scripts take a few seconds
 
@@ -45,24 +42,10 @@ needs_rlimit_as = pytest.mark.skipif(
 
 
 def run_ok(code: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT) -> str:
-    """Runs ``code`` in a fresh interpreter and returns its stdout; a non-zero exit (crash,
-    abort, failed assert) or a hang (killed after ``timeout`` s) fails the test."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("LLMKERNELS_NUM_THREADS",)}
-    full_env.update(env or {})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=full_env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"subprocess hung (killed after {timeout} s)\nstdout:\n{out}\nstderr:\n{err}")
+    """Runs ``code`` in a fresh interpreter (conftest's runner) and returns its stdout; a
+    non-zero exit (crash, abort, failed assert) or a hang fails the test."""
+    proc = run_python(code, env, timeout, drop=("LLMKERNELS_NUM_THREADS",))
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, f"exit code {proc.returncode}\nstdout:\n{out}\nstderr:\n{err}"
     return out
 
@@ -311,7 +294,16 @@ def test_allocation_failure_is_memory_error(kernel_threads):
     """Under an address-space limit, every op and module whose scratch cannot be allocated
     raises MemoryError; ``out`` keeps its contents, caches append nothing, and later calls give
     the right answers (exit code 0: no std::terminate at any thread count)."""
-    assert run_ok(FAULT_SCRIPT.replace("sys.argv[1]", str(kernel_threads))).endswith("ok\n")
+    # glibc's dynamic mmap threshold would keep freed blocks of up to 32 MiB in the heap (and
+    # reuse them without growing the address space): fixed thresholds make every large block a
+    # fresh mapping, so whether an allocation fits under the limit does not depend on history
+    malloc_env = {
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+        "MALLOC_TRIM_THRESHOLD_": "131072",
+        "MALLOC_ARENA_MAX": "1",  # no per-thread arenas with reserved, unaccounted room
+    }
+    script = FAULT_SCRIPT.replace("sys.argv[1]", str(kernel_threads))
+    assert run_ok(script, env=malloc_env).endswith("ok\n")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -8,42 +8,21 @@ hang fails the test and the whole process group is killed.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
 
 import llmkernels as lk
 import numpy as np
 import pytest
 from conftest import ISA_ORDER, SUPPORTED_ISAS, TOL
+from conftest import run_python as _run_python
 from llmkernels import reference as ref
 
 TIMEOUT = 120  # seconds per subprocess; the scripts take ~1-3 s
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT):
-    """Runs ``code`` in a fresh interpreter; returns the CompletedProcess. A timeout kills the
-    process group (forked children included) and fails the test."""
-    full_env = {k: v for k, v in os.environ.items() if k != "LLMKERNELS_ARCH"}
-    full_env.update(env or {})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=full_env,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"subprocess hung (killed after {timeout} s)\nstdout:\n{out}\nstderr:\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    """conftest's runner, without an inherited forced SIMD path."""
+    return _run_python(code, env, timeout, drop=("LLMKERNELS_ARCH",))
 
 
 def run_ok(code: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT) -> str:

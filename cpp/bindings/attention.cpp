@@ -33,7 +33,7 @@ void run_attention(const py::array& q, const py::array& k, const py::array& v, d
     contiguous(p.ks, Hkv, Tk, D);
     contiguous(p.vs, Hkv, Tk, Dv);
     contiguous(p.os, Hq, Tq, Dv);
-    p.scale = static_cast<T>(scale);
+    p.scale = scale;  // double: applied exactly when it is outside T's normal range
     p.causal = causal;
     p.mask_kind = mask_kind;
     p.mask = mask_data;

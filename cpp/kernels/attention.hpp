@@ -7,7 +7,9 @@
 //
 // Per key tile of kAttnKeyTile keys:
 //   S^T (keys x rows) = K_tile . (scale * Q_tile)^T       micro-GEMM, vectors over query rows
-//   causal / mask -> -inf or additive                      vectorized causal, scalar mask
+//     (scale folded into Q when every scale * q is a normal number; else S^T = (K . Q^T) * scale)
+//   causal / mask -> -inf or additive                      vectorized causal (integer limits
+//                                                          made tile-relative), scalar mask
 //   m_new = max(m, max_j S^T[j, :]); alpha = exp(m - m_new)  vectorized over query rows
 //   P = exp(S^T - m_new); l = l * alpha + sum_j P
 //   O = O * alpha + P^T . V_tile                           micro-GEMM, vectors over Dv
@@ -151,7 +153,7 @@ struct attn_tile_state {
   T* st;    // (BK, BQ)     scores / probabilities of the current key tile, transposed
   T* o;     // (BQ, dv_pad) running output
   T* vpad;  // (BK, dv_pad) V tile copy when Dv is not a multiple of the vector width
-  T* lim;   // (BQ,)        causal limit per row: last key index it may see (as T)
+  T* lim;   // (BQ,)        causal limit per row relative to the key tile's start, in [-1, BK]
   T* m;     // (BQ,)        running max
   T* l;     // (BQ,)        running sum
 };
@@ -160,13 +162,16 @@ struct attn_tile_state {
 
 template <class Arch, class T>
 void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn_item& it,
-                                       T* workspace, T* part_m, T* part_l, T* part_o) const {
+                                       T* workspace, T* part_m, T* part_l, T* part_o,
+                                       std::uint8_t* flags) const {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
   constexpr std::size_t BQ = kAttnRowTile, BK = kAttnKeyTile;
   const std::size_t D = p.d, Dv = p.dv, dv_pad = attn_dv_pad_t<T>(Dv);
   const std::size_t group = p.hq / p.hkv;
   const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T scale = static_cast<T>(p.scale);  // the driver runs the exact path if it is not normal
+  ExactSubnormals exact;  // subnormal q, k, v count (no DAZ), whatever the caller's MXCSR
 
   attn_tile_state<T> s;
   s.qt = workspace;
@@ -192,25 +197,42 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // padded columns (rows of the rowwise layout) must be zero
   if (!rowwise) std::memset(s.qt, 0, D * BQ * sizeof(T));
   else std::memset(s.qt, 0, (nrows + N) * D * sizeof(T));
+  // Folding scale into q saves a multiply per score, but scale * q can overflow (scale = 1e20,
+  // q = 1e20 in float32) or lose bits in the subnormal range while (q . k) * scale, the
+  // reference's order, is fine: fold only when every nonzero finite q gives a normal product.
+  bool fold = true;
+  const T t_min = std::numeric_limits<T>::min(), t_max = std::numeric_limits<T>::max();
+  auto pack = [&](const T* qrow, std::size_t r, T mul) {
+    for (std::size_t d = 0; d < D; ++d) {
+      const T v = qrow[d] * mul;
+      const bool normal = std::fabs(v) >= t_min && std::fabs(v) <= t_max;
+      if (std::isfinite(qrow[d]) && qrow[d] != T(0) && !normal) fold = false;
+      (rowwise ? s.qt[r * D + d] : s.qt[d * BQ + r]) = v;  // row-major (nrows, D) / (D, BQ)
+    }
+  };
+  auto q_row = [&](std::size_t r) {
+    return p.q + it.b * p.qs[0] + row_head(r) * p.qs[1] + row_query(r) * p.qs[2];
+  };
+  // Causal limits are integers (the last key index a row may see): as float32 they would round
+  // past 2^24 keys. They are made tile-relative (small, exact in T) per key tile below.
+  std::int64_t lim_abs[BQ];
   std::int64_t max_lim = -1;
   const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
   for (std::size_t r = 0; r < BQ; ++r) {
     if (r < nrows) {
-      const T* qrow = p.q + it.b * p.qs[0] + row_head(r) * p.qs[1] + row_query(r) * p.qs[2];
-      if (rowwise) {  // row-major (nrows, D)
-        for (std::size_t d = 0; d < D; ++d) s.qt[r * D + d] = qrow[d] * p.scale;
-      } else {  // transposed (D, BQ)
-        for (std::size_t d = 0; d < D; ++d) s.qt[d * BQ + r] = qrow[d] * p.scale;
-      }
+      pack(q_row(r), r, scale);
       std::int64_t lim = p.causal ? static_cast<std::int64_t>(row_query(r)) + offset
                                   : static_cast<std::int64_t>(p.tk) - 1;
       max_lim = std::max(max_lim, lim);
-      s.lim[r] = static_cast<T>(lim);
+      lim_abs[r] = lim;
     } else {
-      s.lim[r] = T(-1);  // padding rows see nothing
+      lim_abs[r] = -1;  // padding rows see nothing
     }
     s.m[r] = neg_inf;
     s.l[r] = T(0);
+  }
+  if (!fold) {  // rare: scores are scaled after the product instead (see scores())
+    for (std::size_t r = 0; r < nrows; ++r) pack(q_row(r), r, T(1));
   }
   std::memset(s.o, 0, ncols * dv_pad * sizeof(T));
 
@@ -243,9 +265,21 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
                           static_cast<std::ptrdiff_t>(BQ), s.st, static_cast<std::ptrdiff_t>(BQ),
                           nk, ncols / N, D, false);
     }
+    if (!fold) {  // S^T = (K . Q^T) * scale, the reference's order
+      const V vscale(scale);
+      for (std::size_t j = 0; j < nk; ++j)
+        for (std::size_t c = 0; c < ncols; c += N)
+          (V::load_unaligned(s.st + j * BQ + c) * vscale).store_unaligned(s.st + j * BQ + c);
+    }
     if (p.causal || nrows < ncols) {
+      // limits relative to k0, clamped to [-1, nk]: small integers, exact in T
+      for (std::size_t c = 0; c < ncols; ++c) {
+        const std::int64_t rel = lim_abs[c] - static_cast<std::int64_t>(k0);
+        const std::int64_t hi = static_cast<std::int64_t>(nk);
+        s.lim[c] = static_cast<T>(rel < -1 ? -1 : (rel > hi ? hi : rel));
+      }
       for (std::size_t j = 0; j < nk; ++j) {
-        const V kj(static_cast<T>(k0 + j));
+        const V kj(static_cast<T>(j));
         T* row = s.st + j * BQ;
         for (std::size_t c = 0; c < ncols; c += N) {
           V lim = V::load_unaligned(s.lim + c);
@@ -324,6 +358,33 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     // V itself, and dv_pad (a multiple of the widest ISA's) may run past the end of its rows
     small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(BQ), vt, ldv, s.o,
                         static_cast<std::ptrdiff_t>(dv_pad), nrows, (Dv + N - 1) / N, nk, true);
+  }
+
+  // --- rows whose scores left T's range (see flags in ops.hpp) ------------------------------
+  for (std::size_t r = 0; r < nrows; ++r) {
+    std::uint8_t f = 0;
+    if (std::isnan(s.l[r]) || std::isnan(s.m[r]) || s.m[r] == -neg_inf) {
+      f = kAttnNonFinite;
+    } else if (s.m[r] == neg_inf) {  // every score -inf: fully masked (zeros) or overflowed?
+      const std::int64_t jend =
+          std::min<std::int64_t>(lim_abs[r] + 1, static_cast<std::int64_t>(k_end));
+      const std::int64_t sj = p.mask_strides[3];
+      const std::int64_t base = static_cast<std::int64_t>(it.b) * p.mask_strides[0] +
+                                static_cast<std::int64_t>(row_head(r)) * p.mask_strides[1] +
+                                static_cast<std::int64_t>(row_query(r)) * p.mask_strides[2];
+      for (std::int64_t j = static_cast<std::int64_t>(it.k0); j < jend; ++j) {
+        bool allowed = true;
+        if (p.mask_kind == 1)
+          allowed = static_cast<const std::uint8_t*>(p.mask)[base + j * sj] != 0;
+        else if (p.mask_kind == 2)
+          allowed = static_cast<const T*>(p.mask)[base + j * sj] != neg_inf;
+        if (allowed) {
+          f = kAttnAllNegInf;
+          break;
+        }
+      }
+    }
+    flags[r] = f;
   }
 
   // --- results -------------------------------------------------------------------------------

@@ -34,7 +34,8 @@
                                                     const T*, const T*, std::size_t,           \
                                                     std::size_t, std::size_t, bool, bool) const; \
   template void llmk::attention_tile_kernel::operator()<A, T>(                                 \
-      A, const llmk::attn_params<T>&, const llmk::attn_item&, T*, T*, T*, T*) const;
+      A, const llmk::attn_params<T>&, const llmk::attn_item&, T*, T*, T*, T*,                  \
+      std::uint8_t*) const;
 
 #define LLMK_INSTANTIATE(A)                                                                  \
   LLMK_INSTANTIATE_T(A, float)                                                               \

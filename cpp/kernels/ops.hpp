@@ -82,7 +82,9 @@ struct attn_params {
   // (batch, head, row) strides in elements; the last axis is contiguous. They let a module read
   // q/k/v straight from a fused projection output or a KV cache and write (B, T, H*Dv) rows.
   std::size_t qs[3], ks[3], vs[3], os[3];
-  T scale;
+  // score multiplier, in double whatever T: a scale outside T's normal range (1e-50, 1e40 in
+  // float32) must still give the float64 reference's answer (the driver then runs the exact path)
+  double scale;
   bool causal;             // bottom-right aligned: query i sees key j iff j <= i + Tk - Tq
   int mask_kind;           // 0 none, 1 bool (uint8, nonzero = may attend), 2 additive (T)
   const void* mask;        // broadcast view of (B, Hq, Tq, Tk)
@@ -104,11 +106,16 @@ constexpr std::size_t attn_workspace_size(std::size_t d, std::size_t dv) {
 
 // Runs one item. part_o == null: writes the normalised rows to p.out (and p.weights);
 // otherwise writes the unnormalised running state (m, l: (nrows,), O: (nrows, dv_pad)) for a
-// later merge of key splits.
+// later merge of key splits. flags (nrows,): per row, kAttnNonFinite when a score of the row
+// was +inf or NaN (the running max is +inf or the running sum NaN), kAttnAllNegInf when the row
+// had keys it may attend but every score of them was -inf. Both can come from scores that
+// overflow T while the float64 reference's stay finite; the driver recomputes such rows exactly
+// (attention_row_exact).
+constexpr std::uint8_t kAttnNonFinite = 1, kAttnAllNegInf = 2;
 struct attention_tile_kernel {
   template <class Arch, class T>
   void operator()(Arch, const attn_params<T>& p, const attn_item& it, T* workspace, T* part_m,
-                  T* part_l, T* part_o) const;
+                  T* part_l, T* part_o, std::uint8_t* flags) const;
 };
 
 // out[r, :] += bias      (rows, n) -- used to fold biases into the BLAS matmul outputs

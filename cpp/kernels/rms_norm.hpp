@@ -41,9 +41,11 @@ void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std:
                                  std::size_t n, double eps, bool stream) const {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
+  ExactSubnormals exact;  // subnormal x count (no DAZ), whatever the caller's MXCSR
   for (std::size_t r = 0; r < rows; ++r) {
     const T* xr = x + r * n;  // (n,)
     T* o = out + r * n;       // (n,) -- may be xr itself: each element is read before written
+    // blocked sum (accurate at every n, see blocked_sum)
     const T ss = sum_squares<Arch, T>(xr, n, T(1));
     if (needs_wide<Arch, T>(ss, xr, n)) {
       rms_norm_row_wide(o, xr, weight, n, eps);

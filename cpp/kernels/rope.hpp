@@ -15,6 +15,7 @@ void rope_kernel::operator()(Arch, T* out, const T* x, const std::int64_t* table
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   const std::size_t half = rotary_dim / 2;
+  ExactSubnormals exact;  // subnormal x count (no DAZ), whatever the caller's MXCSR
   for (std::size_t r = 0; r < rows; ++r) {
     const T* xr = x + r * d;                    // (d,)
     T* o = out + r * d;                         // (d,) -- may alias xr: pairs are loaded first

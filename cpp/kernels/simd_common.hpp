@@ -50,18 +50,26 @@ inline void store_batch(T* p, const vec<Arch, T>& v, bool stream) {
   }
 }
 
-// Treats subnormal inputs and results as zero (MXCSR DAZ + FTZ) for the lifetime of the object:
-// the exp polynomial on tiny inputs (|x| < 1e-19 in float32 squares into the subnormal range)
-// otherwise takes microcode assists that cost several times the normal speed. Only used in the
-// activation kernels, where a subnormal contributes nothing representable to the result.
-class FlushSubnormals {
+// Subnormal operands are numbers like any other (DESIGN.md §4: no DAZ on operands): a kernel
+// whose result must follow the float64 reference for subnormal inputs runs with MXCSR's DAZ
+// (denormals are zero) and FTZ (flush to zero) bits clear, whatever the calling thread set
+// (torch.set_flush_denormal(True), -ffast-math startup code of another library...). Reading
+// MXCSR costs a few cycles; it is written only when one of the bits is set, and restored.
+// Speed on normal data comes from never forming subnormal intermediates there (see exp_flush),
+// not from flushing them.
+class ExactSubnormals {
  public:
-  FlushSubnormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
-  ~FlushSubnormals() { _mm_setcsr(saved_); }
-  FlushSubnormals(const FlushSubnormals&) = delete;
-  FlushSubnormals& operator=(const FlushSubnormals&) = delete;
+  ExactSubnormals() : saved_(_mm_getcsr()) {
+    if (saved_ & kFlushBits) _mm_setcsr(saved_ & ~kFlushBits);
+  }
+  ~ExactSubnormals() {
+    if (saved_ & kFlushBits) _mm_setcsr(saved_);
+  }
+  ExactSubnormals(const ExactSubnormals&) = delete;
+  ExactSubnormals& operator=(const ExactSubnormals&) = delete;
 
  private:
+  static constexpr unsigned kFlushBits = 0x8040;  // FTZ (bit 15) | DAZ (bit 6)
   unsigned saved_;
 };
 
@@ -119,81 +127,123 @@ inline void reduce_lanes(const vec<xsimd::fma3<xsimd::avx2>, float>* acc, float*
 }
 #endif
 
-// Sum of x[i]^2 * scale^2 over a row: four independent accumulators hide FMA latency.
+// Accurate at every row length: a plain SIMD sum of n terms into 4 x N accumulators adds
+// n / (4N) terms per lane, and its rounding error grows with n (rows of 2^24 values were 4x over
+// the contract's tolerance). Here the SIMD accumulators only ever run over a block of kSumBlock
+// elements (kSumBlock / (4N) terms per lane, a few dozen), and the block totals are added in
+// double with Neumaier's compensation, so the error no longer grows with the row. Per block
+// that is one horizontal sum and a few scalar operations: the loop over the row still runs at
+// memory speed.
+constexpr std::size_t kSumBlock = 2048;  // a multiple of 4 x 16 (4 AVX-512 float vectors)
+
+// Neumaier-compensated sum of doubles. An Inf or NaN total is returned as is (the compensation
+// term would turn Inf into NaN).
+struct compensated_sum {
+  double s = 0.0, c = 0.0;
+  void add(double v) {
+    const double t = s + v;
+    c += std::fabs(s) >= std::fabs(v) ? (s - t) + v : (v - t) + s;
+    s = t;
+  }
+  double value() const { return std::isfinite(s) ? s + c : s; }
+};
+
+// Sum over i < n of the terms the functors give: vacc(acc, i) returns acc plus the N terms at
+// i (a batch), sterm(i) the term at i (the scalar tail of fewer than N elements). Returned in
+// double; callers round to T where the T range matters (a float32 sum past FLT_MAX is +inf, as
+// a float32 accumulator would give).
+template <class Arch, class T, class VAcc, class STerm>
+inline double blocked_sum(std::size_t n, VAcc vacc, STerm sterm) {
+  using B = vec<Arch, T>;
+  constexpr std::size_t N = B::size;
+  static_assert(kSumBlock % (4 * N) == 0, "blocks hold whole groups of 4 batches");
+  compensated_sum total;
+  std::size_t i = 0;
+  while (i + N <= n) {
+    const std::size_t end = n - i > kSumBlock ? i + kSumBlock : n;
+    B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));  // four independent chains hide FMA latency
+    for (; i + 4 * N <= end; i += 4 * N) {
+      a0 = vacc(a0, i);
+      a1 = vacc(a1, i + N);
+      a2 = vacc(a2, i + 2 * N);
+      a3 = vacc(a3, i + 3 * N);
+    }
+    for (; i + N <= end; i += N) a0 = vacc(a0, i);
+    total.add(static_cast<double>(xsimd::hadd((a0 + a1) + (a2 + a3))));
+  }
+  T tail = T(0);
+  for (; i < n; ++i) tail += sterm(i);
+  total.add(static_cast<double>(tail));
+  return total.value();
+}
+
+// Sum of (x[i] * scale)^2 over a row, rounded to T.
 template <class Arch, class T>
 inline T sum_squares(const T* x, std::size_t n, T scale) {
   using B = vec<Arch, T>;
-  constexpr std::size_t N = B::size;
   const B s(scale);
-  B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
-  std::size_t i = 0;
-  for (; i + 4 * N <= n; i += 4 * N) {
-    B x0 = B::load_unaligned(x + i) * s, x1 = B::load_unaligned(x + i + N) * s;
-    B x2 = B::load_unaligned(x + i + 2 * N) * s, x3 = B::load_unaligned(x + i + 3 * N) * s;
-    a0 = xsimd::fma(x0, x0, a0);
-    a1 = xsimd::fma(x1, x1, a1);
-    a2 = xsimd::fma(x2, x2, a2);
-    a3 = xsimd::fma(x3, x3, a3);
-  }
-  for (; i + N <= n; i += N) {
-    B x0 = B::load_unaligned(x + i) * s;
-    a0 = xsimd::fma(x0, x0, a0);
-  }
-  T total = xsimd::hadd((a0 + a1) + (a2 + a3));
-  for (; i < n; ++i) {  // scalar tail
-    T v = x[i] * scale;
-    total += v * v;
-  }
-  return total;
+  return static_cast<T>(blocked_sum<Arch, T>(
+      n,
+      [&](const B& acc, std::size_t i) {
+        const B v = B::load_unaligned(x + i) * s;
+        return xsimd::fma(v, v, acc);
+      },
+      [&](std::size_t i) {
+        const T v = x[i] * scale;
+        return v * v;
+      }));
 }
 
-// Sum of (x[i] - shift) * scale over a row.
+// Sum of (x[i] - shift) over a row, in double.
 template <class Arch, class T>
-inline T sum_shifted(const T* x, std::size_t n, T shift, T scale) {
+inline double sum_shifted(const T* x, std::size_t n, T shift) {
   using B = vec<Arch, T>;
-  constexpr std::size_t N = B::size;
-  const B sh(shift), s(scale);
-  B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
-  std::size_t i = 0;
-  for (; i + 4 * N <= n; i += 4 * N) {
-    a0 += (B::load_unaligned(x + i) - sh) * s;
-    a1 += (B::load_unaligned(x + i + N) - sh) * s;
-    a2 += (B::load_unaligned(x + i + 2 * N) - sh) * s;
-    a3 += (B::load_unaligned(x + i + 3 * N) - sh) * s;
-  }
-  for (; i + N <= n; i += N) a0 += (B::load_unaligned(x + i) - sh) * s;
-  T total = xsimd::hadd((a0 + a1) + (a2 + a3));
-  for (; i < n; ++i) total += (x[i] - shift) * scale;
-  return total;
+  const B sh(shift);
+  return blocked_sum<Arch, T>(
+      n, [&](const B& acc, std::size_t i) { return acc + (B::load_unaligned(x + i) - sh); },
+      [&](std::size_t i) { return x[i] - shift; });
 }
 
-// Sum of ((x[i] - shift) * scale)^2 over a row.
+// Sums of d = x[i] - shift and of d^2 over a row in one pass (blocked and compensated like
+// blocked_sum), in double: *sum_d, *sum_d2.
 template <class Arch, class T>
-inline T sum_sq_dev(const T* x, std::size_t n, T shift, T scale) {
+inline void sum_dev_and_sq(const T* x, std::size_t n, T shift, double* sum_d, double* sum_d2) {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
-  const B sh(shift), s(scale);
-  B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+  const B sh(shift);
+  compensated_sum t1, t2;
   std::size_t i = 0;
-  for (; i + 4 * N <= n; i += 4 * N) {
-    B d0 = (B::load_unaligned(x + i) - sh) * s, d1 = (B::load_unaligned(x + i + N) - sh) * s;
-    B d2 = (B::load_unaligned(x + i + 2 * N) - sh) * s;
-    B d3 = (B::load_unaligned(x + i + 3 * N) - sh) * s;
-    a0 = xsimd::fma(d0, d0, a0);
-    a1 = xsimd::fma(d1, d1, a1);
-    a2 = xsimd::fma(d2, d2, a2);
-    a3 = xsimd::fma(d3, d3, a3);
+  while (i + N <= n) {
+    const std::size_t end = n - i > kSumBlock ? i + kSumBlock : n;
+    B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0)), q0(T(0)), q1(T(0)), q2(T(0)), q3(T(0));
+    for (; i + 4 * N <= end; i += 4 * N) {
+      const B d0 = B::load_unaligned(x + i) - sh, d1 = B::load_unaligned(x + i + N) - sh;
+      const B d2 = B::load_unaligned(x + i + 2 * N) - sh;
+      const B d3 = B::load_unaligned(x + i + 3 * N) - sh;
+      a0 += d0, a1 += d1, a2 += d2, a3 += d3;
+      q0 = xsimd::fma(d0, d0, q0);
+      q1 = xsimd::fma(d1, d1, q1);
+      q2 = xsimd::fma(d2, d2, q2);
+      q3 = xsimd::fma(d3, d3, q3);
+    }
+    for (; i + N <= end; i += N) {
+      const B d0 = B::load_unaligned(x + i) - sh;
+      a0 += d0;
+      q0 = xsimd::fma(d0, d0, q0);
+    }
+    t1.add(static_cast<double>(xsimd::hadd((a0 + a1) + (a2 + a3))));
+    t2.add(static_cast<double>(xsimd::hadd((q0 + q1) + (q2 + q3))));
   }
-  for (; i + N <= n; i += N) {
-    B d0 = (B::load_unaligned(x + i) - sh) * s;
-    a0 = xsimd::fma(d0, d0, a0);
-  }
-  T total = xsimd::hadd((a0 + a1) + (a2 + a3));
+  T tail1 = T(0), tail2 = T(0);
   for (; i < n; ++i) {
-    T v = (x[i] - shift) * scale;
-    total += v * v;
+    const T d = x[i] - shift;
+    tail1 += d;
+    tail2 += d * d;
   }
-  return total;
+  t1.add(static_cast<double>(tail1));
+  t2.add(static_cast<double>(tail2));
+  *sum_d = t1.value();
+  *sum_d2 = t2.value();
 }
 
 // max |x[i] - shift| over a row (NaN-free rows; callers handle NaN separately).
@@ -238,14 +288,24 @@ constexpr T exp_subnormal_below() {
   return std::is_same<T, float>::value ? T(-87.33654) : T(-708.3964185322641);
 }
 
+// Below it in magnitude exp(x) rounds to exactly 1 (|x| < 2^-30 in float32, 2^-60 in float64:
+// far under half an ulp of 1), and the exp polynomial would square x into the subnormal range
+// (|x| < 1e-19 in float32), which costs microcode assists on many x86 cores.
+template <class T>
+constexpr T exp_one_below() {
+  return std::is_same<T, float>::value ? T(9.313225746154785e-10) : T(8.673617379884035e-19);
+}
+
 // exp(x) with results that would be subnormal flushed to +0: subnormal arithmetic is slow on
 // many x86 cores and these values are far below anything that matters after normalisation.
+// No subnormal is formed on the way either (tiny |x| gives exactly 1, a subnormal x included).
 // NaN stays NaN (max() would have replaced it by the clamp bound).
 template <class Arch, class T>
 inline vec<Arch, T> exp_flush(const vec<Arch, T>& x) {
   using B = vec<Arch, T>;
   const B lo(exp_subnormal_below<T>());
-  B e = exp_wide<Arch, T>(xsimd::max(x, lo));
+  const B arg = xsimd::select(xsimd::abs(x) < B(exp_one_below<T>()), B(T(0)), xsimd::max(x, lo));
+  B e = exp_wide<Arch, T>(arg);
   e = xsimd::select(x < lo, B(T(0)), e);
   return xsimd::select(xsimd::isnan(x), x, e);
 }
@@ -257,7 +317,7 @@ inline vec<Arch, T> sigmoid_vec(const vec<Arch, T>& x) {
   using B = vec<Arch, T>;
   const B one(T(1));
   const B lo(exp_subnormal_below<T>());
-  B r = one / (one + exp_wide<Arch, T>(-x));
+  B r = one / (one + exp_flush<Arch, T>(-x));  // exp(-x) < 2^-126 changes nothing in 1 + exp(-x)
   return xsimd::select(x < lo, B(T(0)), r);
 }
 

@@ -336,6 +336,36 @@ def _late(detok: _Detokenizer, stop_text: _StopText) -> str:
     return tail if stopped else tail + stop_text.rest()
 
 
+def _arguments(
+    fn: str,
+    model: Transformer,
+    tokenizer: Tokenizer,
+    max_tokens: Any,
+    stop: Any,
+    temperature: Any,
+    top_k: Any,
+    top_p: Any,
+    min_p: Any,
+    repetition_penalty: Any,
+    seed: Any,
+) -> tuple[int, _Sampling, list[str]]:
+    """The checked arguments of :func:`generate` / :func:`stream_generate`: the step count,
+    the sampling parameters (defaults from ``generation_config.json``) and the stop strings."""
+    _check_model(fn, model, tokenizer)
+    steps = _check_max_tokens(fn, "max_tokens", max_tokens)
+    params = _sampling(
+        fn,
+        tokenizer,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+    )
+    return steps, params, _stop_list(fn, stop)
+
+
 def stream_generate(
     model: Transformer,
     tokenizer: Tokenizer,
@@ -365,19 +395,10 @@ def stream_generate(
         (8, 'length')
     """
     fn = "stream_generate"
-    _check_model(fn, model, tokenizer)
-    steps = _check_max_tokens(fn, "max_tokens", max_tokens)
-    params = _sampling(
-        fn,
-        tokenizer,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-    )
-    stops = _stop_list(fn, stop)
+    steps, params, stops = _arguments(
+        fn, model, tokenizer, max_tokens, stop, temperature, top_k, top_p, min_p,
+        repetition_penalty, seed,
+    )  # fmt: skip
     ids = _prompt_ids(fn, tokenizer, prompt)
     _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
     return _stream(fn, model, tokenizer, ids, steps, params, stops)
@@ -412,19 +433,10 @@ def generate(
         2
     """
     fn = "generate"
-    _check_model(fn, model, tokenizer)
-    steps = _check_max_tokens(fn, "max_tokens", max_tokens)
-    params = _sampling(
-        fn,
-        tokenizer,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-    )
-    stops = _stop_list(fn, stop)
+    steps, params, stops = _arguments(
+        fn, model, tokenizer, max_tokens, stop, temperature, top_k, top_p, min_p,
+        repetition_penalty, seed,
+    )  # fmt: skip
     batch = (
         isinstance(prompt, Sequence)
         and not isinstance(prompt, str)
