@@ -274,6 +274,11 @@ def test_absurd_config_refused_before_allocating(tmp_path: Path, narrow: Path, k
     assert peak < 4 << 20  # headers only: no key list per layer, no weights
 
 
+@pytest.mark.skipif(
+    "libasan" in os.environ.get("LD_PRELOAD", ""),
+    reason="RLIMIT_AS cannot be used under AddressSanitizer (its shadow memory reserves "
+    "terabytes of address space); this runs in make test",
+)
 def test_139_byte_config_with_2_24_layers(tmp_path: Path, narrow: Path) -> None:
     """The issue's case: a minimal config.json beside real weights, in a subprocess whose
     memory is limited (it used to run for minutes and fill memory)."""
