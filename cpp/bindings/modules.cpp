@@ -5,10 +5,12 @@
 
 #include <algorithm>
 
-#include "bindings/common.hpp"
+#include "bindings/bindings.hpp"
 
 namespace llmk::bind {
 namespace {
+
+using namespace llmk::ops;
 
 using f32_array = py::array_t<float, py::array::c_style>;
 using i64_array = py::array_t<std::int64_t, py::array::c_style>;
@@ -120,6 +122,33 @@ std::vector<KVCache*> one_cache(KVCache* cache) {
   return cache ? std::vector<KVCache*>{cache} : std::vector<KVCache*>{};
 }
 
+// One forward of a module with an attention layer `attn` (MultiHeadAttention, TransformerBlock)
+// on x (B, T, dim): checks x, positions, key mask, cache and inv_freq, allocates the output,
+// releases the GIL, holds the cache (CacheSession) and calls
+// forward(x, b, t, positions, key_mask, cache, out, inv_freq_override).
+template <class Forward>
+f32_array attention_forward(const char* fn, const MultiHeadAttentionModule& attn, f32_array x,
+                            i64_array positions, std::optional<u8_array> key_mask,
+                            KVCache* cache, std::optional<f64_array> inv_freq, Forward forward) {
+  const double* fo = freq_override(fn, inv_freq, attn.inv_freq.size());
+  expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == attn.dim, fn,
+         "x must have shape (B, T, dim)");
+  check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
+  const std::size_t b = x.shape(0), t = x.shape(1);
+  check_cache(fn, cache, b, t, attn.n_kv_heads, attn.head_dim);
+  f32_array out({x.shape(0), x.shape(1), x.shape(2)});
+  const float* xp = x.data();
+  const std::int64_t* pp = positions.data();
+  const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
+  float* op = out.mutable_data();
+  py::gil_scoped_release nogil;
+  CacheSession session(one_cache(cache));
+  session.check_room(fn, t);
+  if (b * t > 0) forward(xp, b, t, pp, mp, cache, op, fo);
+  session.commit();
+  return out;
+}
+
 // view of the first `length` tokens of a cache array; `owner` keeps the cache alive
 py::array_t<float> cache_view(py::object owner, const KVCache& c, const std::vector<float>& a) {
   return py::array_t<float>(
@@ -205,24 +234,12 @@ void bind_modules(py::module_& m) {
           "forward",
           [](const MultiHeadAttentionModule& self, f32_array x, i64_array positions,
              std::optional<u8_array> key_mask, KVCache* cache, std::optional<f64_array> inv_freq) {
-            const char* fn = "MultiHeadAttention";
-            const double* fo = freq_override(fn, inv_freq, self.inv_freq.size());
-            expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == self.dim, fn,
-                   "x must have shape (B, T, dim)");
-            check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
-            const std::size_t b = x.shape(0), t = x.shape(1);
-            check_cache(fn, cache, b, t, self.n_kv_heads, self.head_dim);
-            f32_array out({x.shape(0), x.shape(1), x.shape(2)});
-            const float* xp = x.data();
-            const std::int64_t* pp = positions.data();
-            const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
-            float* op = out.mutable_data();
-            py::gil_scoped_release nogil;
-            CacheSession session(one_cache(cache));
-            session.check_room(fn, t);
-            if (b * t > 0) self.forward(xp, b, t, pp, mp, cache, op, nullptr, fo);
-            session.commit();
-            return out;
+            return attention_forward(
+                "MultiHeadAttention", self, x, positions, key_mask, cache, inv_freq,
+                [&self](const float* xp, std::size_t b, std::size_t t, const std::int64_t* pp,
+                        const std::uint8_t* mp, KVCache* c, float* op, const double* fo) {
+                  self.forward(xp, b, t, pp, mp, c, op, nullptr, fo);
+                });
           },
           "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
       .def("params", [](py::object self) {
@@ -247,25 +264,12 @@ void bind_modules(py::module_& m) {
           "forward",
           [](const TransformerBlockModule& self, f32_array x, i64_array positions,
              std::optional<u8_array> key_mask, KVCache* cache, std::optional<f64_array> inv_freq) {
-            const char* fn = "TransformerBlock";
-            const double* fo = freq_override(fn, inv_freq, self.attention->inv_freq.size());
-            const std::size_t dim = self.attention->dim;
-            expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == dim, fn,
-                   "x must have shape (B, T, dim)");
-            check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
-            const std::size_t b = x.shape(0), t = x.shape(1);
-            check_cache(fn, cache, b, t, self.attention->n_kv_heads, self.attention->head_dim);
-            f32_array out({x.shape(0), x.shape(1), x.shape(2)});
-            const float* xp = x.data();
-            const std::int64_t* pp = positions.data();
-            const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
-            float* op = out.mutable_data();
-            py::gil_scoped_release nogil;
-            CacheSession session(one_cache(cache));
-            session.check_room(fn, t);
-            if (b * t > 0) self.forward(xp, b, t, pp, mp, cache, op, fo);
-            session.commit();
-            return out;
+            return attention_forward(
+                "TransformerBlock", *self.attention, x, positions, key_mask, cache, inv_freq,
+                [&self](const float* xp, std::size_t b, std::size_t t, const std::int64_t* pp,
+                        const std::uint8_t* mp, KVCache* c, float* op, const double* fo) {
+                  self.forward(xp, b, t, pp, mp, c, op, fo);
+                });
           },
           "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
       .def_readonly("attention", &TransformerBlockModule::attention)

@@ -1,99 +1,28 @@
 // Runtime control and introspection: threads, SIMD path, build info, roofline probes.
-#include <chrono>
-#include <memory>
-#include <vector>
-
-#include "bindings/common.hpp"
+#include "bindings/bindings.hpp"
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
-#include "kernels/ops.hpp"
+#include "ops/ops.hpp"
 
 extern "C" char* openblas_get_config(void);
 
 namespace llmk::bind {
-namespace {
 
-using clock_type = std::chrono::steady_clock;
-
-// Peak FMA throughput of `threads` threads, GFLOP/s: each thread runs the FMA chain loop for
-// `iterations` rounds; the wall time of the slowest gives the aggregate rate.
-void check_probe_threads(int threads) {
-  if (threads < 1 || threads > kMaxThreads)
-    fail("_probe", "threads must be between 1 and " + std::to_string(kMaxThreads));
-}
-
-double probe_fma_gflops(int threads, std::size_t iterations) {
-  check_probe_threads(threads);
-  py::gil_scoped_release nogil;
-  std::vector<double> flops(threads, 0.0);
-  std::vector<float> sink(threads, 0.f);
-  auto t0 = clock_type::now();
-  parallel_for_threads(threads, [&](int k, int) {
-    dispatch(fma_probe_kernel{}, iterations, &flops[k], &sink[k]);
-  });
-  double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
-  double total = 0;
-  for (double f : flops) total += f;
-  return total / secs * 1e-9;
-}
-
-// STREAM triad a = b + s*c over n floats per array, split over `threads`; returns GB/s counted
-// as 12 bytes per element (STREAM's convention: two loads, one store).
-double probe_triad_gbs(int threads, std::size_t n, int repeats) {
-  check_probe_threads(threads);
-  py::gil_scoped_release nogil;
-  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
-  // first touch by the threads that will use each part
-  parallel_for_threads(threads, [&](int k, int total) {
-    std::size_t lo = n * k / total, hi = n * (k + 1) / total;
-    for (std::size_t i = lo; i < hi; ++i) a[i] = 0.f, b[i] = 1.f, c[i] = 2.f;
-  });
-  double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    auto t0 = clock_type::now();
-    parallel_for_threads(threads, [&](int k, int total) {
-      std::size_t lo = n * k / total, hi = n * (k + 1) / total;
-      dispatch(triad_kernel{}, a.get() + lo, b.get() + lo, c.get() + lo, 0.5f, hi - lo);
-    });
-    double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
-    double gbs = 12.0 * static_cast<double>(n) / secs * 1e-9;
-    if (gbs > best) best = gbs;
-  }
-  return best;
-}
-
-}  // namespace
+using namespace llmk::ops;
 
 void bind_runtime(py::module_& m) {
   using namespace pybind11::literals;
   m.def("get_num_threads", &get_num_threads, "Number of threads the kernels use.");
-  m.def(
-      "set_num_threads",
-      [](long long n) {
-        if (n < 1 || n > kMaxThreads)
-          fail("set_num_threads", "n must be between 1 and " + std::to_string(kMaxThreads) +
-                                      ", got " + std::to_string(n));
-        py::gil_scoped_release nogil;  // starting (or stopping) the workers can take a while
-        set_num_threads(static_cast<int>(n));
-      },
-      "n"_a, "Set the number of threads the kernels (and OpenBLAS) use.");
+  m.def("set_num_threads", &set_threads, "n"_a,
+        "Set the number of threads the kernels (and OpenBLAS) use.");
   m.attr("max_threads") = kMaxThreads;
   m.def("simd_arch", [] { return std::string(isa_name(active_isa())); },
-        "The SIMD path in use: 'avx512', 'avx2' or 'sse2'.");
+        "The SIMD path in use (one of isa_names).");
+  m.attr("isa_names") = py::tuple(py::cast(isa_names()));
   m.def("best_simd_arch", [] { return std::string(isa_name(best_supported_isa())); },
         "The best SIMD path this CPU supports.");
-  m.def(
-      "set_simd_arch",
-      [](const std::string& name) {
-        Isa isa;
-        if (!parse_isa(name, &isa))
-          fail("set_simd_arch", "arch must be 'sse2', 'avx2' or 'avx512', got '" + name + "'");
-        if (isa > best_supported_isa())
-          fail("set_simd_arch", "arch '" + name + "' is not supported by this CPU (best: " +
-                                    isa_name(best_supported_isa()) + ")");
-        set_active_isa(isa);
-      },
-      "arch"_a, "Force a SIMD path (must be supported by the CPU).");
+  m.def("set_simd_arch", &ops::set_simd_arch, "arch"_a,
+        "Force a SIMD path (must be supported by the CPU).");
   m.def("openblas_config", [] { return std::string(openblas_get_config()); });
   m.def("_probe_fma_gflops", &probe_fma_gflops, "threads"_a, "iterations"_a);
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);

@@ -6,11 +6,29 @@
 namespace llmk {
 namespace {
 
+struct IsaInfo {
+  Isa isa;
+  const char* name;
+  unsigned version;  // xsimd's ordering of architectures
+};
+#define LLMK_ISA_INFO(name, tag, flags) {Isa::name, #name, tag::version()},
+constexpr IsaInfo kIsas[] = {LLMK_ISA_LIST(LLMK_ISA_INFO)};
+#undef LLMK_ISA_INFO
+
+// Other spellings LLMKERNELS_ARCH and set_simd_arch accept (xsimd's names of the same paths).
+struct Alias {
+  const char* name;
+  Isa isa;
+};
+constexpr Alias kAliases[] = {{"sse", Isa::sse2}, {"fma3", Isa::avx2}, {"avx512bw", Isa::avx512}};
+
+// the best ISA of the list whose xsimd architecture the CPU supports
 Isa detect() {
-  auto avail = xsimd::available_architectures();
-  if (avail.avx512bw) return Isa::avx512;
-  if (avail.avx2 && avail.fma3_avx2) return Isa::avx2;
-  return Isa::sse2;
+  const unsigned best = xsimd::available_architectures().best;
+  Isa isa = kIsas[0].isa;
+  for (const IsaInfo& info : kIsas)
+    if (info.version <= best) isa = info.isa;
+  return isa;
 }
 
 Isa initial_isa() {
@@ -41,28 +59,20 @@ void set_active_isa(Isa isa) {
   active_slot().store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::avx512:
-      return "avx512";
-    case Isa::avx2:
-      return "avx2";
-    default:
-      return "sse2";
-  }
-}
+const char* isa_name(Isa isa) { return kIsas[static_cast<int>(isa)].name; }
 
 bool parse_isa(const std::string& name, Isa* isa) {
-  if (name == "sse2" || name == "sse") {
-    *isa = Isa::sse2;
-  } else if (name == "avx2" || name == "fma3") {
-    *isa = Isa::avx2;
-  } else if (name == "avx512" || name == "avx512bw") {
-    *isa = Isa::avx512;
-  } else {
-    return false;
-  }
-  return true;
+  for (const IsaInfo& info : kIsas)
+    if (name == info.name) return *isa = info.isa, true;
+  for (const Alias& alias : kAliases)
+    if (name == alias.name) return *isa = alias.isa, true;
+  return false;
+}
+
+std::vector<std::string> isa_names() {
+  std::vector<std::string> names;
+  for (const IsaInfo& info : kIsas) names.emplace_back(info.name);
+  return names;
 }
 
 }  // namespace llmk

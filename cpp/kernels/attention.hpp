@@ -287,13 +287,13 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
         }
       }
     }
-    if (p.mask_kind != 0) {
+    if (p.mask_kind != AttnMask::none) {
       for (std::size_t r = 0; r < nrows; ++r) {
         const std::int64_t base = static_cast<std::int64_t>(it.b) * p.mask_strides[0] +
                                   static_cast<std::int64_t>(row_head(r)) * p.mask_strides[1] +
                                   static_cast<std::int64_t>(row_query(r)) * p.mask_strides[2];
         const std::int64_t sj = p.mask_strides[3];
-        if (p.mask_kind == 1) {
+        if (p.mask_kind == AttnMask::boolean) {
           const std::uint8_t* mrow = static_cast<const std::uint8_t*>(p.mask) + base;
           for (std::size_t j = 0; j < nk; ++j)
             if (!mrow[static_cast<std::int64_t>(k0 + j) * sj]) s.st[j * BQ + r] = neg_inf;
@@ -374,9 +374,9 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
                                 static_cast<std::int64_t>(row_query(r)) * p.mask_strides[2];
       for (std::int64_t j = static_cast<std::int64_t>(it.k0); j < jend; ++j) {
         bool allowed = true;
-        if (p.mask_kind == 1)
+        if (p.mask_kind == AttnMask::boolean)
           allowed = static_cast<const std::uint8_t*>(p.mask)[base + j * sj] != 0;
-        else if (p.mask_kind == 2)
+        else if (p.mask_kind == AttnMask::additive)
           allowed = static_cast<const T*>(p.mask)[base + j * sj] != neg_inf;
         if (allowed) {
           f = kAttnAllNegInf;

@@ -94,6 +94,9 @@ inline void gemm_xt_tokens(T* y, std::size_t ldy, const T* xt, std::size_t ldxt,
 
 }  // namespace
 
+// y (m, n) (+)= x (m, k) . w (n, k)^T (+ bias) for a few dozen tokens (prefill projections), x
+// given packed by pack_panels: xt[(p * k + kk) * kGemmPanel + i] = x[p * kGemmPanel + i, kk],
+// zero past row m. y has row stride ldy; bias (n,) or null, added in the final store.
 template <class Arch, class T>
 void gemm_xt_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,
                                 std::size_t n, std::size_t k, bool accumulate,

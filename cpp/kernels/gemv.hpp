@@ -75,6 +75,9 @@ inline void gemv_tokens(T* y, std::size_t ldy, const T* w, const T* x, std::size
 
 }  // namespace
 
+// y[t, r] (+)= dot(w[r, :], x[t, :]) (+ bias[r])   y (m, rows) row stride ldy, w (rows, k)
+// row-major, x (m, k) row stride ldx, bias (rows,) or null -- decode projections (one token, or
+// a few); the bias is added in the final store
 template <class Arch, class T>
 void gemv_kernel::operator()(Arch, T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,
                              std::size_t m, std::size_t rows, std::size_t k, bool accumulate,

@@ -69,6 +69,8 @@ inline void layer_norm_row_wide(T* o, const T* x, const T* weight, const T* bias
 
 }  // namespace
 
+// out[r, :] = (x[r, :] - mean) / sqrt(var + eps) * weight + bias
+//   x, out: (rows, n); weight, bias: (n,) or null
 template <class Arch, class T>
 void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, const T* bias,
                                    std::size_t rows, std::size_t n, double eps,

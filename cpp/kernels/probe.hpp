@@ -4,35 +4,38 @@
 #include "kernels/ops.hpp"
 #include "kernels/simd_common.hpp"
 
-namespace llmk {
+#include <utility>
 
+namespace llmk {
+namespace {
+
+// a[i] = fma(a[i], m, k) for every i of the pack
+template <class B, std::size_t... I>
+inline void fma_chains(B* a, const B& m, const B& k, std::index_sequence<I...>) {
+  ((a[I] = xsimd::fma(a[I], m, k)), ...);
+}
+
+}  // namespace
+
+// FMA throughput: *flops = floating-point operations done; *sink keeps the result alive.
 template <class Arch>
 void fma_probe_kernel::operator()(Arch, std::size_t iterations, double* flops, float* sink) const {
   using B = vec<Arch, float>;
-  // 12 independent chains: enough to cover FMA latency (4 cycles) x 2-3 ports.
-  // distinct starting values, so the compiler cannot merge identical chains
-  B a0(1.00f), a1(1.01f), a2(1.02f), a3(1.03f), a4(1.04f), a5(1.05f), a6(1.06f), a7(1.07f),
-      a8(1.08f), a9(1.09f), a10(1.10f), a11(1.11f);
+  // 12 independent chains: enough to cover FMA latency (4 cycles) x 2-3 ports; distinct
+  // starting values, so the compiler cannot merge identical chains. (An index pack, not a
+  // loop: every chain stays in a register.)
+  constexpr std::size_t kChains = 12;
+  B a[kChains];
+  for (std::size_t c = 0; c < kChains; ++c) a[c] = B(1.0f + 0.01f * static_cast<float>(c));
   const B m(0.999999f), k(1e-7f);
-  for (std::size_t it = 0; it < iterations; ++it) {
-    a0 = xsimd::fma(a0, m, k);
-    a1 = xsimd::fma(a1, m, k);
-    a2 = xsimd::fma(a2, m, k);
-    a3 = xsimd::fma(a3, m, k);
-    a4 = xsimd::fma(a4, m, k);
-    a5 = xsimd::fma(a5, m, k);
-    a6 = xsimd::fma(a6, m, k);
-    a7 = xsimd::fma(a7, m, k);
-    a8 = xsimd::fma(a8, m, k);
-    a9 = xsimd::fma(a9, m, k);
-    a10 = xsimd::fma(a10, m, k);
-    a11 = xsimd::fma(a11, m, k);
-  }
-  B total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)) + ((a8 + a9) + (a10 + a11));
+  for (std::size_t it = 0; it < iterations; ++it) fma_chains(a, m, k, std::make_index_sequence<kChains>{});
+  B total = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) +
+            ((a[8] + a[9]) + (a[10] + a[11]));
   *sink = xsimd::hadd(total);
-  *flops = 2.0 * 12.0 * static_cast<double>(B::size) * static_cast<double>(iterations);
+  *flops = 2.0 * kChains * static_cast<double>(B::size) * static_cast<double>(iterations);
 }
 
+// A STREAM triad a = b + s * c over n floats.
 template <class Arch>
 void triad_kernel::operator()(Arch, float* a, const float* b, const float* c, float s,
                               std::size_t n) const {

@@ -36,6 +36,8 @@ inline bool needs_wide(T ss, const T* x, std::size_t n) {
 
 }  // namespace
 
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight
+//   x, out: (rows, n); weight: (n,) or null
 template <class Arch, class T>
 void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std::size_t rows,
                                  std::size_t n, double eps, bool stream) const {

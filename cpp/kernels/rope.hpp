@@ -8,6 +8,10 @@
 
 namespace llmk {
 
+// Rotary embedding of rows. x, out: (rows, d); table_row: (rows,) index into the tables;
+// cos_tab, sin_tab: (n_table, rotary_dim / 2), already multiplied by the attention factor.
+// Half-split pairs (x[i], x[i + r/2]); interleaved pairs (x[2i], x[2i+1]). Features
+// [rotary_dim, d) are copied through.
 template <class Arch, class T>
 void rope_kernel::operator()(Arch, T* out, const T* x, const std::int64_t* table_row,
                              const T* cos_tab, const T* sin_tab, std::size_t rows, std::size_t d,

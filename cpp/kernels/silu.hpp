@@ -26,10 +26,12 @@ namespace llmk {
 // bare formula, then MXCSR is read once; only a block that raised a flag or saw such a gate is
 // recomputed with checked(), and the next block goes straight to checked() until a block needs
 // none of it (runs of subnormal data cost one pass, not two).
-template <bool Gated>
-template <class Arch, class T>
-void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::size_t n,
-                                    bool stream) const {
+namespace {
+
+// Gated = false: out = silu(x); Gated = true: out = silu(x) * up. One body serves both
+// (fusion as a template flag, not a copied loop). out, x, up: (n,)
+template <bool Gated, class Arch, class T>
+void silu_body(T* out, const T* x, const T* up, std::size_t n, bool stream) {
   using B = vec<Arch, T>;
   using M = typename B::batch_bool_type;
   constexpr std::size_t N = B::size;
@@ -143,30 +145,34 @@ void silu_kernel<Gated>::operator()(Arch, T* out, const T* x, const T* up, std::
   _mm_setcsr(csr_caller);
 }
 
+}  // namespace
+
+// out = silu(x)          out, x: (n,); up: unused (null)
 template <class Arch, class T>
-void exp_kernel::operator()(Arch, T* out, const T* x, std::size_t n) const {
+void silu_kernel::operator()(Arch, T* out, const T* x, const T* up, std::size_t n,
+                             bool stream) const {
+  silu_body<false, Arch, T>(out, x, up, n, stream);
+}
+
+// out = silu(x) * up     out, x (the gate), up: (n,)
+template <class Arch, class T>
+void swiglu_kernel::operator()(Arch, T* out, const T* x, const T* up, std::size_t n,
+                               bool stream) const {
+  silu_body<true, Arch, T>(out, x, up, n, stream);
+}
+
+// Elementwise exp / sigmoid with the same vector code the activations use (for accuracy tests).
+// The signature of silu_kernel (one driver runs all four): up is unused, stores are plain.
+template <class Arch, class T>
+void exp_kernel::operator()(Arch, T* out, const T* x, const T*, std::size_t n, bool) const {
   ExactSubnormals exact;
   map_unary<Arch, T>(out, x, n, [](const vec<Arch, T>& v) { return exp_flush<Arch, T>(v); });
 }
 
 template <class Arch, class T>
-void sigmoid_kernel::operator()(Arch, T* out, const T* x, std::size_t n) const {
+void sigmoid_kernel::operator()(Arch, T* out, const T* x, const T*, std::size_t n, bool) const {
   ExactSubnormals exact;
   map_unary<Arch, T>(out, x, n, [](const vec<Arch, T>& v) { return sigmoid_vec<Arch, T>(v); });
-}
-
-template <class Arch, class T>
-void add_bias_kernel::operator()(Arch, T* out, const T* bias, std::size_t rows,
-                                 std::size_t n) const {
-  using B = vec<Arch, T>;
-  constexpr std::size_t N = B::size;
-  for (std::size_t r = 0; r < rows; ++r) {
-    T* o = out + r * n;  // (n,)
-    std::size_t i = 0;
-    for (; i + N <= n; i += N)
-      (B::load_unaligned(o + i) + B::load_unaligned(bias + i)).store_unaligned(o + i);
-    for (; i < n; ++i) o[i] += bias[i];
-  }
 }
 
 }  // namespace llmk

@@ -12,6 +12,8 @@
 
 #include <xsimd/xsimd.hpp>
 
+#include "common/mxcsr.hpp"
+
 namespace llmk {
 namespace {
 
@@ -50,28 +52,7 @@ inline void store_batch(T* p, const vec<Arch, T>& v, bool stream) {
   }
 }
 
-// Subnormal operands are numbers like any other (DESIGN.md §4: no DAZ on operands): a kernel
-// whose result must follow the float64 reference for subnormal inputs runs with MXCSR's DAZ
-// (denormals are zero) and FTZ (flush to zero) bits clear, whatever the calling thread set
-// (torch.set_flush_denormal(True), -ffast-math startup code of another library...). Reading
-// MXCSR costs a few cycles; it is written only when one of the bits is set, and restored.
-// Speed on normal data comes from never forming subnormal intermediates there (see exp_flush),
-// not from flushing them.
-class ExactSubnormals {
- public:
-  ExactSubnormals() : saved_(_mm_getcsr()) {
-    if (saved_ & kFlushBits) _mm_setcsr(saved_ & ~kFlushBits);
-  }
-  ~ExactSubnormals() {
-    if (saved_ & kFlushBits) _mm_setcsr(saved_);
-  }
-  ExactSubnormals(const ExactSubnormals&) = delete;
-  ExactSubnormals& operator=(const ExactSubnormals&) = delete;
-
- private:
-  static constexpr unsigned kFlushBits = 0x8040;  // FTZ (bit 15) | DAZ (bit 6)
-  unsigned saved_;
-};
+// ExactSubnormals: common/mxcsr.hpp.
 
 // Elements to process before `p` is aligned to the vector size (streamed stores need it).
 template <class Arch, class T>
@@ -148,50 +129,70 @@ struct compensated_sum {
   double value() const { return std::isfinite(s) ? s + c : s; }
 };
 
-// Sum over i < n of the terms the functors give: vacc(acc, i) returns acc plus the N terms at
-// i (a batch), sterm(i) the term at i (the scalar tail of fewer than N elements). Returned in
-// double; callers round to T where the T range matters (a float32 sum past FLT_MAX is +inf, as
-// a float32 accumulator would give).
-template <class Arch, class T, class VAcc, class STerm>
-inline double blocked_sum(std::size_t n, VAcc vacc, STerm sterm) {
+// K sums over i < n at once (K = 1 or 2), blocked and compensated as described above:
+// vacc(acc, i) adds the N elements at i (a batch) into the K accumulators acc[0..K), tail(t, i)
+// the element at i into the K scalars t[0..K) (the scalar tail of fewer than N elements).
+// sums[0..K) in double; callers round to T where the T range matters (a float32 sum past
+// FLT_MAX is +inf, as a float32 accumulator would give).
+template <class Arch, class T, std::size_t K, class VAcc, class STail>
+inline void blocked_sums(std::size_t n, VAcc vacc, STail tail, double* sums) {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   static_assert(kSumBlock % (4 * N) == 0, "blocks hold whole groups of 4 batches");
-  compensated_sum total;
+  compensated_sum total[K];
   std::size_t i = 0;
   while (i + N <= n) {
     const std::size_t end = n - i > kSumBlock ? i + kSumBlock : n;
-    B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));  // four independent chains hide FMA latency
+    B a0[K], a1[K], a2[K], a3[K];  // four independent chains hide FMA latency
+    for (std::size_t k = 0; k < K; ++k) a0[k] = a1[k] = a2[k] = a3[k] = B(T(0));
     for (; i + 4 * N <= end; i += 4 * N) {
-      a0 = vacc(a0, i);
-      a1 = vacc(a1, i + N);
-      a2 = vacc(a2, i + 2 * N);
-      a3 = vacc(a3, i + 3 * N);
+      vacc(a0, i);
+      vacc(a1, i + N);
+      vacc(a2, i + 2 * N);
+      vacc(a3, i + 3 * N);
     }
-    for (; i + N <= end; i += N) a0 = vacc(a0, i);
-    total.add(static_cast<double>(xsimd::hadd((a0 + a1) + (a2 + a3))));
+    for (; i + N <= end; i += N) vacc(a0, i);
+    for (std::size_t k = 0; k < K; ++k)
+      total[k].add(static_cast<double>(xsimd::hadd((a0[k] + a1[k]) + (a2[k] + a3[k]))));
   }
-  T tail = T(0);
-  for (; i < n; ++i) tail += sterm(i);
-  total.add(static_cast<double>(tail));
-  return total.value();
+  T t[K] = {};
+  for (; i < n; ++i) tail(t, i);
+  for (std::size_t k = 0; k < K; ++k) {
+    total[k].add(static_cast<double>(t[k]));
+    sums[k] = total[k].value();
+  }
+}
+
+// The row sums of the norms, one code path (Centered selects the statistic):
+//   Centered = false (rms_norm): sum of (x[i] * c)^2, c a scale      -> sums[0]
+//   Centered = true (layer_norm): with d = x[i] - c, c a shift, the sums of d and of d^2 in one
+//                                 pass                                -> sums[0], sums[1]
+template <bool Centered, class Arch, class T>
+inline void row_sums(const T* x, std::size_t n, T c, double* sums) {
+  using B = vec<Arch, T>;
+  constexpr std::size_t K = Centered ? 2 : 1;
+  const B vc(c);
+  blocked_sums<Arch, T, K>(
+      n,
+      [&](B* acc, std::size_t i) {
+        const B v = Centered ? B::load_unaligned(x + i) - vc : B::load_unaligned(x + i) * vc;
+        if (Centered) acc[0] += v;
+        acc[K - 1] = xsimd::fma(v, v, acc[K - 1]);
+      },
+      [&](T* t, std::size_t i) {
+        const T v = Centered ? x[i] - c : x[i] * c;
+        if (Centered) t[0] += v;
+        t[K - 1] += v * v;
+      },
+      sums);
 }
 
 // Sum of (x[i] * scale)^2 over a row, rounded to T.
 template <class Arch, class T>
 inline T sum_squares(const T* x, std::size_t n, T scale) {
-  using B = vec<Arch, T>;
-  const B s(scale);
-  return static_cast<T>(blocked_sum<Arch, T>(
-      n,
-      [&](const B& acc, std::size_t i) {
-        const B v = B::load_unaligned(x + i) * s;
-        return xsimd::fma(v, v, acc);
-      },
-      [&](std::size_t i) {
-        const T v = x[i] * scale;
-        return v * v;
-      }));
+  double s;
+  row_sums<false, Arch, T>(x, n, scale, &s);
+  return static_cast<T>(s);
 }
 
 // Sum of (x[i] - shift) over a row, in double.
@@ -199,51 +200,20 @@ template <class Arch, class T>
 inline double sum_shifted(const T* x, std::size_t n, T shift) {
   using B = vec<Arch, T>;
   const B sh(shift);
-  return blocked_sum<Arch, T>(
-      n, [&](const B& acc, std::size_t i) { return acc + (B::load_unaligned(x + i) - sh); },
-      [&](std::size_t i) { return x[i] - shift; });
+  double s;
+  blocked_sums<Arch, T, 1>(
+      n, [&](B* acc, std::size_t i) { acc[0] += B::load_unaligned(x + i) - sh; },
+      [&](T* t, std::size_t i) { t[0] += x[i] - shift; }, &s);
+  return s;
 }
 
-// Sums of d = x[i] - shift and of d^2 over a row in one pass (blocked and compensated like
-// blocked_sum), in double: *sum_d, *sum_d2.
+// Sums of d = x[i] - shift and of d^2 over a row in one pass, in double: *sum_d, *sum_d2.
 template <class Arch, class T>
 inline void sum_dev_and_sq(const T* x, std::size_t n, T shift, double* sum_d, double* sum_d2) {
-  using B = vec<Arch, T>;
-  constexpr std::size_t N = B::size;
-  const B sh(shift);
-  compensated_sum t1, t2;
-  std::size_t i = 0;
-  while (i + N <= n) {
-    const std::size_t end = n - i > kSumBlock ? i + kSumBlock : n;
-    B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0)), q0(T(0)), q1(T(0)), q2(T(0)), q3(T(0));
-    for (; i + 4 * N <= end; i += 4 * N) {
-      const B d0 = B::load_unaligned(x + i) - sh, d1 = B::load_unaligned(x + i + N) - sh;
-      const B d2 = B::load_unaligned(x + i + 2 * N) - sh;
-      const B d3 = B::load_unaligned(x + i + 3 * N) - sh;
-      a0 += d0, a1 += d1, a2 += d2, a3 += d3;
-      q0 = xsimd::fma(d0, d0, q0);
-      q1 = xsimd::fma(d1, d1, q1);
-      q2 = xsimd::fma(d2, d2, q2);
-      q3 = xsimd::fma(d3, d3, q3);
-    }
-    for (; i + N <= end; i += N) {
-      const B d0 = B::load_unaligned(x + i) - sh;
-      a0 += d0;
-      q0 = xsimd::fma(d0, d0, q0);
-    }
-    t1.add(static_cast<double>(xsimd::hadd((a0 + a1) + (a2 + a3))));
-    t2.add(static_cast<double>(xsimd::hadd((q0 + q1) + (q2 + q3))));
-  }
-  T tail1 = T(0), tail2 = T(0);
-  for (; i < n; ++i) {
-    const T d = x[i] - shift;
-    tail1 += d;
-    tail2 += d * d;
-  }
-  t1.add(static_cast<double>(tail1));
-  t2.add(static_cast<double>(tail2));
-  *sum_d = t1.value();
-  *sum_d2 = t2.value();
+  double s[2];
+  row_sums<true, Arch, T>(x, n, shift, s);
+  *sum_d = s[0];
+  *sum_d2 = s[1];
 }
 
 // max |x[i] - shift| over a row (NaN-free rows; callers handle NaN separately).

@@ -1,6 +1,5 @@
 #include "modules/modules.hpp"
 
-#include <cblas.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -11,12 +10,13 @@
 #include <memory>
 #include <stdexcept>
 
-#include "attention.hpp"
 #include "common/isa.hpp"
 #include "common/rope_tables.hpp"
 #include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
+#include "ops/attention.hpp"
+#include "ops/linear.hpp"
 
 namespace llmk {
 
@@ -53,7 +53,6 @@ enum Slot {
   kHidden,
   kRope,
   kBlockTmp,
-  kPackedX,
   kSlots
 };
 
@@ -102,79 +101,14 @@ float* scratch(Slot which, std::size_t n) {
   return t_scratch.slot[which].get();
 }
 
-constexpr std::size_t kRowBlock = 256;  // rows per BLAS call when m is large (prefill)
-constexpr std::size_t kColBlock = 256;  // output features per task otherwise (thread split)
-// Up to this many tokens, projections are matrix-vector products (the weights read once per
-// group of 4 tokens, in place); above it, up to 2 * kRowBlock, the tokens are packed and the
-// weights still read in place (gemm_xt_kernel); larger prefills go to the BLAS, whose packing
-// of the weights is then paid for by enough tokens. Crossovers measured on FeedForward at
-// dim 512 / 2048 (benchmarks: FeedForward rows of `make bench`).
-constexpr std::size_t kGemvMaxRows = 8;
-
-// x (m, k) -> panels of kGemmPanel rows, each transposed (k, kGemmPanel), zero past row m: the
-// packed operand of gemm_xt_kernel.
-void pack_panels(const float* x, std::size_t m, std::size_t k, float* xt) {
-  constexpr std::size_t P = kGemmPanel, kTile = 16;  // 16 x 16 tiles: a few cache lines each side
-  for (std::size_t p0 = 0; p0 < m; p0 += P) {
-    float* panel = xt + p0 * k;
-    for (std::size_t i0 = 0; i0 < P; i0 += kTile) {
-      for (std::size_t k0 = 0; k0 < k; k0 += kTile) {
-        const std::size_t k1 = std::min(k, k0 + kTile);
-        for (std::size_t i = i0; i < i0 + kTile; ++i) {
-          const std::size_t t = p0 + i;
-          for (std::size_t kk = k0; kk < k1; ++kk) panel[kk * P + i] = t < m ? x[t * k + kk] : 0.f;
-        }
-      }
-    }
-  }
-}
-
-void add_bias(float* y, const float* bias, std::size_t m, std::size_t n) {
-  if (!bias) return;
-  parallel_for(m, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
-    dispatch(add_bias_kernel{}, y + b * n, bias, e - b, n);
-  });
+// y (m, n) [+]= x (m, k) . w^T [+ bias]: the package's one projection path (ops/linear.hpp),
+// weights in HF's (out, in) layout
+void project(const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
+             const float* bias, float* y, bool accumulate) {
+  linear<float>(x, m, k, w, WeightLayout::out_in, n, bias, y, accumulate);
 }
 
 }  // namespace
-
-void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
-            const float* bias, float* y, bool accumulate) {
-  if (m == 0 || n == 0) return;
-  ScratchScope scope;
-  if (k == 0) {
-    if (!accumulate) std::memset(y, 0, m * n * sizeof(float));
-  } else if (m >= 2 * kRowBlock) {
-    const std::size_t blocks = (m + kRowBlock - 1) / kRowBlock;
-    parallel_for(blocks, 1, 2.0 * kRowBlock * k * n, [&](std::size_t b0, std::size_t b1) {
-      for (std::size_t blk = b0; blk < b1; ++blk) {
-        std::size_t r0 = blk * kRowBlock, rows = std::min(m, r0 + kRowBlock) - r0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)n, (int)k, 1.f,
-                    x + r0 * k, (int)k, w, (int)k, accumulate ? 1.f : 0.f, y + r0 * n, (int)n);
-      }
-    });
-  } else if (m > kGemvMaxRows) {  // a short prefill: tokens packed, weights read in place
-    float* xt = scratch(kPackedX, (m + kGemmPanel - 1) / kGemmPanel * kGemmPanel * k);
-    pack_panels(x, m, k, xt);
-    const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
-    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
-      const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
-      dispatch(gemm_xt_kernel{}, y + c0, n, static_cast<const float*>(xt), m, w + c0 * k, c1 - c0,
-               k, accumulate, bias ? bias + c0 : bias);
-    });
-    return;  // the bias went into the kernel's final stores
-  } else {  // decode: matrix-vector products, bound by reading the weights
-    const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
-    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
-      const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
-      dispatch(gemv_kernel{}, y + c0, n, w + c0 * k, x, k, m, c1 - c0, k, accumulate,
-               bias ? bias + c0 : bias);
-    });
-    return;  // the bias went into the kernel's final stores
-  }
-  // the BLAS path (and k == 0): a pass of its own over y
-  add_bias(y, bias, m, n);
-}
 
 // ---------------------------------------------------------------------------------------------
 // norms
@@ -227,13 +161,10 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
   const std::size_t h = hidden_;
   float* gu = scratch(kGateUp, m * 2 * h);  // (m, 2h): [gate | up]
   float* act = scratch(kHidden, m * h);     // (m, h)
-  linear(x, m, dim_, w_gate_up_.data(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
-  parallel_for(m, 1, 4.0 * h, [&](std::size_t b, std::size_t e) {
-    for (std::size_t r = b; r < e; ++r)
-      dispatch(silu_kernel<true>{}, act + r * h, gu + r * 2 * h, gu + r * 2 * h + h, h, false);
-  });
+  project(x, m, dim_, w_gate_up_.data(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
+  swiglu_rows<float>(act, gu, gu + h, m, h, 2 * h);
   if (residual && residual != out) std::memcpy(out, residual, m * dim_ * sizeof(float));
-  linear(act, m, h, w_down_.data(), dim_, bias_ ? b_down_.data() : nullptr, out,
+  project(act, m, h, w_down_.data(), dim_, bias_ ? b_down_.data() : nullptr, out,
          residual != nullptr);
 }
 
@@ -315,7 +246,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   float* qkv = scratch(kQKV, m * width);            // (B*T, width)
   float* rope_tab = scratch(kRope, m * hd);         // (B*T, [cos half | sin half])
   float* attn = scratch(kAttnOut, m * hq * hd);     // (B*T, Hq*hd)
-  linear(x, m, dim, w_qkv_.data(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
+  project(x, m, dim, w_qkv_.data(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
 
   // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
   static const std::vector<std::int64_t> zeros(4096, 0);
@@ -363,7 +294,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
     p.k = cache->k.data();
     p.v = cache->v.data();
     p.ks[0] = p.vs[0] = hkv * L * hd, p.ks[1] = p.vs[1] = L * hd, p.ks[2] = p.vs[2] = hd;
-    p.mask_kind = 1;
+    p.mask_kind = AttnMask::boolean;
     p.mask = cache->valid.data();
     p.mask_strides[0] = static_cast<std::int64_t>(L), p.mask_strides[3] = 1;
   } else {
@@ -372,7 +303,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
     p.v = qkv + (hq + hkv) * hd;
     p.ks[0] = p.vs[0] = seq * width, p.ks[1] = p.vs[1] = hd, p.ks[2] = p.vs[2] = width;
     if (key_mask) {
-      p.mask_kind = 1;
+      p.mask_kind = AttnMask::boolean;
       p.mask = key_mask;
       p.mask_strides[0] = static_cast<std::int64_t>(seq), p.mask_strides[3] = 1;
     }
@@ -381,7 +312,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   if (cache) cache->length += seq;
 
   if (residual && residual != out) std::memcpy(out, residual, m * dim * sizeof(float));
-  linear(attn, m, hq * hd, w_o_.data(), dim, o_bias ? b_o_.data() : nullptr, out,
+  project(attn, m, hq * hd, w_o_.data(), dim, o_bias ? b_o_.data() : nullptr, out,
          residual != nullptr);
 }
 
@@ -458,10 +389,10 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
     for (std::size_t b = 0; b < batch; ++b)
       std::memcpy(y + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));
     final_norm->forward(y, y, batch);
-    linear(y, batch, dim, head, vocab, nullptr, logits, false);
+    project(y, batch, dim, head, vocab, nullptr, logits, false);
   } else {
     final_norm->forward(x, x, m);
-    linear(x, m, dim, head, vocab, nullptr, logits, false);
+    project(x, m, dim, head, vocab, nullptr, logits, false);
   }
 }
 

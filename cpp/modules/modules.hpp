@@ -50,12 +50,6 @@ class WeightBuffer {
   std::size_t n_ = 0;
 };
 
-// y (m, n) [+]= x (m, k) . w^T (w: (n, k), HF layout) [+ bias (n)]. Fixed row/column blocks
-// (chosen from the shape only) run as single-threaded BLAS calls on the pool: results do not
-// depend on the thread count.
-void linear(const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
-            const float* bias, float* y, bool accumulate);
-
 class Norm {
  public:
   virtual ~Norm() = default;

@@ -1,6 +1,7 @@
-// Shared argument checks for the bindings. The Python layer (llmkernels/_ops.py) validates user
-// input and prepares contiguous arrays; these checks make _core itself safe to call directly:
-// a wrong call raises ValueError/TypeError, never reaches a kernel.
+// Operand checks and helpers shared by the ops' entries (cpp/ops/<op>.cpp). Each entry checks
+// its operands (ValueError/TypeError with the public "[op] " messages), chooses threads and
+// streaming, and dispatches: _core itself is safe to call directly, a wrong call never reaches
+// a kernel.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -9,12 +10,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
-
 #include <string>
+#include <utility>
 #include <vector>
 
-namespace llmk::bind {
+namespace llmk::ops {
 
 namespace py = pybind11;
 
@@ -152,9 +154,50 @@ inline std::vector<py::ssize_t> shape_of(const py::array& a) {
   return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
 }
 
-void bind_elementwise(py::module_& m);
-void bind_runtime(py::module_& m);
-void bind_attention(py::module_& m);
-void bind_modules(py::module_& m);
+// Non-temporal stores pay off when the output is much larger than the caches (each output line
+// then skips its read-for-ownership). The row kernels peel a scalar head to reach vector
+// alignment; rope streams only when rows and halves are 64-byte aligned (row_bytes), which holds
+// for the usual head sizes since llmkernels allocates its outputs 64-byte aligned.
+constexpr std::size_t kStreamBytes = std::size_t(16) << 20;
 
-}  // namespace llmk::bind
+inline bool use_stream(const py::array& out) {
+  auto addr = reinterpret_cast<std::uintptr_t>(out.data());
+  return static_cast<std::size_t>(out.nbytes()) >= kStreamBytes &&
+         addr % static_cast<std::uintptr_t>(out.itemsize()) == 0;
+}
+
+inline bool use_stream_aligned_rows(const py::array& out, std::size_t row_bytes) {
+  auto addr = reinterpret_cast<std::uintptr_t>(out.data());
+  return use_stream(out) && addr % 64 == 0 && row_bytes % 64 == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The public checks of the fast entries, with the messages of the Python layer (the order is
+// the Python layer's too: conversion errors there first, then these).
+
+// eps: a real number (not a bool), representable as a float, finite and >= 0
+double public_eps(const char* fn, py::handle h);
+
+// out: None (a new array of like's shape and dtype), or an ndarray of like's dtype and shape,
+// C-contiguous and writeable
+py::array public_out(const char* fn, py::handle out_h, const py::array& like);
+
+// the operands (null handles and None skipped) are plain arrays of one kind; that kind, or 0
+int plain_operands(std::initializer_list<py::handle> hs);
+
+// How an entry treats operands that are not plain arrays (see plain_kind): `fast` (the
+// _core._fast_<op> entries) returns None, for the Python layer's conversion path; `direct` (the
+// older _core.<op> entries, kept for callers of _core itself) raises the operand's error
+// (check_operand) -- one implementation behind both.
+enum class Entry { fast, direct };
+
+// What an entry returns for operands it does not take as they are: None for a fast entry, a
+// ValueError for a direct one.
+py::object not_plain(const char* fn, Entry entry);
+
+// direct entries: each (name, operand) is an array of `like`'s dtype (of float32/float64 for
+// the first), C-contiguous; `out`, if given, also writeable and of the first operand's shape
+void direct_operands(const char* fn, std::initializer_list<std::pair<const char*, py::handle>> ops,
+                     py::handle out);
+
+}  // namespace llmk::ops

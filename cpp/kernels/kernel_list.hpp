@@ -1,0 +1,41 @@
+// The kernels, one line each: X(functor, (parameters after the architecture tag)). T is the
+// element type. ops.hpp declares a functor per line (its operator() a template over the xsimd
+// architecture tag and T) and instantiate.hpp instantiates each one for every ISA of
+// common/isa_list.hpp and for float and double. The shape of every buffer is documented at the
+// kernel's definition (kernels/<op>.hpp). Adding a kernel: its header, one line here, and its
+// #include in instantiate.hpp.
+//
+// Conventions (llama2.c style): out first, then inputs, then sizes. All pointers are to
+// C-contiguous buffers; `out` may alias `x` exactly (never partially). Kernels assume valid
+// input. `stream`: write `out` with non-temporal stores (for outputs far larger than the
+// caches: saves the read-for-ownership of every output line); only passed as true when `out`
+// and every row start are aligned to the vector size (the op's driver checks).
+#pragma once
+
+#define LLMK_KERNELS(X, T)                                                                   \
+  X(rms_norm_kernel, (T* out, const T* x, const T* weight, std::size_t rows, std::size_t n, \
+                      double eps, bool stream))                                              \
+  X(layer_norm_kernel, (T* out, const T* x, const T* weight, const T* bias, std::size_t rows, \
+                        std::size_t n, double eps, bool stream))                             \
+  X(silu_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))             \
+  X(swiglu_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))           \
+  X(exp_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))              \
+  X(sigmoid_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))          \
+  X(rope_kernel, (T* out, const T* x, const std::int64_t* table_row, const T* cos_tab,      \
+                  const T* sin_tab, std::size_t rows, std::size_t d, std::size_t rotary_dim, \
+                  bool interleaved, bool stream))                                            \
+  X(attention_tile_kernel, (const attn_params<T>& p, const attn_item& it, T* workspace,      \
+                            T* part_m, T* part_l, T* part_o, std::uint8_t* flags))           \
+  X(gemv_kernel, (T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,           \
+                  std::size_t m, std::size_t rows, std::size_t k, bool accumulate,           \
+                  const T* bias))                                                            \
+  X(gemm_xt_kernel, (T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,         \
+                     std::size_t n, std::size_t k, bool accumulate, const T* bias))
+
+// Kernels of float only (the roofline probes): X(functor, (parameters)), operator() a template
+// over the architecture tag alone.
+#define LLMK_FLOAT_KERNELS(X)                                                                 \
+  X(fma_probe_kernel, (std::size_t iterations, double* flops, float* sink))                  \
+  X(triad_kernel, (float* a, const float* b, const float* c, float s, std::size_t n))
+
+#define LLMK_UNPAREN(...) __VA_ARGS__

@@ -1,0 +1,159 @@
+#include "ops/linear.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/isa.hpp"
+#include "common/scratch.hpp"
+#include "common/thread_pool.hpp"
+#include "kernels/ops.hpp"
+
+namespace llmk {
+namespace {
+
+constexpr std::size_t kRowBlock = 256;  // rows per BLAS call when m is large (prefill)
+constexpr std::size_t kColBlock = 256;  // output features per task otherwise (thread split)
+// Up to this many tokens, out_in projections are matrix-vector products (the weights read once
+// per group of 4 tokens, in place); above it, up to 2 * kRowBlock, the tokens are packed and the
+// weights still read in place (gemm_xt_kernel); larger prefills go to the BLAS, whose packing
+// of the weights is then paid for by enough tokens. Crossovers measured on FeedForward at
+// dim 512 / 2048 (benchmarks: FeedForward rows of `make bench`). in_out weights (the
+// functional API) always go to the BLAS.
+constexpr std::size_t kGemvMaxRows = 8;
+
+void gemm(bool trans_w, std::size_t m, std::size_t n, std::size_t k, const float* x,
+          const float* w, std::size_t ldw, float beta, float* y, std::size_t ldy) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_w ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+              (int)k, 1.f, x, (int)k, w, (int)ldw, beta, y, (int)ldy);
+}
+void gemm(bool trans_w, std::size_t m, std::size_t n, std::size_t k, const double* x,
+          const double* w, std::size_t ldw, double beta, double* y, std::size_t ldy) {
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, trans_w ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+              (int)k, 1.0, x, (int)k, w, (int)ldw, beta, y, (int)ldy);
+}
+
+// y[r, c0:c1] for rows [r0, r1) before a BLAS block adds x . W with beta: returns beta (0 when
+// y is simply overwritten; 1 when it holds the bias, or the previous y plus the bias)
+template <class T>
+T init_block(T* y, std::size_t ldy, std::size_t r0, std::size_t r1, std::size_t c0,
+             std::size_t c1, const T* bias, bool accumulate) {
+  if (!bias) return accumulate ? T(1) : T(0);
+  for (std::size_t r = r0; r < r1; ++r) {
+    T* row = y + r * ldy;
+    if (accumulate) {
+      for (std::size_t c = c0; c < c1; ++c) row[c] += bias[c];
+    } else {
+      std::memcpy(row + c0, bias + c0, (c1 - c0) * sizeof(T));
+    }
+  }
+  return T(1);
+}
+
+// x (m, k) -> panels of kGemmPanel rows, each transposed (k, kGemmPanel), zero past row m: the
+// packed operand of gemm_xt_kernel.
+template <class T>
+void pack_panels(const T* x, std::size_t m, std::size_t k, T* xt) {
+  constexpr std::size_t P = kGemmPanel, kTile = 16;  // 16 x 16 tiles: a few cache lines each side
+  for (std::size_t p0 = 0; p0 < m; p0 += P) {
+    T* panel = xt + p0 * k;
+    for (std::size_t i0 = 0; i0 < P; i0 += kTile) {
+      for (std::size_t k0 = 0; k0 < k; k0 += kTile) {
+        const std::size_t k1 = std::min(k, k0 + kTile);
+        for (std::size_t i = i0; i < i0 + kTile; ++i) {
+          const std::size_t t = p0 + i;
+          for (std::size_t kk = k0; kk < k1; ++kk) panel[kk * P + i] = t < m ? x[t * k + kk] : T(0);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout layout,
+            std::size_t n, const T* bias, T* y, bool accumulate) {
+  if (m == 0 || n == 0) return;
+  const bool trans_w = layout == WeightLayout::out_in;
+  const std::size_t ldw = trans_w ? k : n;
+  if (k == 0) {  // an empty inner dimension: the product is all zeros
+    parallel_for(m, 1, static_cast<double>(n), [&](std::size_t r0, std::size_t r1) {
+      if (init_block(y, n, r0, r1, 0, n, bias, accumulate) == T(0))
+        std::memset(y + r0 * n, 0, (r1 - r0) * n * sizeof(T));
+    });
+  } else if (m >= 2 * kRowBlock) {  // prefill-sized: blocks of rows
+    const std::size_t blocks = (m + kRowBlock - 1) / kRowBlock;
+    parallel_for(blocks, 1, 2.0 * kRowBlock * k * n, [&](std::size_t b0, std::size_t b1) {
+      for (std::size_t blk = b0; blk < b1; ++blk) {
+        const std::size_t r0 = blk * kRowBlock, r1 = std::min(m, r0 + kRowBlock);
+        const T beta = init_block(y, n, r0, r1, 0, n, bias, accumulate);
+        gemm(trans_w, r1 - r0, n, k, x + r0 * k, w, ldw, beta, y + r0 * n, n);
+      }
+    });
+  } else if (!trans_w) {  // few rows, (in, out) weights: blocks of columns
+    const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
+    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
+      for (std::size_t blk = b0; blk < b1; ++blk) {
+        const std::size_t c0 = blk * kColBlock, c1 = std::min(n, c0 + kColBlock);
+        const T beta = init_block(y, n, 0, m, c0, c1, bias, accumulate);
+        gemm(false, m, c1 - c0, k, x, w + c0, ldw, beta, y + c0, n);
+      }
+    });
+  } else if (m > kGemvMaxRows) {  // a short prefill: tokens packed, weights read in place
+    ScratchLease xt_lease((m + kGemmPanel - 1) / kGemmPanel * kGemmPanel * k * sizeof(T));
+    T* const xt = xt_lease.as<T>();
+    pack_panels(x, m, k, xt);
+    const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
+    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
+      const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
+      dispatch(gemm_xt_kernel{}, y + c0, n, static_cast<const T*>(xt), m, w + c0 * k,
+               c1 - c0, k, accumulate, bias ? bias + c0 : bias);
+    });
+  } else {  // decode: matrix-vector products, bound by reading the weights
+    const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
+    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
+      const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
+      dispatch(gemv_kernel{}, y + c0, n, w + c0 * k, x, k, m, c1 - c0, k, accumulate,
+               bias ? bias + c0 : bias);
+    });
+  }
+}
+
+template <class T>
+void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
+                 std::size_t ld) {
+  if (ld == h) {  // contiguous rows: one flat map, chunks on multiples of 64 elements
+    parallel_for(m * h, 64, 4.0, [&](std::size_t b, std::size_t e) {
+      dispatch(swiglu_kernel{}, act + b, gate + b, up + b, e - b, false);
+    });
+    return;
+  }
+  parallel_for(m, 1, 4.0 * h, [&](std::size_t b, std::size_t e) {
+    for (std::size_t r = b; r < e; ++r)
+      dispatch(swiglu_kernel{}, act + r * h, gate + r * ld, up + r * ld, h, false);
+  });
+}
+
+template <class T>
+void swiglu_ffn(const T* x, std::size_t m, std::size_t k, const T* w_gate, const T* w_up,
+                std::size_t h, const T* w_down, std::size_t n, const T* b_gate, const T* b_up,
+                const T* b_down, T* gate, T* up, T* out) {
+  linear<T>(x, m, k, w_gate, WeightLayout::in_out, h, b_gate, gate, false);  // gate: (m, h)
+  linear<T>(x, m, k, w_up, WeightLayout::in_out, h, b_up, up, false);        // up:   (m, h)
+  swiglu_rows<T>(gate, gate, up, m, h, h);  // hidden = silu(gate) * up, in place in gate
+  if (w_down) linear<T>(gate, m, h, w_down, WeightLayout::in_out, n, b_down, out, false);
+}
+
+#define LLMK_LINEAR_INSTANTIATE(T)                                                             \
+  template void linear<T>(const T*, std::size_t, std::size_t, const T*, WeightLayout,          \
+                          std::size_t, const T*, T*, bool);                                    \
+  template void swiglu_rows<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t); \
+  template void swiglu_ffn<T>(const T*, std::size_t, std::size_t, const T*, const T*,          \
+                              std::size_t, const T*, std::size_t, const T*, const T*, const T*, \
+                              T*, T*, T*);
+LLMK_LINEAR_INSTANTIATE(float)
+LLMK_LINEAR_INSTANTIATE(double)
+
+}  // namespace llmk

@@ -1,0 +1,38 @@
+// The projection path: y = x . W (+ bias), the one function behind every matrix product of the
+// package -- the functional swiglu_ffn's three projections and every projection of the modules
+// (cpp/modules: QKV, O, the feed-forward's gate/up and down, the LM head).
+#pragma once
+
+#include <cstddef>
+
+namespace llmk {
+
+// How W is stored: (n, k) row-major as HF checkpoints store projections (y = x . W^T), or
+// (k, n) row-major as the functional API takes it (y = x . W).
+enum class WeightLayout { out_in, in_out };
+
+// y (m, n) [+]= x (m, k) . W [+ bias (n,) or null]; y has row stride n. accumulate: add to y
+// instead of overwriting it. Work is split into blocks chosen from the shape only (each one
+// single-threaded BLAS call or kernel call), so results do not depend on the thread count.
+// The bias is added where y is written: in the final stores of the gemv / gemm_xt kernels, or
+// as the C operand (beta = 1) of each BLAS block, written just before the block's call.
+template <class T>
+void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout layout,
+            std::size_t n, const T* bias, T* y, bool accumulate);
+
+// SwiGLU feed-forward, (silu(x . w_gate + b_gate) * (x . w_up + b_up)) . w_down + b_down,
+// weights in the functional API's (in, out) layout. x: (m, k); w_gate, w_up: (k, h); w_down:
+// (h, n) or null; b_gate, b_up: (h,) or null; b_down: (n,) or null. gate, up: (m, h)
+// workspaces; gate holds the hidden activation on return. out: (m, n) when w_down is given.
+template <class T>
+void swiglu_ffn(const T* x, std::size_t m, std::size_t k, const T* w_gate, const T* w_up,
+                std::size_t h, const T* w_down, std::size_t n, const T* b_gate, const T* b_up,
+                const T* b_down, T* gate, T* up, T* out);
+
+// act (m, h) = silu(gate) * up, rows of gate and up with row stride ld (act: stride h); act
+// may be gate when ld == h. The activation step of both feed-forwards.
+template <class T>
+void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
+                 std::size_t ld);
+
+}  // namespace llmk

@@ -1,0 +1,88 @@
+// Roofline probes: how fast this core runs FMAs and streams memory (kernels/probe.hpp).
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "common/isa.hpp"
+#include "common/thread_pool.hpp"
+#include "kernels/ops.hpp"
+#include "ops/ops.hpp"
+
+namespace llmk::ops {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+void check_probe_threads(int threads) {
+  if (threads < 1 || threads > kMaxThreads)
+    fail("_probe", "threads must be between 1 and " + std::to_string(kMaxThreads));
+}
+
+}  // namespace
+
+void set_threads(long long n) {
+  if (n < 1 || n > kMaxThreads)
+    fail("set_num_threads", "n must be between 1 and " + std::to_string(kMaxThreads) + ", got " +
+                                std::to_string(n));
+  py::gil_scoped_release nogil;  // starting (or stopping) the workers can take a while
+  set_num_threads(static_cast<int>(n));
+}
+
+void set_simd_arch(const std::string& name) {
+  Isa isa;
+  if (!parse_isa(name, &isa)) {
+    const std::vector<std::string> names = isa_names();  // "'sse2', 'avx2' or 'avx512'"
+    std::string choices;
+    for (std::size_t i = 0; i < names.size(); ++i)
+      choices += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + ("'" + names[i] + "'");
+    fail("set_simd_arch", "arch must be " + choices + ", got '" + name + "'");
+  }
+  if (isa > best_supported_isa())
+    fail("set_simd_arch", "arch '" + name + "' is not supported by this CPU (best: " +
+                              isa_name(best_supported_isa()) + ")");
+  set_active_isa(isa);
+}
+
+// Peak FMA throughput of `threads` threads, GFLOP/s: each thread runs the FMA chain loop for
+// `iterations` rounds; the wall time of the slowest gives the aggregate rate.
+double probe_fma_gflops(int threads, std::size_t iterations) {
+  check_probe_threads(threads);
+  py::gil_scoped_release nogil;
+  std::vector<double> flops(threads, 0.0);
+  std::vector<float> sink(threads, 0.f);
+  auto t0 = clock_type::now();
+  parallel_for_threads(threads, [&](int k, int) {
+    dispatch(fma_probe_kernel{}, iterations, &flops[k], &sink[k]);
+  });
+  double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / secs * 1e-9;
+}
+
+// STREAM triad a = b + s*c over n floats per array, split over `threads`; returns GB/s counted
+// as 12 bytes per element (STREAM's convention: two loads, one store).
+double probe_triad_gbs(int threads, std::size_t n, int repeats) {
+  check_probe_threads(threads);
+  py::gil_scoped_release nogil;
+  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
+  // first touch by the threads that will use each part
+  parallel_for_threads(threads, [&](int k, int total) {
+    std::size_t lo = n * k / total, hi = n * (k + 1) / total;
+    for (std::size_t i = lo; i < hi; ++i) a[i] = 0.f, b[i] = 1.f, c[i] = 2.f;
+  });
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = clock_type::now();
+    parallel_for_threads(threads, [&](int k, int total) {
+      std::size_t lo = n * k / total, hi = n * (k + 1) / total;
+      dispatch(triad_kernel{}, a.get() + lo, b.get() + lo, c.get() + lo, 0.5f, hi - lo);
+    });
+    double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+    double gbs = 12.0 * static_cast<double>(n) / secs * 1e-9;
+    if (gbs > best) best = gbs;
+  }
+  return best;
+}
+
+}  // namespace llmk::ops

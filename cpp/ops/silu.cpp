@@ -1,0 +1,60 @@
+// silu, swiglu (and the bare exp / sigmoid the tests check): elementwise maps over the flat
+// array (kernels/silu.hpp)
+#include "common/isa.hpp"
+#include "common/thread_pool.hpp"
+#include "kernels/ops.hpp"
+#include "ops/ops.hpp"
+
+namespace llmk::ops {
+namespace {
+
+// chunk boundaries on multiples of 64 elements
+template <class Kernel>
+void run(const Kernel& kernel, const py::array& x, const py::array* up, py::array& out) {
+  const std::size_t n = static_cast<std::size_t>(x.size());
+  auto typed = [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = cptr<T>(x);
+    const T* up_p = up ? cptr<T>(*up) : nullptr;
+    T* op = ptr<T>(out);
+    const bool stream = use_stream(out);
+    py::gil_scoped_release nogil;
+    parallel_for(n, 64, 4.0, [&](std::size_t b, std::size_t e) {
+      dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b, stream);
+    });
+  };
+  if (is_f32(x)) typed(float{}); else typed(double{});
+}
+
+}  // namespace
+
+// each input may be `out` exactly (elements are read before written)
+py::object elementwise(Elementwise op, py::handle x_h, py::handle up_h, py::handle out_h,
+                       Entry entry) {
+  static const char* const names[] = {"silu", "swiglu", "exp", "sigmoid"};
+  const char* fn = names[static_cast<int>(op)];
+  if (entry == Entry::direct) direct_operands(fn, {{"x", x_h}, {"up", up_h}}, out_h);
+  if (!plain_operands({x_h, up_h})) return not_plain(fn, entry);
+  auto x = py::reinterpret_borrow<py::array>(x_h);
+  std::optional<py::array> up;
+  if (up_h && !up_h.is_none()) {
+    up = py::reinterpret_borrow<py::array>(up_h);
+    if (!same_shape(*up, x))
+      fail(fn, "up must have the shape of gate " + shape_str(x) + ", got " + shape_str(*up));
+  }
+  py::array out = public_out(fn, out_h, x);
+  if ((overlaps(x, out) && x.data() != out.data()) ||
+      (up && overlaps(*up, out) && up->data() != out.data()))
+    return not_plain(fn, entry);
+  if (!x.size()) return std::move(out);
+  const py::array* u = up ? &*up : nullptr;
+  switch (op) {
+    case Elementwise::silu: run(silu_kernel{}, x, u, out); break;
+    case Elementwise::swiglu: run(swiglu_kernel{}, x, u, out); break;
+    case Elementwise::exp: run(exp_kernel{}, x, u, out); break;
+    case Elementwise::sigmoid: run(sigmoid_kernel{}, x, u, out); break;
+  }
+  return std::move(out);
+}
+
+}  // namespace llmk::ops
