@@ -154,6 +154,7 @@ struct attn_tile_state {
   T* o;     // (BQ, dv_pad) running output
   T* vpad;  // (BK, dv_pad) V tile copy when Dv is not a multiple of the vector width
   T* lim;   // (BQ,)        causal limit per row relative to the key tile's start, in [-1, BK]
+  T* lo;    // (BQ,)        window start per row relative to the key tile's start, in [0, BK+1]
   T* m;     // (BQ,)        running max
   T* l;     // (BQ,)        running sum
 };
@@ -179,7 +180,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   s.o = s.st + BK * BQ;
   s.vpad = s.o + BQ * dv_pad;
   s.lim = s.vpad + BK * dv_pad;
-  s.m = s.lim + BQ;
+  s.lo = s.lim + BQ;
+  s.m = s.lo + BQ;
   s.l = s.m + BQ;
 
   const std::size_t nrows = it.nrows;
@@ -215,18 +217,24 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   };
   // Causal limits are integers (the last key index a row may see): as float32 they would round
   // past 2^24 keys. They are made tile-relative (small, exact in T) per key tile below.
-  std::int64_t lim_abs[BQ];
-  std::int64_t max_lim = -1;
+  // A sliding window gives each row a first visible key too (lo_abs; 0 without a window).
+  std::int64_t lim_abs[BQ], lo_abs[BQ];
+  std::int64_t max_lim = -1, min_lo = std::numeric_limits<std::int64_t>::max();
   const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
   for (std::size_t r = 0; r < BQ; ++r) {
     if (r < nrows) {
       pack(q_row(r), r, scale);
-      std::int64_t lim = p.causal ? static_cast<std::int64_t>(row_query(r)) + offset
-                                  : static_cast<std::int64_t>(p.tk) - 1;
+      const std::int64_t pos = static_cast<std::int64_t>(row_query(r)) + offset;
+      std::int64_t lim = p.causal ? pos : static_cast<std::int64_t>(p.tk) - 1;
+      // (pos - window + 1 cannot overflow: pos < 2^62 and 1 <= window < 2^62, see the entry)
+      const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(pos - p.window + 1, 0) : 0;
       max_lim = std::max(max_lim, lim);
+      min_lo = std::min(min_lo, lo);
       lim_abs[r] = lim;
+      lo_abs[r] = lo;
     } else {
       lim_abs[r] = -1;  // padding rows see nothing
+      lo_abs[r] = 0;
     }
     s.m[r] = neg_inf;
     s.l[r] = T(0);
@@ -239,9 +247,13 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   const T* kbase = p.k + it.b * p.ks[0] + it.g * p.ks[1];  // (Tk, D), row stride ks[2]
   const T* vbase = p.v + it.b * p.vs[0] + it.g * p.vs[1];  // (Tk, Dv), row stride vs[2]
   const std::size_t kr = p.ks[2], vr = p.vs[2];
-  // keys this item covers; causal: no row sees beyond max_lim
+  // keys this item covers; causal: no row sees beyond max_lim; window: none before min_lo (so
+  // a windowed call costs O(T * window), not O(T^2))
   const std::size_t k_end =
       std::min<std::size_t>(it.k1, static_cast<std::size_t>(std::max<std::int64_t>(max_lim + 1, 0)));
+  const std::size_t k_start =
+      nrows ? std::max<std::size_t>(it.k0, static_cast<std::size_t>(min_lo)) : it.k0;
+  const V vcap(static_cast<T>(p.softcap)), vinv_cap(static_cast<T>(1.0 / p.softcap));
 
   // Scores of key tile [k0, k0 + nk) into S^T with causal and mask applied.
   auto scores_rowwise = [&](std::size_t k0, std::size_t nk) {
@@ -271,19 +283,29 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
         for (std::size_t c = 0; c < ncols; c += N)
           (V::load_unaligned(s.st + j * BQ + c) * vscale).store_unaligned(s.st + j * BQ + c);
     }
-    if (p.causal || nrows < ncols) {
-      // limits relative to k0, clamped to [-1, nk]: small integers, exact in T
+    if (p.softcap != 0.0) {  // Gemma 2: c * tanh(s / c), before the mask
+      for (std::size_t j = 0; j < nk; ++j)
+        for (std::size_t c = 0; c < ncols; c += N) {
+          const V sc = V::load_unaligned(s.st + j * BQ + c);
+          (vcap * xsimd::tanh(sc * vinv_cap)).store_unaligned(s.st + j * BQ + c);
+        }
+    }
+    if (p.causal || p.window > 0 || nrows < ncols) {
+      // limits relative to k0, clamped to [-1, nk] and [0, nk + 1]: small integers, exact in T
+      const std::int64_t hi = static_cast<std::int64_t>(nk);
       for (std::size_t c = 0; c < ncols; ++c) {
         const std::int64_t rel = lim_abs[c] - static_cast<std::int64_t>(k0);
-        const std::int64_t hi = static_cast<std::int64_t>(nk);
         s.lim[c] = static_cast<T>(rel < -1 ? -1 : (rel > hi ? hi : rel));
+        const std::int64_t rlo = lo_abs[c] - static_cast<std::int64_t>(k0);
+        s.lo[c] = static_cast<T>(rlo < 0 ? 0 : (rlo > hi + 1 ? hi + 1 : rlo));
       }
       for (std::size_t j = 0; j < nk; ++j) {
         const V kj(static_cast<T>(j));
         T* row = s.st + j * BQ;
         for (std::size_t c = 0; c < ncols; c += N) {
-          V lim = V::load_unaligned(s.lim + c);
-          xsimd::select(lim < kj, V(neg_inf), V::load_unaligned(row + c)).store_unaligned(row + c);
+          const V lim = V::load_unaligned(s.lim + c), lo = V::load_unaligned(s.lo + c);
+          xsimd::select((lim < kj) || (kj < lo), V(neg_inf), V::load_unaligned(row + c))
+              .store_unaligned(row + c);
         }
       }
     }
@@ -321,7 +343,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   };
 
   // --- stream over key tiles: online softmax ------------------------------------------------
-  for (std::size_t k0 = it.k0; k0 < k_end; k0 += BK) {
+  for (std::size_t k0 = k_start; k0 < k_end; k0 += BK) {
     const std::size_t nk = std::min(BK, k_end - k0);
     scores(k0, nk);
     for (std::size_t c = 0; c < ncols; c += N) {
@@ -372,7 +394,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       const std::int64_t base = static_cast<std::int64_t>(it.b) * p.mask_strides[0] +
                                 static_cast<std::int64_t>(row_head(r)) * p.mask_strides[1] +
                                 static_cast<std::int64_t>(row_query(r)) * p.mask_strides[2];
-      for (std::int64_t j = static_cast<std::int64_t>(it.k0); j < jend; ++j) {
+      for (std::int64_t j = std::max(static_cast<std::int64_t>(it.k0), lo_abs[r]); j < jend; ++j) {
         bool allowed = true;
         if (p.mask_kind == AttnMask::boolean)
           allowed = static_cast<const std::uint8_t*>(p.mask)[base + j * sj] != 0;
@@ -397,10 +419,12 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     return;
   }
   for (std::size_t r = 0; r < nrows; ++r) {
+    if (p.sinks) attn_add_sink(p.sinks[row_head(r)], s.m[r], s.l[r], s.o + r * dv_pad, Dv);
     T* orow = p.out + it.b * p.os[0] + row_head(r) * p.os[1] + row_query(r) * p.os[2];  // (Dv,)
     // nothing to attend (l = 0): zeros; NaN scores (l = NaN) propagate
     const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));
     for (std::size_t d = 0; d < Dv; ++d) orow[d] = s.o[r * dv_pad + d] * inv;
+    if (p.lse) p.lse[(it.b * p.hq + row_head(r)) * p.tq + row_query(r)] = attn_lse(s.m[r], s.l[r]);
   }
   if (p.weights) {  // second sweep: the normalised probabilities, for plots
     for (std::size_t r = 0; r < nrows; ++r) {
@@ -413,7 +437,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       s.l[r] = seen ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));
       if (s.m[r] == neg_inf) s.m[r] = T(0);
     }
-    for (std::size_t k0 = it.k0; k0 < k_end; k0 += BK) {
+    for (std::size_t k0 = k_start; k0 < k_end; k0 += BK) {
       const std::size_t nk = std::min(BK, k_end - k0);
       scores(k0, nk);
       for (std::size_t c = 0; c < ncols; c += N) {

@@ -5,8 +5,11 @@
 // holds the types the attention kernel shares with its driver (ops/attention.cpp).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/kernel_list.hpp"
 
@@ -46,6 +49,12 @@ struct attn_params {
   AttnMask mask_kind;      // what `mask` points to
   const void* mask;        // broadcast view of (B, Hq, Tq, Tk)
   std::int64_t mask_strides[4];  // in elements; 0 on broadcast axes
+  // sliding window (Mistral, Gemma 2): 0 = none; else query i sees key j only if
+  // (i + Tk - Tq) - j < window. Key tiles wholly before a tile's window are never visited.
+  std::int64_t window;
+  double softcap;   // 0 = none; else scores become softcap * tanh(s / softcap) before the mask
+  const T* sinks;   // (Hq,) or null: an extra logit per query head in the softmax denominator
+  T* lse;           // (B, Hq, Tq) C-contiguous, or null: log-sum-exp of each row's scores
 };
 
 // One work item: rows [row0, row0 + nrows) of KV head g's group (rows are (h, i) pairs,
@@ -58,7 +67,28 @@ struct attn_item {
 template <class T>
 constexpr std::size_t attn_workspace_size(std::size_t d, std::size_t dv) {
   return d * kAttnRowTile + kAttnKeyTile * kAttnRowTile +
-         (kAttnRowTile + kAttnKeyTile) * attn_dv_pad_t<T>(dv) + 3 * kAttnRowTile;
+         (kAttnRowTile + kAttnKeyTile) * attn_dv_pad_t<T>(dv) + 4 * kAttnRowTile;
+}
+
+// Folds a sink logit into a row's final softmax state (running max m, sum l, unnormalised
+// output o of dv values): the sink joins the denominator with no value. NaN propagates.
+template <class T>
+inline void attn_add_sink(T sink, T& m, T& l, T* o, std::size_t dv) {
+  const T m_new = std::isnan(m) || std::isnan(sink) ? std::numeric_limits<T>::quiet_NaN()
+                                                     : std::max(m, sink);
+  if (m_new == -std::numeric_limits<T>::infinity()) return;  // sink -inf and no key: nothing
+  const T a = std::exp(m - m_new);  // m = -inf (no key yet): 0
+  l = l * a + std::exp(sink - m_new);
+  if (a != T(1))
+    for (std::size_t d = 0; d < dv; ++d) o[d] *= a;
+  m = m_new;
+}
+
+// log-sum-exp of a row from its final (m, l): -inf for a row that attended nothing
+template <class T>
+inline T attn_lse(T m, T l) {
+  if (std::isnan(m) || std::isnan(l)) return std::numeric_limits<T>::quiet_NaN();
+  return l > T(0) ? m + std::log(l) : -std::numeric_limits<T>::infinity();
 }
 
 // Runs one item. part_o == null: writes the normalised rows to p.out (and p.weights);

@@ -42,8 +42,13 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
   T* w = p.weights ? p.weights + ((b * p.hq + h) * p.tq + i) * p.tk : nullptr;  // (Tk,)
   // integer causal limit: the last key index this row may see
   const std::int64_t tk = static_cast<std::int64_t>(p.tk), tq = static_cast<std::int64_t>(p.tq);
-  const std::int64_t lim = p.causal ? static_cast<std::int64_t>(i) + tk - tq : tk - 1;
+  const std::int64_t pos = static_cast<std::int64_t>(i) + tk - tq;
+  const std::int64_t lim = p.causal ? pos : tk - 1;
   const std::size_t jn = lim < 0 ? 0 : std::min(p.tk, static_cast<std::size_t>(lim) + 1);
+  // sliding window: the first key the row sees
+  const std::size_t j0 = p.window > 0 ? static_cast<std::size_t>(std::clamp<std::int64_t>(
+                                            pos - p.window + 1, 0, static_cast<std::int64_t>(jn)))
+                                      : 0;
   const std::int64_t mbase = static_cast<std::int64_t>(b) * p.mask_strides[0] +
                              static_cast<std::int64_t>(h) * p.mask_strides[1] +
                              static_cast<std::int64_t>(i) * p.mask_strides[2];
@@ -57,6 +62,7 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
     for (std::size_t d = 0; d < p.d; ++d)
       dot += static_cast<double>(q[d]) * static_cast<double>(kr[d]);
     double v = dot * p.scale;
+    if (p.softcap != 0.0) v = p.softcap * std::tanh(v / p.softcap);
     if (p.mask_kind == AttnMask::additive) v += static_cast<double>(static_cast<const T*>(p.mask)[mj]);
     *sc = v;
     return v != -inf;
@@ -64,7 +70,7 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
   std::fill(acc, acc + p.dv, 0.0);
   double m = -inf, l = 0.0;
   bool nan_row = false;  // a NaN or +inf score: the reference's softmax is NaN throughout
-  for (std::size_t j = 0; j < jn && !nan_row; ++j) {
+  for (std::size_t j = j0; j < jn && !nan_row; ++j) {
     double sc;
     if (!score(j, &sc)) continue;
     if (std::isnan(sc) || sc == inf) {
@@ -82,16 +88,24 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
     const T* vr = vb + j * p.vs[2];
     for (std::size_t d = 0; d < p.dv; ++d) acc[d] += e * static_cast<double>(vr[d]);
   }
+  if (p.sinks) {  // the sink joins the denominator (no value); a NaN or +inf sink: NaN row
+    const double sink = static_cast<double>(p.sinks[h]);
+    if (std::isnan(sink) || sink == inf) nan_row = true;
+    else attn_add_sink(sink, m, l, acc, p.dv);
+  }
+  T* lse = p.lse ? p.lse + (b * p.hq + h) * p.tq + i : nullptr;
   if (nan_row) {
     std::fill(o, o + p.dv, std::numeric_limits<T>::quiet_NaN());
     if (w) std::fill(w, w + p.tk, std::numeric_limits<T>::quiet_NaN());
+    if (lse) *lse = std::numeric_limits<T>::quiet_NaN();
     return;
   }
+  if (lse) *lse = static_cast<T>(attn_lse(m, l));
   for (std::size_t d = 0; d < p.dv; ++d) o[d] = l > 0.0 ? static_cast<T>(acc[d] / l) : T(0);
   if (w) {
     std::fill(w, w + p.tk, T(0));
     if (l > 0.0) {
-      for (std::size_t j = 0; j < jn; ++j) {
+      for (std::size_t j = j0; j < jn; ++j) {
         double sc;
         if (score(j, &sc)) w[j] = static_cast<T>(std::exp(sc - m) / l);
       }
@@ -219,8 +233,8 @@ void attention(const attn_params<T>& p) {
           }
           const T m_safe = std::isinf(m) && m < 0 ? T(0) : m;
           T l = 0;
-          T* orow = p.out + it.b * p.os[0] + (it.g * group + (it.row0 + r) / p.tq) * p.os[1] +
-                    ((it.row0 + r) % p.tq) * p.os[2];
+          const std::size_t h = it.g * group + (it.row0 + r) / p.tq, i = (it.row0 + r) % p.tq;
+          T* orow = p.out + it.b * p.os[0] + h * p.os[1] + i * p.os[2];
           std::fill(orow, orow + p.dv, T(0));
           for (std::size_t s = 0; s < splits; ++s) {
             const T* part = parts + (t * splits + s) * part_stride;
@@ -230,8 +244,11 @@ void attention(const attn_params<T>& p) {
             const T* o = part + 2 * part_rows + r * dv_pad;
             for (std::size_t d = 0; d < p.dv; ++d) orow[d] += o[d] * w;
           }
+          T m_row = std::isinf(m) && m < 0 ? m : m_safe;  // the state (m, l, orow) of the row
+          if (p.sinks) attn_add_sink(p.sinks[h], m_row, l, orow, p.dv);
           const T inv = l > T(0) ? T(1) / l : (std::isnan(l) ? l : T(0));
           for (std::size_t d = 0; d < p.dv; ++d) orow[d] *= inv;
+          if (p.lse) p.lse[(it.b * p.hq + h) * p.tq + i] = attn_lse(m_row, l);
         }
       }
     });
@@ -277,9 +294,18 @@ namespace {
 
 // The dispatch on checked operands (the _core entry or the fast path): q (B, Hq, Tq, D),
 // k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv), out (B, Hq, Tq, Dv), all C-contiguous, one dtype.
+// Features (window, softcap, sinks, lse) default to none.
+struct attn_features {
+  std::int64_t window = 0;
+  double softcap = 0.0;
+  const py::array* sinks = nullptr;
+  py::array* lse = nullptr;
+};
+
 void run_attention(const py::array& q, const py::array& k, const py::array& v, double scale,
                    bool causal, AttnMask mask_kind, const void* mask_data,
-                   const std::int64_t* strides, py::array& out, py::array* weights) {
+                   const std::int64_t* strides, py::array& out, py::array* weights,
+                   const attn_features& f = {}) {
   const auto B = q.shape(0), Hq = q.shape(1), Tq = q.shape(2), D = q.shape(3);
   const auto Hkv = k.shape(1), Tk = k.shape(2), Dv = v.shape(3);
   auto run = [&](auto tag) {
@@ -303,6 +329,10 @@ void run_attention(const py::array& q, const py::array& k, const py::array& v, d
     p.mask_kind = mask_kind;
     p.mask = mask_data;
     for (int a = 0; a < 4; ++a) p.mask_strides[a] = strides[a];
+    p.window = f.window;
+    p.softcap = f.softcap;
+    p.sinks = f.sinks ? cptr<T>(*f.sinks) : nullptr;
+    p.lse = f.lse ? ptr<T>(*f.lse) : nullptr;
     py::gil_scoped_release nogil;
     llmk::attention<T>(p);
   };
@@ -315,7 +345,9 @@ void run_attention(const py::array& q, const py::array& k, const py::array& v, d
 // weights (B, Hq, Tq, Tk) or None; mask: None or a 4-D view broadcast to (B, Hq, Tq, Tk),
 // uint8 (bool) or of q's dtype (additive).
 void attention(py::array q, py::array k, py::array v, double scale, bool causal,
-               std::optional<py::array> mask, py::array out, std::optional<py::array> weights) {
+               std::optional<py::array> mask, py::array out, std::optional<py::array> weights,
+               std::int64_t window, double softcap, std::optional<py::array> sinks,
+               std::optional<py::array> lse) {
   const char* fn = "attention";
   check_operand(fn, "q", q, nullptr, false);
   check_operand(fn, "k", k, &q, false);
@@ -357,8 +389,25 @@ void attention(py::array q, py::array k, py::array v, double scale, bool causal,
       strides[a] = m.strides(a) / static_cast<py::ssize_t>(m.itemsize());
     }
   }
+  attn_features f;
+  // window: key positions are < 2^62 (int64 limits in the kernel); a wider window is no window
+  if (window < 0) fail(fn, "window must be >= 1 (0 = none)");
+  f.window = std::min<std::int64_t>(window, std::int64_t{1} << 62);
+  if (!(softcap >= 0.0) || !std::isfinite(softcap)) fail(fn, "softcap must be finite and > 0");
+  f.softcap = softcap;
+  if (sinks) {
+    check_operand(fn, "sinks", *sinks, &q, false);
+    check_vector(fn, "sinks", *sinks, Hq);
+    f.sinks = &*sinks;
+  }
+  if (lse) {
+    check_operand(fn, "lse", *lse, &q, true);
+    if (lse->ndim() != 3 || lse->shape(0) != B || lse->shape(1) != Hq || lse->shape(2) != Tq)
+      fail(fn, "lse must have shape (B, Hq, Tq)");
+    f.lse = &*lse;
+  }
   run_attention(q, k, v, scale, causal, mask_kind, mask ? mask->data() : nullptr, strides, out,
-                weights ? &*weights : nullptr);
+                weights ? &*weights : nullptr, f);
 }
 
 

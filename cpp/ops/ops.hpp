@@ -30,7 +30,9 @@ py::object fast_rope(py::handle x, py::handle cos, py::handle sin, py::handle in
 
 // ops/attention.cpp
 void attention(py::array q, py::array k, py::array v, double scale, bool causal,
-               std::optional<py::array> mask, py::array out, std::optional<py::array> weights);
+               std::optional<py::array> mask, py::array out, std::optional<py::array> weights,
+               std::int64_t window, double softcap, std::optional<py::array> sinks,
+               std::optional<py::array> lse);
 py::object fast_attention(py::handle q, py::handle k, py::handle v, py::handle causal,
                           py::handle scale, py::handle out);
 

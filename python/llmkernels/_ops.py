@@ -567,9 +567,13 @@ def attention(
     causal: bool = False,
     mask: Any = None,
     scale: float | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: Any = None,
     return_weights: bool = False,
+    return_lse: bool = False,
     out: np.ndarray | None = None,
-) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+) -> np.ndarray | tuple[np.ndarray, ...]:
     """Scaled dot-product attention ``softmax(q @ k^T * scale + mask) @ v``, fused and streaming.
 
     Args:
@@ -586,9 +590,23 @@ def attention(
             ``(..., Hq, Tq, Tk)`` — e.g. a key-padding mask ``(B, 1, 1, Tk)``. Combined with
             ``causal``. A query row with nothing to attend gets zeros.
         scale: score multiplier, default ``1 / sqrt(D)``.
+        window: sliding window (Mistral, Gemma 2): key ``j`` is visible to query ``i`` only if
+            ``(i + Tk - Tq) - j < window`` (transformers' semantics); combined with ``causal``
+            and ``mask``. Key tiles outside every row's window are skipped: O(Tq * window).
+        softcap: logit soft-capping (Gemma 2): scores become ``softcap * tanh(s / softcap)``
+            before the mask is added.
+        sinks: ``(Hq,)`` attention sinks (gpt-oss): a per-head logit in each row's softmax
+            denominator, with no value.
         return_weights: also return the softmax probabilities ``(..., Hq, Tq, Tk)`` (the only
             case that stores a score matrix; for plots).
+        return_lse: also return the natural log-sum-exp of each row's scores ``(..., Hq, Tq)``
+            (sink included; ``-inf`` for a row with nothing to attend): attentions over
+            disjoint key blocks merge exactly as ``sum_b exp(lse_b - lse) * out_b`` with
+            ``lse = logaddexp(lse_1, lse_2, ...)``.
         out: optional C-contiguous output ``(..., Hq, Tq, Dv)``.
+
+    Returns ``out``, then ``weights`` if ``return_weights``, then ``lse`` if ``return_lse``
+    (a tuple when either is asked for).
 
     The kernel never materialises the ``Tq x Tk`` scores: tiles of 64 query rows stream over
     tiles of 64 keys with a running max and sum (online softmax); memory is O((Tq + Tk) * D).
@@ -601,7 +619,14 @@ def attention(
         array([[[0.7311, 0.2689],
                 [0.2689, 0.7311]]])
     """
-    if mask is None and return_weights is False:
+    if (
+        mask is None
+        and return_weights is False
+        and window is None
+        and softcap is None
+        and sinks is None
+        and return_lse is False
+    ):
         r = _core._fast_attention(q, k, v, causal, scale, out)
         if r is not None:
             return r
@@ -636,10 +661,21 @@ def attention(
     dv = v.shape[-1]
     if not isinstance(causal, (bool, np.bool_)):
         raise TypeError(f"[{fn}] causal must be a bool, got {type(causal).__name__}")
-    if not isinstance(return_weights, (bool, np.bool_)):
-        raise TypeError(
-            f"[{fn}] return_weights must be a bool, got {type(return_weights).__name__}"
-        )
+    for name, flag in (("return_weights", return_weights), ("return_lse", return_lse)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"[{fn}] {name} must be a bool, got {type(flag).__name__}")
+    window_value = 0
+    if window is not None:
+        if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)):
+            raise TypeError(f"[{fn}] window must be an int or None, got {type(window).__name__}")
+        if window < 1:
+            raise ValueError(f"[{fn}] window must be >= 1, got {window}")
+        window_value = int(min(window, 2**62))  # wider than any sequence: no window
+    softcap_value = 0.0
+    if softcap is not None:
+        softcap_value = _check_real(fn, "softcap", softcap)
+        if softcap_value <= 0.0:
+            raise ValueError(f"[{fn}] softcap must be finite and > 0, got {softcap!r}")
     scale_value = 1.0 / np.sqrt(d) if scale is None else _check_real(fn, "scale", scale)
     dtype = _compute_dtype(q, k, v)
     batch_shape = q.shape[:-3]
@@ -669,10 +705,18 @@ def attention(
             ) from None
         mask_view = m if m.ndim == 4 else m[None]
 
+    sinks_c = None
+    if sinks is not None:
+        sinks_c = _as_array(fn, "sinks", sinks)
+        if sinks_c.shape != (hq,):
+            raise ValueError(f"[{fn}] sinks must have shape (Hq,) = ({hq},), got {sinks_c.shape}")
+        sinks_c = _contiguous(sinks_c, dtype)
+
     if out is not None:
         _check_out(fn, out, out_shape, dtype)
     result = out if out is not None else _empty(out_shape, dtype)
     weights = np.zeros(scores_shape, dtype) if return_weights else None
+    lse = np.full(batch_shape + (hq, tq), -np.inf, dtype) if return_lse else None
 
     def four_d(a: np.ndarray) -> np.ndarray:
         a = _contiguous(a, dtype)
@@ -681,7 +725,7 @@ def attention(
     qc, kc, vc = four_d(q), four_d(k), four_d(v)
     if out is not None:  # the kernel reads q/k/v after writing out rows: never let them overlap
         qc, kc, vc = (_detach_from_out(a, out, allow_exact=False) for a in (qc, kc, vc))
-    if result.size or (weights is not None and weights.size):
+    if result.size or any(a is not None and a.size for a in (weights, lse)):
         _core.attention(
             qc,
             kc,
@@ -691,7 +735,10 @@ def attention(
             mask_view,
             result if result.ndim == 4 else result[None],
             None if weights is None else (weights if weights.ndim == 4 else weights[None]),
+            window_value,
+            softcap_value,
+            sinks_c,
+            None if lse is None else (lse if lse.ndim == 3 else lse[None]),
         )
-    if return_weights:
-        return result, weights
-    return result
+    extra = ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
+    return (result, *extra) if extra else result
