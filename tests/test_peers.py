@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _models import hf_llama_config, hf_rope_config, llama3_scaling
 from conftest import TOL
 from llmkernels import reference as ref
-from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
@@ -130,13 +130,7 @@ def test_rms_norm_vs_hf_llama(n, lead, dtype, isa, rng):
 
 # --- HF rotary embedding ----------------------------------------------------------------------
 
-LLAMA31 = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
+LLAMA31 = llama3_scaling(8192)
 SCALINGS = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 4.0},
@@ -161,19 +155,10 @@ POSITION_IDS = np.stack([np.arange(6), 17 + 3 * np.arange(6), 10**5 + np.arange(
 
 
 def hf_rotary(head_dim: int, theta: float, scaling: dict | None, hq: int) -> LlamaRotaryEmbedding:
-    params = {"rope_type": "default"} if scaling is None else dict(scaling)
-    params["rope_theta"] = theta
-    config = LlamaConfig(
-        hidden_size=head_dim * hq,
-        num_attention_heads=hq,
+    config = hf_rope_config(
+        scaling, head_dim=head_dim, theta=theta, max_position_embeddings=16384, n_heads=hq,
         num_key_value_heads=2,
-        head_dim=head_dim,
-        intermediate_size=8,
-        vocab_size=16,
-        num_hidden_layers=1,
-        max_position_embeddings=16384,
-        rope_parameters=params,
-    )
+    )  # fmt: skip
     return LlamaRotaryEmbedding(config)
 
 
@@ -354,17 +339,10 @@ def check_ffn(actual: np.ndarray, expected: np.ndarray, dtype: type, scale: np.n
 @pytest.mark.parametrize("n", SIZES)
 def test_swiglu_ffn_vs_hf_llama_mlp(n, dtype, bias, isa, rng):
     hidden = 2 * n + 3
-    config = LlamaConfig(
-        hidden_size=n,
-        intermediate_size=hidden,
-        hidden_act="silu",
-        mlp_bias=bias,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=2,
-        vocab_size=16,
-        num_hidden_layers=1,
-    )
+    config = hf_llama_config(
+        hidden_size=n, intermediate_size=hidden, hidden_act="silu", mlp_bias=bias,
+        num_attention_heads=1, num_key_value_heads=1, head_dim=2,
+    )  # fmt: skip
     mlp = LlamaMLP(config).to(torch.float64 if dtype == np.float64 else torch.float32)
     scale = 1 / np.sqrt(n)
     wg, wu = data(rng, (hidden, n), dtype, scale), data(rng, (hidden, n), dtype, scale)
