@@ -10,6 +10,8 @@ rounding, and llmkernels is held to the DESIGN tolerance against the reference o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import llmkernels as lk
 import numpy as np
 import pytest
@@ -28,6 +30,18 @@ from transformers.models.llama.modeling_llama import (
 SIZES = [1, 7, 33, 128, 1025]
 LEADS = [(5,), (2, 3)]
 DTYPES = [np.float32, np.float64]
+
+
+def sweep(test: Callable[..., None]) -> Callable[..., None]:
+    """Runs ``test(n, lead, dtype, ...)`` for every row length ``n`` of SIZES, leading shape
+    of LEADS and dtype of DTYPES."""
+    for mark in (
+        pytest.mark.parametrize("n", SIZES),
+        pytest.mark.parametrize("lead", LEADS, ids=str),
+        pytest.mark.parametrize("dtype", DTYPES),
+    ):
+        test = mark(test)
+    return test
 EPS32 = float(np.finfo(np.float32).eps)  # 2**-23
 EPS = {np.dtype(np.float32): EPS32, np.dtype(np.float64): float(np.finfo(np.float64).eps)}
 
@@ -50,9 +64,7 @@ def check(actual: np.ndarray, expected: np.ndarray, dtype: type, **tol: float) -
 # --- torch.nn.functional ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lead", LEADS, ids=str)
-@pytest.mark.parametrize("n", SIZES)
+@sweep
 def test_rms_norm_vs_torch(n, lead, dtype, isa, rng):
     x = data(rng, lead + (n,), dtype)
     w = data(rng, (n,), dtype)
@@ -61,9 +73,7 @@ def test_rms_norm_vs_torch(n, lead, dtype, isa, rng):
         check(lk.rms_norm(x, eps=eps), F.rms_norm(t(x), (n,), eps=eps).numpy(), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lead", LEADS, ids=str)
-@pytest.mark.parametrize("n", SIZES)
+@sweep
 def test_layer_norm_vs_torch(n, lead, dtype, isa, rng):
     x = data(rng, lead + (n,), dtype) + 3.0  # a non-zero mean exercises the centring
     w, b = data(rng, (n,), dtype), data(rng, (n,), dtype)
@@ -76,9 +86,7 @@ def test_layer_norm_vs_torch(n, lead, dtype, isa, rng):
         check(lk.layer_norm(x, eps=eps), F.layer_norm(t(x), (n,), eps=eps).numpy(), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lead", LEADS, ids=str)
-@pytest.mark.parametrize("n", SIZES)
+@sweep
 def test_silu_swiglu_vs_torch(n, lead, dtype, isa, rng):
     g = data(rng, lead + (n,), dtype, 6.0)
     u = data(rng, lead + (n,), dtype)
@@ -105,9 +113,7 @@ def test_silu_swiglu_vs_torch_wide_range(dtype, isa, rng):
 HF_F32_RTOL = 4 * EPS32
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lead", LEADS, ids=str)
-@pytest.mark.parametrize("n", SIZES)
+@sweep
 def test_rms_norm_vs_hf_llama(n, lead, dtype, isa, rng):
     x = data(rng, lead + (n,), dtype)
     w = data(rng, (n,), dtype)
