@@ -369,13 +369,9 @@ def toy_config(**overrides: object) -> dict:
         "hidden_dim": 38,
         "vocab_size": 31,
         "norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "norm": "rms",
-        "norm_position": "pre",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_embeddings": False,
+        # the reference's defaults, written out (torch_block reads every key): RoPE theta 1e4
+        # without scaling, pre-norm RMSNorm, no biases, untied embeddings
+        **ref._CONFIG_DEFAULTS,
     }
     cfg.update(overrides)
     return cfg
