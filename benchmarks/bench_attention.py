@@ -54,26 +54,18 @@ class Config(h.Timing):
     attn_scaling_numpy_max_t: int  # NumPy's peak memory is measured up to this T
 
 
-FULL = Config(
-    **h.FULL_TIMING,
-    attn_prefill_shape=(1, 32, 2048, 128),
-    attn_prefill_repeats=6,
-    attn_decode_shape=(1, 32, 8, 4096, 128),
-    attn_decode_repeats=200,
-    attn_scaling_shape=(8, 128),
-    attn_scaling_lengths=(256, 512, 1024, 2048, 4096, 8192),
-    attn_scaling_numpy_max_t=4096,
-)
-
-QUICK = Config(
-    **h.QUICK_TIMING,
-    attn_prefill_shape=(1, 8, 512, 128),
-    attn_prefill_repeats=3,
-    attn_decode_shape=(1, 32, 8, 1024, 128),
-    attn_decode_repeats=20,
-    attn_scaling_shape=(8, 64),
-    attn_scaling_lengths=(128, 256, 512, 1024),
-    attn_scaling_numpy_max_t=512,
+# field: (full run, --quick run)
+FULL, QUICK = h.full_and_quick(
+    Config,
+    {
+        "attn_prefill_shape": ((1, 32, 2048, 128), (1, 8, 512, 128)),
+        "attn_prefill_repeats": (6, 3),
+        "attn_decode_shape": ((1, 32, 8, 4096, 128), (1, 32, 8, 1024, 128)),
+        "attn_decode_repeats": (200, 20),
+        "attn_scaling_shape": ((8, 128), (8, 64)),
+        "attn_scaling_lengths": ((256, 512, 1024, 2048, 4096, 8192), (128, 256, 512, 1024)),
+        "attn_scaling_numpy_max_t": (4096, 512),
+    },
 )
 
 

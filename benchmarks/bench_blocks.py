@@ -125,56 +125,38 @@ class Config:
 TINYLLAMA = BlockShape(dim=2048, n_heads=32, n_kv_heads=4, head_dim=64, hidden=5632)
 SMALL = BlockShape(dim=512, n_heads=8, n_kv_heads=8, head_dim=64, hidden=1408)
 
-FULL = Config(
-    quick=False,
-    threads=(1, 2),
-    quiet_wait=3.0,
-    cap_s=2.5,
-    retry_max_s=15.0,
-    probe_repeats=5,
-    probe_n=50_000_000,
-    big=TINYLLAMA,
-    big_prefill_t=512,
-    big_prefill_rounds=2,
-    big_prefill_per_round=2,
-    big_decode_cache=1024,
-    big_decode_steps=30,
-    small=SMALL,
-    small_prefill_t=64,
-    small_prefill_repeats=24,
-    small_decode_cache=128,
-    small_decode_steps=80,
-    small_decode_window=None,
-    model_layers=8,
-    model_prompt=32,
-    model_new_tokens=64,
-    model_repeats=3,
-)
-
-QUICK = Config(
-    quick=True,
-    threads=(1, 2),
-    quiet_wait=0.0,
-    cap_s=1.0,
-    retry_max_s=0.0,
-    probe_repeats=1,
-    probe_n=10_000_000,
-    big=TINYLLAMA,
-    big_prefill_t=128,
-    big_prefill_rounds=1,
-    big_prefill_per_round=2,
-    big_decode_cache=256,
-    big_decode_steps=6,
-    small=SMALL,
-    small_prefill_t=64,
-    small_prefill_repeats=6,
-    small_decode_cache=128,
-    small_decode_steps=16,
-    small_decode_window=None,
-    model_layers=2,
-    model_prompt=16,
-    model_new_tokens=8,
-    model_repeats=1,
+# the same in both runs
+_BOTH: dict[str, Any] = {
+    "threads": (1, 2),
+    "big": TINYLLAMA,
+    "big_prefill_per_round": 2,
+    "small": SMALL,
+    "small_prefill_t": 64,
+    "small_decode_cache": 128,
+    "small_decode_window": None,
+}
+# field: (full run, --quick run)
+FULL, QUICK = harness.full_and_quick(
+    Config,
+    {
+        "quick": (False, True),
+        "quiet_wait": (3.0, 0.0),
+        "cap_s": (2.5, 1.0),
+        "retry_max_s": (15.0, 0.0),
+        "probe_repeats": (5, 1),
+        "probe_n": (50_000_000, 10_000_000),
+        "big_prefill_t": (512, 128),
+        "big_prefill_rounds": (2, 1),
+        "big_decode_cache": (1024, 256),
+        "big_decode_steps": (30, 6),
+        "small_prefill_repeats": (24, 6),
+        "small_decode_steps": (80, 16),
+        "model_layers": (8, 2),
+        "model_prompt": (32, 16),
+        "model_new_tokens": (64, 8),
+        "model_repeats": (3, 1),
+    },
+    timing=(_BOTH, _BOTH),
 )
 
 
@@ -876,27 +858,30 @@ def others_cell(case: dict[str, Any], threads: Sequence[int], key: str = "") -> 
     return fmt_cpus([case["threads"][str(t)].get(name) for t in threads])
 
 
-def peer_table(case: dict[str, Any], threads: Sequence[int], unit: str) -> list[str]:
+def impl_rows(
+    case: dict[str, Any], threads: Sequence[int], cells: Callable[[dict[str, Any]], list[str]]
+) -> list[list[str]]:
+    """One table row per implementation of ``case``: its name, then ``cells(its stats)`` for
+    each thread count."""
     names = list(case["threads"][str(threads[0])]["impls"])
-    rows = []
-    for name in names:
-        row = [name]
-        for t in threads:
-            s = case["threads"][str(t)]["impls"][name]
-            row += [
-                fmt_time(s["median_s"]),
-                fmt(s.get("rate"), 1),
-                f"{100 * s['fraction_of_roof']:.0f}%" if "fraction_of_roof" in s else "-",
-                fmt(s.get("time_vs_llmkernels")),
-            ]
-        lo, hi = str(min(threads)), str(max(threads))
-        row.append(
-            fmt(
-                case["threads"][lo]["impls"][name]["median_s"]
-                / case["threads"][hi]["impls"][name]["median_s"]
-            )
-        )
-        rows.append(row)
+    by_t = [case["threads"][str(t)]["impls"] for t in threads]
+    return [[name, *(c for impls in by_t for c in cells(impls[name]))] for name in names]
+
+
+def peer_table(case: dict[str, Any], threads: Sequence[int], unit: str) -> list[str]:
+    rows = impl_rows(
+        case,
+        threads,
+        lambda s: [
+            fmt_time(s["median_s"]),
+            fmt(s.get("rate"), 1),
+            f"{100 * s['fraction_of_roof']:.0f}%" if "fraction_of_roof" in s else "-",
+            fmt(s.get("time_vs_llmkernels")),
+        ],
+    )
+    lo, hi = case["threads"][str(min(threads))], case["threads"][str(max(threads))]
+    for row in rows:
+        row.append(fmt(lo["impls"][row[0]]["median_s"] / hi["impls"][row[0]]["median_s"]))
     header = ["impl"]
     for t in threads:
         header += [f"{t}T time", f"{t}T {unit}", f"{t}T roof", f"{t}T x lk"]
@@ -1065,19 +1050,16 @@ def render(report: dict[str, Any]) -> str:
             ),
             "",
         ]
-        rows = []
-        names = list(mod["threads"][str(th[0])]["impls"])
-        for name in names:
-            row = [name]
-            for t in th:
-                s = mod["threads"][str(t)]["impls"][name]
-                row += [
-                    fmt_time(s["median_s"]),
-                    fmt(s["tokens_per_s"], 1),
-                    fmt(s["decode_tokens_per_s"], 1),
-                ]
-            rows.append(row)
-        if HF in names:
+        rows = impl_rows(
+            mod,
+            th,
+            lambda s: [
+                fmt_time(s["median_s"]),
+                fmt(s["tokens_per_s"], 1),
+                fmt(s["decode_tokens_per_s"], 1),
+            ],
+        )
+        if HF in mod["threads"][str(th[0])]["impls"]:
             row = ["HF time / lk time"]
             for t in th:
                 d = mod["threads"][str(t)]["impls"]

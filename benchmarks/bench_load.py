@@ -8,8 +8,10 @@ layers) is written in bf16 (how HF checkpoints ship) and in f32. Each load runs 
 subprocess (so the peak RSS is the load's): VmHWM after the load is the peak RSS; the
 baseline (interpreter, NumPy, llmkernels imported) is reported beside it. The file read time
 is the best of a few reads of every file into one reused buffer, after a first read that
-warms the page cache. ``--old`` also measures the previous path (the whole state dict read
-into NumPy arrays, a randomly initialised model, then ``load_state_dict``).
+warms the page cache. Reads and loads are interleaved round by round and the median of the
+per-round ratios is reported (the host is shared: single figures move by 2x). ``--old`` also
+measures the previous path (the whole state dict read into NumPy arrays, a randomly
+initialised model, then ``load_state_dict``).
 
     python benchmarks/bench_load.py [--layers 12 --dim 768 --vocab 32000] [--old]
 """
@@ -123,17 +125,34 @@ def read_time(d: Path, fresh: bool, repeats: int = 3) -> float:
     return best
 
 
-def load_in_child(d: Path, mode: str, repeats: int) -> dict:
-    runs = []
+def run_child(d: Path, mode: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(d), mode],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def measure(d: Path, mode: str, repeats: int) -> dict:
+    """``repeats`` interleaved rounds of (read the files, load in a fresh process): this host is
+    shared and noisy, so each load is divided by the read time of its own round and the
+    median ratio is reported (with the median times and the highest peak)."""
+    rounds = []
     for _ in range(repeats):
-        out = subprocess.run(
-            [sys.executable, "-c", CHILD, str(d), mode],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        runs.append(json.loads(out.stdout))
-    best = min(runs, key=lambda r: r["seconds"])
-    best["peak"] = max(r["peak"] for r in runs)
-    return best
+        t_read, t_fresh = read_time(d, fresh=False), read_time(d, fresh=True)
+        r = run_child(d, mode)
+        rounds.append((r["seconds"] / t_read, r["seconds"], t_read, t_fresh, r))
+    rounds.sort(key=lambda x: x[0])
+    ratio, seconds, t_read, t_fresh, r = rounds[len(rounds) // 2]
+    r.update(
+        ratio=ratio,
+        seconds=seconds,
+        read=t_read,
+        fresh=t_fresh,
+        peak=max(x[4]["peak"] for x in rounds),
+        ratios=[round(x[0], 2) for x in rounds],
+    )
+    return r
 
 
 def main() -> None:
@@ -144,13 +163,13 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--old", action="store_true", help="also measure the previous load path")
     args = p.parse_args()
     mib = 1 << 20
     print(
         "| checkpoint | path | file MiB | model MiB | read s | read fresh s | load s | "
-        "model alloc s | load/read | peak RSS MiB | peak/model | (peak-base)/model |"
+        "model alloc s | load/read median (range) | peak RSS MiB | peak/model | (peak-base)/model |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
@@ -159,21 +178,15 @@ def main() -> None:
             write_checkpoint(d, args, bf16)
             size = sum(f.stat().st_size for f in d.iterdir())
             for mode in ("new", "old") if args.old else ("new",):
-                # read and load measured back to back: this host is shared and noisy
-                t_read = read_time(d, fresh=False)
-                t_fresh = read_time(d, fresh=True)
-                r = load_in_child(d, mode, args.repeats)
+                r = measure(d, mode, args.repeats)
                 m = r["model_bytes"]
-                alloc = (
-                    f"{load_in_child(d, 'alloc', args.repeats)['seconds']:.3f}"
-                    if mode == "new"
-                    else "-"
-                )
+                alloc = f"{measure(d, 'alloc', 1)['seconds']:.3f}" if mode == "new" else "-"
                 print(
-                    f"| {d.name} | {mode} | {size / mib:.0f} | {m / mib:.0f} | {t_read:.3f} | "
-                    f"{t_fresh:.3f} | {r['seconds']:.3f} | {alloc} | "
-                    f"{r['seconds'] / t_read:.2f} | {r['peak'] / mib:.0f} | "
-                    f"{r['peak'] / m:.2f} | {(r['peak'] - r['base']) / m:.2f} |",
+                    f"| {d.name} | {mode} | {size / mib:.0f} | {m / mib:.0f} | {r['read']:.3f} | "
+                    f"{r['fresh']:.3f} | {r['seconds']:.3f} | {alloc} | "
+                    f"{r['ratio']:.2f} ({min(r['ratios']):.2f}-{max(r['ratios']):.2f}) | "
+                    f"{r['peak'] / mib:.0f} | {r['peak'] / m:.2f} | "
+                    f"{(r['peak'] - r['base']) / m:.2f} |",
                     flush=True,
                 )
 

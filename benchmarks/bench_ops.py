@@ -60,33 +60,22 @@ class Config(h.Timing):
     scaling_rounds: int = 12  # rounds of the paired thread-scaling measurement
 
 
-FULL = Config(
-    **h.FULL_TIMING,
-    ffn_repeats=6,
-    norm_shape=(4096, 4096),
-    swiglu_shape=(4096, 11008),
-    rope_shape=(1, 32, 2048, 128),
-    ffn_shape=(512, 2048, 5632),
-    row_lengths=(1024, 2048, 4096, 8192, 16384),
-    row_elements=4096 * 4096,
-    pure_len=4096,
-    pure_rope_shape=(1, 1, 16, 128),
-    pure_ffn_shape=(1, 256, 688),
-)
-
-QUICK = Config(
-    **h.QUICK_TIMING,
-    ffn_repeats=2,
-    norm_shape=(1024, 4096),
-    swiglu_shape=(1024, 2752),
-    rope_shape=(1, 8, 1024, 128),
-    ffn_shape=(128, 512, 1408),
-    row_lengths=(1024, 4096, 16384),
-    row_elements=1024 * 4096,
-    pure_len=1024,
-    pure_rope_shape=(1, 1, 8, 64),
-    pure_ffn_shape=(1, 64, 172),
-    scaling_rounds=2,
+# field: (full run, --quick run)
+FULL, QUICK = h.full_and_quick(
+    Config,
+    {
+        "ffn_repeats": (6, 2),
+        "norm_shape": ((4096, 4096), (1024, 4096)),
+        "swiglu_shape": ((4096, 11008), (1024, 2752)),
+        "rope_shape": ((1, 32, 2048, 128), (1, 8, 1024, 128)),
+        "ffn_shape": ((512, 2048, 5632), (128, 512, 1408)),
+        "row_lengths": ((1024, 2048, 4096, 8192, 16384), (1024, 4096, 16384)),
+        "row_elements": (4096 * 4096, 1024 * 4096),
+        "pure_len": (4096, 1024),
+        "pure_rope_shape": ((1, 1, 16, 128), (1, 1, 8, 64)),
+        "pure_ffn_shape": ((1, 256, 688), (1, 64, 172)),
+        "scaling_rounds": (Config.scaling_rounds, 2),
+    },
 )
 
 

@@ -780,6 +780,20 @@ QUICK_TIMING: dict[str, Any] = {
 }
 
 
+def full_and_quick(
+    config: Callable[..., C],
+    sizes: Mapping[str, tuple[Any, Any]],
+    timing: tuple[Mapping[str, Any], Mapping[str, Any]] = (FULL_TIMING, QUICK_TIMING),
+) -> tuple[C, C]:
+    """A script's ``(FULL, QUICK)`` configurations from one table ``field: (full, quick)``,
+    so that each size of the full run stands beside its ``--quick`` counterpart, plus the
+    timing settings of each run (``timing``: keyword arguments of the full and the quick
+    ``config``)."""
+    full = config(**timing[0], **{k: v[0] for k, v in sizes.items()})
+    quick = config(**timing[1], **{k: v[1] for k, v in sizes.items()})
+    return full, quick
+
+
 def arg_parser(doc: str | None, quiet_default: str) -> argparse.ArgumentParser:
     """The options every benchmark script takes: ``--quick``, ``--out``, ``--quiet-wait``,
     ``--torch-thp``."""

@@ -368,6 +368,16 @@ def _c002_large(ops: Ops, dtype: DTypeLike) -> Values:
 S = Stated
 _W1_SLIP = "the seed multiplies by -0.3 (that is W1[0,1]) where W1[1,0] = 0.2"
 
+# Both seeds rotate q1 = [1, 0.5] at position 1 (0.1 rad) and state the same numbers.
+_Q1_AT_1 = (
+    S("cos1", "cos(0.1)", "0.995"),
+    S("sin1", "sin(0.1)", "0.0998"),
+    S("q1_s1", "q1': 0.5 sin(0.1) (subtracted)", "0.0499"),
+    S("q1_c1", "q1': 0.5 cos(0.1)", "0.4975"),
+    S("q10", "q1'[0]", "0.945"),
+    S("q11", "q1'[1]", "0.597"),
+)
+
 EXAMPLES: tuple[Example, ...] = (
     Example(
         "000",
@@ -459,12 +469,7 @@ EXAMPLES: tuple[Example, ...] = (
         "2-D RoPE, theta = 0.1 rad/position: q1 = [1, 0.5] at m = 1, k3 = [1, 0.5] at n = 3",
         _c000_rope,
         (
-            S("cos1", "cos(0.1)", "0.995"),
-            S("sin1", "sin(0.1)", "0.0998"),
-            S("q1_s1", "q1': 0.5 sin(0.1) (subtracted)", "0.0499"),
-            S("q1_c1", "q1': 0.5 cos(0.1)", "0.4975"),
-            S("q10", "q1'[0]", "0.945"),
-            S("q11", "q1'[1]", "0.597"),
+            *_Q1_AT_1,
             S("cos3", "cos(0.3)", "0.955"),
             S("sin3", "sin(0.3)", "0.296"),
             S("k3_s1", "k3': 0.5 sin(0.3) (subtracted)", "0.148"),
@@ -629,12 +634,7 @@ EXAMPLES: tuple[Example, ...] = (
             S("abs_t0", "no RoPE: 1.05 x 0.9", "0.945"),
             S("abs_t1", "no RoPE: 0.78 x 0.65", "0.507"),
             S("abs_score", "no RoPE: score (q2 + p2) . (k1 + p1)", "1.452"),
-            S("cos1", "cos(0.1)", "0.995"),
-            S("sin1", "sin(0.1)", "0.0998"),
-            S("q1_s1", "q1': 0.5 sin(0.1) (subtracted)", "0.0499"),
-            S("q1_c1", "q1': 0.5 cos(0.1)", "0.4975"),
-            S("q10", "q1'[0]", "0.945"),
-            S("q11", "q1'[1]", "0.597"),
+            *_Q1_AT_1,
             S("k1_c0", "k1': 0.8 cos(0.1)", "0.796"),
             S("k1_s1", "k1': 0.6 sin(0.1) (subtracted)", "0.0599"),
             S("k1_s0", "k1': 0.8 sin(0.1)", "0.0798", chain=0.8 * 0.0998),

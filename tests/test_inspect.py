@@ -29,6 +29,7 @@ import llmkernels.inspect as li  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from _models import llama3_scaling  # noqa: E402
 from llmkernels import plot  # noqa: E402
 from llmkernels import reference as ref  # noqa: E402
 from matplotlib.image import AxesImage  # noqa: E402
@@ -37,13 +38,7 @@ BLOCK_TOL = {"rtol": 1e-4, "atol": 1e-5}
 LOGIT_RTOL = 2e-5  # atol = LOGIT_RTOL * max |logit|, as test_modules.py
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-LLAMA3 = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 4,  # short, so the test positions cross the bands
-}
+LLAMA3 = llama3_scaling(4)  # short, so the test positions cross the bands
 # name -> extra config: every block variant the trace re-implements
 CONFIGS: dict[str, dict[str, Any]] = {
     "pre_rms_gqa": {},

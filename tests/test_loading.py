@@ -23,6 +23,7 @@ import safetensors.numpy
 import safetensors.torch
 import torch
 import transformers
+from conftest import run_python
 from llmkernels import _safetensors as st
 from llmkernels._config import (
     MAX_PARAMETERS,
@@ -430,10 +431,88 @@ def test_file_changing_under_the_reader(tmp_path: Path) -> None:
     path = tmp_path / "x.safetensors"
     safetensors.numpy.save_file({"a": np.arange(1000, dtype=np.float32)}, str(path))
     with open(path, "rb", buffering=0) as f:
-        tensors, _, data_offset = st._read_header_from(f, str(path), path.stat().st_size)
+        size = path.stat().st_size
+        tensors, _, data_offset = st._read_header_from(f, str(path), size)
         os.truncate(path, data_offset + 100)
-        with pytest.raises(CheckpointError, match="file ended"):
-            st._load_from(f, str(path), tensors, data_offset, ["a"], np.dtype(np.float32))
+        dests = {"a": np.empty(1000, np.float32)}
+        with pytest.raises(CheckpointError, match="changed size while it was read"):
+            st._fill(f, str(path), size, tensors, dests)
+
+
+def test_reads_the_validated_file_not_its_replacement(tmp_path: Path) -> None:
+    # the path is swapped for another file between the header check and the data read: the
+    # data comes from the inode that was checked (safe_open is given /proc/self/fd/<fd>)
+    path = tmp_path / "x.safetensors"
+    safetensors.numpy.save_file({"a": np.arange(1000, dtype=np.float32)}, str(path))
+    other = tmp_path / "y.safetensors"
+    safetensors.numpy.save_file({"a": -np.arange(1000, dtype=np.float32)}, str(other))
+    with open(path, "rb", buffering=0) as f:
+        size = path.stat().st_size
+        tensors, _, _ = st._read_header_from(f, str(path), size)
+        os.replace(other, path)
+        dests = {"a": np.empty(1000, np.float32)}
+        st._fill(f, str(path), size, tensors, dests)
+    np.testing.assert_array_equal(dests["a"], np.arange(1000, dtype=np.float32))
+
+
+def test_data_is_read_with_safe_open_in_bounded_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tensor data goes through safetensors.safe_open (memory-mapped); a handle is reopened
+    # every _MAP_WINDOW bytes (its touched pages stay resident until it closes) and each
+    # tensor is converted slice by slice (_CHUNK_BYTES), equal to the safetensors peer
+    rng = np.random.default_rng(0)
+    tensors = {
+        "emb": torch.from_numpy(rng.standard_normal((300, 70), dtype=np.float32)).bfloat16(),
+        "w": torch.from_numpy(rng.standard_normal((129, 33), dtype=np.float32)),
+        "h": torch.from_numpy(rng.standard_normal((5, 7, 3), dtype=np.float32)).half(),
+        "s": torch.tensor(3.5, dtype=torch.float64),
+        "e": torch.zeros((0, 4)),
+    }
+    path = tmp_path / "x.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    opened: list[str] = []
+    real = safetensors.safe_open
+
+    def spy(filename: str, framework: str, **kw: object) -> object:
+        opened.append(filename)
+        return real(filename, framework=framework, **kw)
+
+    monkeypatch.setattr(safetensors, "safe_open", spy)
+    monkeypatch.setattr(st, "_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(st, "_MAP_WINDOW", 4096)
+    got = load_file(path, dtype=None)
+    assert len(opened) > 10 and all(name.startswith("/proc/self/fd/") for name in opened)
+    for name, t in tensors.items():
+        want = t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+        assert got[name].dtype == want.dtype and got[name].shape == want.shape
+        np.testing.assert_array_equal(got[name], want)
+
+
+@pytest.mark.skipif(
+    "libasan" in os.environ.get("LD_PRELOAD", ""), reason="ASan changes the resident set"
+)
+def test_loading_adds_a_bounded_amount_to_the_resident_set(tmp_path: Path) -> None:
+    # 160 MiB of float32 weights in one tensor: the peak resident set while loading is the
+    # loaded array plus the reader's bounded window, not twice the file
+    path = tmp_path / "big.safetensors"
+    rows = 160 * 1024
+    st.save_file(path, {"w": np.ones((rows, 256), np.float32)})
+    code = f"""
+        import numpy as np
+        from llmkernels._safetensors import load_file, _MAP_WINDOW, _CHUNK_BYTES
+        def hwm():
+            return next(int(line.split()[1]) << 10 for line in open("/proc/self/status")
+                        if line.startswith("VmHWM"))
+        load_file({str(path)!r}, names=[])  # imports and one header read
+        base = hwm()
+        w = load_file({str(path)!r})["w"]
+        assert w.shape == ({rows}, 256) and w[-1, -1] == 1.0
+        print((hwm() - base - w.nbytes) / (_MAP_WINDOW + _CHUNK_BYTES))
+    """
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) < 1.5, proc.stdout
 
 
 # --------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import llmkernels as lk
 import numpy as np
 import pytest
 import torch
+from _models import hf_block_config, hf_greedy, llama3_scaling, numpy_state, t
 from llmkernels import reference as ref
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
@@ -49,13 +50,7 @@ NORM_TOL = {"rtol": 2e-5, "atol": 1e-6}
 BLOCK_TOL = {"rtol": 1e-4, "atol": 1e-5}
 LOGIT_RTOL = 2e-5  # atol = LOGIT_RTOL * max |logit| (measured errors: ~5e-7 of the scale)
 
-LLAMA3 = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,  # short, so the test positions cross the bands
-}
+LLAMA3 = llama3_scaling(16)  # short, so the test positions cross the bands
 ROPES: dict[str, tuple[float, dict | None]] = {
     "theta1e4": (10000.0, None),
     "llama3": (500000.0, LLAMA3),
@@ -94,16 +89,8 @@ def randomize_torch(module: torch.nn.Module, seed: int) -> None:
             p.copy_(torch.from_numpy(_values(key, tuple(p.shape), rng)))
 
 
-def numpy_state(module: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
-
-
 def snapshot(module: Any) -> dict[str, np.ndarray]:
     return {k: v.copy() for k, v in module.state_dict().items()}
-
-
-def t(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 def assert_logits_close(got: np.ndarray, expected: np.ndarray) -> None:
@@ -373,39 +360,11 @@ def test_block_single_token_and_batch_one(geometry, isa, rng):
 
 
 def hf_config(
-    geometry: str = "d48hd16",
-    n_kv_heads: int = 2,
-    rope: str = "theta1e4",
-    *,
-    n_layers: int = 1,
-    vocab_size: int = 211,
-    tie: bool = False,
-    bias: bool = False,
+    geometry: str = "d48hd16", n_kv_heads: int = 2, rope: str = "theta1e4", **kw: Any
 ) -> LlamaConfig:
-    dim, n_heads, head_dim, hidden = GEOMETRIES[geometry]
-    theta, scaling = ROPES[rope]
-    params = {"rope_type": "default"} if scaling is None else dict(scaling)
-    params["rope_theta"] = theta
-    config = LlamaConfig(
-        hidden_size=dim,
-        num_attention_heads=n_heads,
-        num_key_value_heads=n_kv_heads,
-        head_dim=head_dim,
-        intermediate_size=hidden,
-        num_hidden_layers=n_layers,
-        vocab_size=vocab_size,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=256,
-        rope_parameters=params,
-        attention_bias=bias,
-        mlp_bias=bias,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,  # generate() must not stop on a random "end" token
-        pad_token_id=None,
-    )
-    config._attn_implementation = "sdpa"  # causal without an explicit mask
-    return config
+    """``kw``: :func:`_models.hf_block_config`'s (``vocab_size`` 211 by default)."""
+    kw.setdefault("vocab_size", 211)
+    return hf_block_config(GEOMETRIES[geometry], n_kv_heads, ROPES[rope], **kw)
 
 
 def run_hf_layer(layer: LlamaDecoderLayer, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -552,13 +511,7 @@ def test_greedy_generate_vs_hf(case, saved_models, rng):
     model = lk.Transformer.from_pretrained(saved_models[case][0])
     hf = hf_causal_lm(case).double()
     ids = rng.integers(0, hf.config.vocab_size, (2, 6))
-    with torch.no_grad():
-        expected = hf.generate(
-            t(ids),
-            attention_mask=torch.ones(ids.shape, dtype=torch.int64),
-            max_new_tokens=32,
-            do_sample=False,
-        ).numpy()
+    expected = hf_greedy(hf, ids, 32)
     assert expected.shape == (2, 38)  # HF did not stop early
     got = model.generate(ids, 32)
     assert got.dtype == np.int64 and got.shape == (2, 38)

@@ -10,14 +10,16 @@ rounding, and llmkernels is held to the DESIGN tolerance against the reference o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import llmkernels as lk
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _models import hf_llama_config, hf_rope_config, llama3_scaling
 from conftest import TOL
 from llmkernels import reference as ref
-from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
@@ -28,6 +30,18 @@ from transformers.models.llama.modeling_llama import (
 SIZES = [1, 7, 33, 128, 1025]
 LEADS = [(5,), (2, 3)]
 DTYPES = [np.float32, np.float64]
+
+
+def sweep(test: Callable[..., None]) -> Callable[..., None]:
+    """Runs ``test(n, lead, dtype, ...)`` for every row length ``n`` of SIZES, leading shape
+    of LEADS and dtype of DTYPES."""
+    for mark in (
+        pytest.mark.parametrize("n", SIZES),
+        pytest.mark.parametrize("lead", LEADS, ids=str),
+        pytest.mark.parametrize("dtype", DTYPES),
+    ):
+        test = mark(test)
+    return test
 EPS32 = float(np.finfo(np.float32).eps)  # 2**-23
 EPS = {np.dtype(np.float32): EPS32, np.dtype(np.float64): float(np.finfo(np.float64).eps)}
 
@@ -50,9 +64,7 @@ def check(actual: np.ndarray, expected: np.ndarray, dtype: type, **tol: float) -
 # --- torch.nn.functional ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lead", LEADS, ids=str)
-@pytest.mark.parametrize("n", SIZES)
+@sweep
 def test_rms_norm_vs_torch(n, lead, dtype, isa, rng):
     x = data(rng, lead + (n,), dtype)
     w = data(rng, (n,), dtype)
@@ -61,9 +73,7 @@ def test_rms_norm_vs_torch(n, lead, dtype, isa, rng):
         check(lk.rms_norm(x, eps=eps), F.rms_norm(t(x), (n,), eps=eps).numpy(), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lead", LEADS, ids=str)
-@pytest.mark.parametrize("n", SIZES)
+@sweep
 def test_layer_norm_vs_torch(n, lead, dtype, isa, rng):
     x = data(rng, lead + (n,), dtype) + 3.0  # a non-zero mean exercises the centring
     w, b = data(rng, (n,), dtype), data(rng, (n,), dtype)
@@ -76,9 +86,7 @@ def test_layer_norm_vs_torch(n, lead, dtype, isa, rng):
         check(lk.layer_norm(x, eps=eps), F.layer_norm(t(x), (n,), eps=eps).numpy(), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lead", LEADS, ids=str)
-@pytest.mark.parametrize("n", SIZES)
+@sweep
 def test_silu_swiglu_vs_torch(n, lead, dtype, isa, rng):
     g = data(rng, lead + (n,), dtype, 6.0)
     u = data(rng, lead + (n,), dtype)
@@ -105,9 +113,7 @@ def test_silu_swiglu_vs_torch_wide_range(dtype, isa, rng):
 HF_F32_RTOL = 4 * EPS32
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lead", LEADS, ids=str)
-@pytest.mark.parametrize("n", SIZES)
+@sweep
 def test_rms_norm_vs_hf_llama(n, lead, dtype, isa, rng):
     x = data(rng, lead + (n,), dtype)
     w = data(rng, (n,), dtype)
@@ -130,13 +136,7 @@ def test_rms_norm_vs_hf_llama(n, lead, dtype, isa, rng):
 
 # --- HF rotary embedding ----------------------------------------------------------------------
 
-LLAMA31 = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
+LLAMA31 = llama3_scaling(8192)
 SCALINGS = {
     "default": None,
     "linear": {"rope_type": "linear", "factor": 4.0},
@@ -161,19 +161,10 @@ POSITION_IDS = np.stack([np.arange(6), 17 + 3 * np.arange(6), 10**5 + np.arange(
 
 
 def hf_rotary(head_dim: int, theta: float, scaling: dict | None, hq: int) -> LlamaRotaryEmbedding:
-    params = {"rope_type": "default"} if scaling is None else dict(scaling)
-    params["rope_theta"] = theta
-    config = LlamaConfig(
-        hidden_size=head_dim * hq,
-        num_attention_heads=hq,
+    config = hf_rope_config(
+        scaling, head_dim=head_dim, theta=theta, max_position_embeddings=16384, n_heads=hq,
         num_key_value_heads=2,
-        head_dim=head_dim,
-        intermediate_size=8,
-        vocab_size=16,
-        num_hidden_layers=1,
-        max_position_embeddings=16384,
-        rope_parameters=params,
-    )
+    )  # fmt: skip
     return LlamaRotaryEmbedding(config)
 
 
@@ -354,17 +345,10 @@ def check_ffn(actual: np.ndarray, expected: np.ndarray, dtype: type, scale: np.n
 @pytest.mark.parametrize("n", SIZES)
 def test_swiglu_ffn_vs_hf_llama_mlp(n, dtype, bias, isa, rng):
     hidden = 2 * n + 3
-    config = LlamaConfig(
-        hidden_size=n,
-        intermediate_size=hidden,
-        hidden_act="silu",
-        mlp_bias=bias,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=2,
-        vocab_size=16,
-        num_hidden_layers=1,
-    )
+    config = hf_llama_config(
+        hidden_size=n, intermediate_size=hidden, hidden_act="silu", mlp_bias=bias,
+        num_attention_heads=1, num_key_value_heads=1, head_dim=2,
+    )  # fmt: skip
     mlp = LlamaMLP(config).to(torch.float64 if dtype == np.float64 else torch.float32)
     scale = 1 / np.sqrt(n)
     wg, wu = data(rng, (hidden, n), dtype, scale), data(rng, (hidden, n), dtype, scale)

@@ -23,6 +23,7 @@ Profiles (tests/conftest.py): ``ci`` (default, 200 examples per test) and ``long
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import llmkernels as lk
@@ -935,19 +936,25 @@ def no_constant_rows(x: np.ndarray, cfg: dict[str, Any]) -> None:
         assume(not np.any(np.all(x == x[..., :1], axis=-1)))
 
 
+def given_block(max_t: int) -> Callable[..., Any]:
+    """``@given`` of a block property: a config, batch 1-2, 1..``max_t`` tokens, a weight
+    seed and ``data`` for further draws."""
+    return given(
+        cfg=block_config(),
+        b=st.integers(1, 2),
+        t=st.integers(1, max_t),
+        seed=st.integers(0, 2**32 - 1),
+        data=st.data(),
+    )
+
+
 def module_tol(x: np.ndarray) -> dict:
     """ATTN_TOL (DESIGN.md §4: block outputs), atol scaled with the input magnitude."""
     s = max(1.0, float(np.abs(x).max()) if x.size else 1.0)
     return {F32: {"rtol": ATTN_TOL[F32]["rtol"], "atol": ATTN_TOL[F32]["atol"] * s}}
 
 
-@given(
-    cfg=block_config(),
-    b=st.integers(1, 2),
-    t=st.integers(1, 9),
-    seed=st.integers(0, 2**32 - 1),
-    data=st.data(),
-)
+@given_block(max_t=9)
 def test_transformer_block_and_cache(cfg, b, t, seed, data):
     block = lk.TransformerBlock.from_config(cfg, seed=0)
     rng = np.random.default_rng(seed)
@@ -985,13 +992,7 @@ def test_transformer_block_and_cache(cfg, b, t, seed, data):
         assert_close(inc[real], want[real], F32, tol=tol, what="TransformerBlock prefill+decode")
 
 
-@given(
-    cfg=block_config(),
-    b=st.integers(1, 2),
-    t=st.integers(1, 6),
-    seed=st.integers(0, 2**32 - 1),
-    data=st.data(),
-)
+@given_block(max_t=6)
 def test_composed_block_equals_reference(cfg, b, t, seed, data):
     """A block composed from module objects (MultiHeadAttention, FeedForward, norms) is the
     reference block; MultiHeadAttention alone is the block's attention."""

@@ -16,11 +16,13 @@ unpatched HF is checked at a tolerance that float32 rounding explains.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _models import hf_block_config, hf_greedy, llama3_scaling, numpy_state, t
 from llmkernels import pure
 from llmkernels import reference as ref
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -33,13 +35,7 @@ from transformers.models.llama.modeling_llama import (
 STRICT = {"rtol": 1e-10, "atol": 1e-10}
 LOOSE = {"rtol": 2e-5, "atol": 2e-5}  # HF's float32 norms/angles/softmax, outputs of O(1)
 
-LLAMA3 = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,  # short, so the toy positions cross the bands
-}
+LLAMA3 = llama3_scaling(16)  # short, so the toy positions cross the bands
 ROPES = {"theta1e4": (10000.0, None), "llama3": (500000.0, LLAMA3)}
 # (hidden, heads, head_dim, intermediate): LLaMA-like, and one with heads * head_dim != hidden
 GEOMETRIES = {"h64": (64, 4, 16, 96), "h60hd10": (60, 4, 10, 77)}
@@ -49,42 +45,11 @@ GEOMETRIES = {"h64": (64, 4, 16, 96), "h60hd10": (60, 4, 10, 77)}
 
 
 def hf_config(
-    geometry: str = "h64",
-    n_kv_heads: int = 2,
-    rope: str = "theta1e4",
-    *,
-    n_layers: int = 1,
-    vocab_size: int = 53,
-    tie: bool = False,
-    bias: bool = False,
-    attn: str = "sdpa",
+    geometry: str = "h64", n_kv_heads: int = 2, rope: str = "theta1e4", **kw: Any
 ) -> LlamaConfig:
-    hidden, heads, head_dim, inter = GEOMETRIES[geometry]
-    theta, scaling = ROPES[rope]
-    params = {"rope_type": "default"} if scaling is None else dict(scaling)
-    params["rope_theta"] = theta
-    config = LlamaConfig(
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=n_kv_heads,
-        head_dim=head_dim,
-        intermediate_size=inter,
-        num_hidden_layers=n_layers,
-        vocab_size=vocab_size,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=256,
-        rope_parameters=params,
-        attention_bias=bias,
-        mlp_bias=bias,
-        tie_word_embeddings=tie,
-        bos_token_id=None,
-        eos_token_id=None,  # generate() must not stop early on a random "end" token
-        pad_token_id=None,
-    )
-    # A standalone LlamaDecoderLayer reads the attention implementation from its config;
-    # left None it falls back to eager, which with attention_mask=None is *not* causal.
-    config._attn_implementation = attn
-    return config
+    """``kw``: :func:`_models.hf_block_config`'s (``vocab_size`` 53 by default)."""
+    kw.setdefault("vocab_size", 53)
+    return hf_block_config(GEOMETRIES[geometry], n_kv_heads, ROPES[rope], **kw)
 
 
 def ref_config(config: LlamaConfig, **extra: object) -> dict:
@@ -125,10 +90,6 @@ def randomize(module: torch.nn.Module, seed: int) -> None:
             p.copy_(torch.from_numpy(values))
 
 
-def numpy_state(module: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().copy() for k, v in module.state_dict().items()}
-
-
 def _rms_forward_f64(self: LlamaRMSNorm, hidden_states: torch.Tensor) -> torch.Tensor:
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
@@ -167,10 +128,6 @@ def hf_model(config: LlamaConfig, seed: int = 0) -> LlamaForCausalLM:
     model = LlamaForCausalLM(config).double().eval()
     randomize(model, seed)
     return model
-
-
-def t(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a))
 
 
 # per-sequence RoPE positions: a plain run and an offset one
@@ -324,13 +281,7 @@ def test_greedy_generate_vs_hf(hf_float64, rng):
     config = hf_config("h64", 2, "llama3", n_layers=2, tie=True)
     model = hf_model(config, seed=3)
     ids = rng.integers(0, config.vocab_size, (2, 5))
-    with torch.no_grad():
-        expected = model.generate(
-            t(ids),
-            attention_mask=torch.ones(ids.shape, dtype=torch.int64),
-            max_new_tokens=8,
-            do_sample=False,
-        ).numpy()
+    expected = hf_greedy(model, ids, 8)
     got = ref.greedy_generate(ids, numpy_state(model), ref_config(config), 8)
     assert got.dtype == np.int64 and got.shape == (2, 13)
     np.testing.assert_array_equal(got, expected)
@@ -418,13 +369,9 @@ def toy_config(**overrides: object) -> dict:
         "hidden_dim": 38,
         "vocab_size": 31,
         "norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "rope_scaling": None,
-        "norm": "rms",
-        "norm_position": "pre",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_embeddings": False,
+        # the reference's defaults, written out (torch_block reads every key): RoPE theta 1e4
+        # without scaling, pre-norm RMSNorm, no biases, untied embeddings
+        **ref._CONFIG_DEFAULTS,
     }
     cfg.update(overrides)
     return cfg

@@ -332,6 +332,37 @@ def _inside_core_call(frame: Any) -> bool:
     return "_core." in line or "_impl." in line
 
 
+def _calls_until_seen(call: Callable[[], Any], look: Callable[[int], bool]) -> tuple[int, int]:
+    """Calls ``call`` on this (the main) thread while another thread repeats ``look(main
+    thread id)``, until ``look`` has returned True once, or 200 calls (a few seconds: a busy
+    machine may not schedule the other thread during one call; one observation is the proof).
+    The switch interval is set far beyond the test's length, so the main thread gives the GIL
+    away only by releasing it itself. Returns (times ``look`` saw it, calls made)."""
+    main = threading.get_ident()
+    seen = [0]
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            if look(main):
+                seen[0] += 1
+
+    th = threading.Thread(target=loop)
+    old = sys.getswitchinterval()
+    th.start()
+    sys.setswitchinterval(1e4)
+    try:
+        calls = 0
+        while seen[0] == 0 and calls < 200:
+            call()
+            calls += 1
+    finally:
+        sys.setswitchinterval(old)
+        stop.set()
+        th.join()
+    return seen[0], calls
+
+
 @pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "silu", "swiglu", "swiglu_ffn",
                                   "rope", "attention", "TransformerBlock", "Transformer"])
 def test_gil_released_per_op(name):
@@ -346,34 +377,16 @@ def test_gil_released_per_op(name):
         _GIL_CASES.update(_gil_cases())
     call = _GIL_CASES[name]
     call()
-    main = threading.get_ident()
-    observed = [0]
-    stop = threading.Event()
 
-    def observer() -> None:
-        while not stop.is_set():
-            if _inside_core_call(sys._current_frames().get(main)):
-                observed[0] += 1
-            time.sleep(1e-4)  # gives the GIL back (the main thread may be waiting for it)
+    def observe(main: int) -> bool:
+        inside = _inside_core_call(sys._current_frames().get(main))
+        time.sleep(1e-4)  # gives the GIL back (the main thread may be waiting for it)
+        return inside
 
-    th = threading.Thread(target=observer)
-    old = sys.getswitchinterval()
-    th.start()
-    sys.setswitchinterval(1e4)
-    try:
-        calls = 0
-        # a busy machine may not schedule the observer during one call: call again, up to
-        # 200 calls (a few seconds); one observation is the proof
-        while observed[0] == 0 and calls < 200:
-            call()
-            calls += 1
-    finally:
-        sys.setswitchinterval(old)
-        stop.set()
-        th.join()
-    print(f"{name}: the observer saw the main thread inside the C++ call {observed[0]} times "
+    observed, calls = _calls_until_seen(call, observe)
+    print(f"{name}: the observer saw the main thread inside the C++ call {observed} times "
           f"during {calls} calls")
-    assert observed[0] > 0, f"{name}: no other Python thread ran during {calls} calls: the op " \
+    assert observed > 0, f"{name}: no other Python thread ran during {calls} calls: the op " \
         "holds the GIL"
 
 
@@ -387,30 +400,13 @@ def test_gil_released_two_python_threads():
     if not _GIL_CASES:
         _GIL_CASES.update(_gil_cases())
     main_call, other_call = _GIL_CASES["swiglu_ffn"], _GIL_CASES["attention"]
-    main = threading.get_ident()
-    overlapped = [0]
-    stop = threading.Event()
 
-    def other() -> None:
-        while not stop.is_set():
-            other_call()  # releases the GIL itself; then checks where the main thread is
-            if _inside_core_call(sys._current_frames().get(main)):
-                overlapped[0] += 1
+    def other(main: int) -> bool:
+        other_call()  # releases the GIL itself; then checks where the main thread is
+        return _inside_core_call(sys._current_frames().get(main))
 
-    th = threading.Thread(target=other)
-    old = sys.getswitchinterval()
-    th.start()
-    sys.setswitchinterval(1e4)
-    try:
-        calls = 0
-        while overlapped[0] == 0 and calls < 200:
-            main_call()
-            calls += 1
-    finally:
-        sys.setswitchinterval(old)
-        stop.set()
-        th.join()
-    assert overlapped[0] > 0, "a kernel call on one thread never overlapped one on another"
+    overlapped, _ = _calls_until_seen(main_call, other)
+    assert overlapped > 0, "a kernel call on one thread never overlapped one on another"
 
 
 # ----------------------------------------------------------------------------------------------

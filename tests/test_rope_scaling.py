@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import transformers
+from _models import hf_rope_config, llama3_scaling
 from llmkernels import _rope_scaling
 from llmkernels._rope_scaling import rope_attention_factor, rope_inv_freq
 from transformers import LlamaConfig
@@ -21,43 +21,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 RTOL = 1e-6
-HF_MAJOR = int(transformers.__version__.split(".")[0])
 
-LLAMA31 = {
-    "rope_type": "llama3",
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-
-
-def hf_config(
-    params: dict[str, Any],
-    *,
-    head_dim: int,
-    theta: float,
-    max_position_embeddings: int,
-) -> LlamaConfig:
-    """A LlamaConfig carrying ``params`` the way this transformers version wants them.
-
-    transformers >= 5 takes ``rope_parameters`` (with ``rope_theta`` inside the dict); 4.x
-    takes ``rope_scaling`` and a separate ``rope_theta``.
-    """
-    common = {
-        "hidden_size": head_dim * 4,
-        "num_attention_heads": 4,
-        "head_dim": head_dim,
-        "max_position_embeddings": max_position_embeddings,
-        "num_hidden_layers": 1,
-        "intermediate_size": 8,
-        "vocab_size": 16,
-    }
-    params = dict(params)
-    if HF_MAJOR >= 5:
-        params.setdefault("rope_theta", theta)
-        return LlamaConfig(rope_parameters=params, **common)
-    return LlamaConfig(rope_scaling=params, rope_theta=theta, **common)
+LLAMA31 = llama3_scaling(8192)
 
 
 def hf_rope(
@@ -69,7 +34,9 @@ def hf_rope(
     seq_len: int | None = None,
 ) -> tuple[np.ndarray, float]:
     """HF's (inv_freq, attention_factor) for ``params``."""
-    cfg = hf_config(
+    # transformers >= 5 takes rope_parameters (with rope_theta inside the dict); 4.x takes
+    # rope_scaling and a separate rope_theta: hf_rope_config passes them the installed way
+    cfg = hf_rope_config(
         params, head_dim=head_dim, theta=theta, max_position_embeddings=max_position_embeddings
     )
     rope_type = params.get("rope_type", params.get("type", "default"))

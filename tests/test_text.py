@@ -20,10 +20,10 @@ import llmkernels as lk
 import numpy as np
 import pytest
 import torch
-import transformers
+from _models import hf_llama_config
 from llmkernels.modules import _sample
 from llmkernels.text import _Detokenizer, _StopText
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaForCausalLM
 
 CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.txt"
 SPECIALS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
@@ -80,24 +80,16 @@ def train_tokenizer(directory: Path, template: str = TEMPLATE) -> None:
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def hf_llama_config(vocab: int, ids: dict[str, int], **kw: Any) -> LlamaConfig:
-    params: dict[str, Any] = dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        **ids,
-        **kw,
-    )
-    if int(transformers.__version__.split(".")[0]) >= 5:
-        params["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
-    else:  # pragma: no cover - transformers 4.x
-        params["rope_theta"] = 10000.0
-    return LlamaConfig(**params)
+# the HF model saved beside the tokenizer (its vocabulary size and special ids come from there)
+TEXT_MODEL = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
 
 
 def make_model_dir(directory: Path, seed: int = 0) -> LlamaForCausalLM:
@@ -116,7 +108,8 @@ def make_model_dir(directory: Path, seed: int = 0) -> LlamaForCausalLM:
         "pad_token_id": specials["<pad>"],
     }
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(hf_llama_config(vocab, ids, initializer_range=0.3))
+    config = hf_llama_config(vocab_size=vocab, **TEXT_MODEL, **ids, initializer_range=0.3)
+    model = LlamaForCausalLM(config)
     model.eval()
     model.save_pretrained(directory)
     return model

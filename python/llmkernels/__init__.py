@@ -28,18 +28,10 @@ from ._extension import load_core as _load_core
 _core = _load_core()
 # the Python layer imports _core, so it comes after _load_core() has set up OpenBLAS
 from . import inspect as inspect  # noqa: E402  (lk.inspect: attention weights, residual RMS)
+from . import modules as _modules  # noqa: E402
 from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn  # noqa: E402
 from ._rope_scaling import rope_attention_factor, rope_inv_freq  # noqa: E402
-from .modules import (  # noqa: E402
-    FeedForward,
-    KVCache,
-    LayerNorm,
-    ModelCache,
-    MultiHeadAttention,
-    RMSNorm,
-    Transformer,
-    TransformerBlock,
-)
+from .modules import *  # noqa: E402, F403  (the module classes: modules.__all__)
 from .text import ChatSession, GenerationResponse, generate, load, stream_generate  # noqa: E402
 from .tokenizer import Tokenizer  # noqa: E402
 
@@ -52,14 +44,6 @@ __all__ = [
     "generate",
     "load",
     "stream_generate",
-    "FeedForward",
-    "KVCache",
-    "LayerNorm",
-    "ModelCache",
-    "MultiHeadAttention",
-    "RMSNorm",
-    "Transformer",
-    "TransformerBlock",
     "__version__",
     "attention",
     "build_info",
@@ -76,6 +60,7 @@ __all__ = [
     "swiglu",
     "swiglu_ffn",
 ]
+__all__ += _modules.__all__
 
 
 def set_num_threads(n: int) -> None:

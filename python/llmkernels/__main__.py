@@ -19,7 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,19 @@ def _info(lk: Any, as_json: bool = False) -> None:
         print(info)
 
 
+# (option, keyword argument of stream_generate, type, help); each defaults to None, which is
+# generation_config.json's value
+_SAMPLING_OPTIONS = (
+    ("--temp", "temperature", float, "temperature (0: greedy; default: generation_config.json)"),
+    ("--top-p", "top_p", float, "nucleus sampling mass"),
+    ("--top-k", "top_k", int, "sample among the k best tokens"),
+    ("--min-p", "min_p", float, "min-p sampling threshold"),
+    ("--repetition-penalty", "repetition_penalty", float,
+     "transformers' repetition penalty (> 1 discourages repeats)"),
+    ("--seed", "seed", int, "sampling seed"),
+)  # fmt: skip
+
+
 def _text_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
@@ -51,22 +65,8 @@ def _text_arguments(p: argparse.ArgumentParser) -> None:
         help="HF model directory (config.json, *.safetensors, tokenizer.json)",
     )
     p.add_argument("--max-tokens", "-n", type=int, default=256, help="tokens to generate")
-    p.add_argument(
-        "--temp",
-        type=float,
-        default=None,
-        help="temperature (0: greedy; default: generation_config.json)",
-    )
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k best tokens")
-    p.add_argument("--min-p", type=float, default=None, help="min-p sampling threshold")
-    p.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=None,
-        help="transformers' repetition penalty (> 1 discourages repeats)",
-    )
-    p.add_argument("--seed", type=int, default=None, help="sampling seed")
+    for flag, _, kind, text in _SAMPLING_OPTIONS:
+        p.add_argument(flag, type=kind, default=None, help=text)
     p.add_argument(
         "--dtype",
         default=None,
@@ -76,13 +76,9 @@ def _text_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling keyword arguments of ``stream_generate`` / ``ChatSession.send``."""
     return {
-        "temperature": args.temp,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "min_p": args.min_p,
-        "repetition_penalty": args.repetition_penalty,
-        "seed": args.seed,
+        name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in _SAMPLING_OPTIONS
     }
 
 
@@ -93,6 +89,22 @@ def _stats(r: Any, prefilled: int | None = None) -> str:
         f"Generation: {r.generation_tokens} tokens, {r.generation_tps:.1f} tokens-per-sec\n"
         f"Peak memory: {r.peak_memory:.3f} GB"
     )
+
+
+def _echo(pieces: Callable[[], Iterable[Any]]) -> tuple[bool, Any]:
+    """Prints the text of each piece of ``pieces()`` as it comes, then a newline. Returns
+    ``(True, the last piece or None)``, or ``(False, None)`` (the error printed) if the
+    arguments were refused."""
+    last = None
+    try:
+        for r in pieces():
+            print(r.text, end="", flush=True)
+            last = r
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False, None
+    print(flush=True)
+    return True, last
 
 
 def _text_command(lk: Any, args: argparse.Namespace) -> int:
@@ -106,20 +118,20 @@ def _text_command(lk: Any, args: argparse.Namespace) -> int:
         prompt: Any = text
         if tokenizer.chat_template is not None and not args.ignore_chat_template:
             prompt = [{"role": "user", "content": text}]
-        last = None
-        try:
-            for r in lk.stream_generate(
-                model, tokenizer, prompt, args.max_tokens, stop=args.stop, **_sampling_args(args)
-            ):
-                print(r.text, end="", flush=True)
-                last = r
-        except (ValueError, TypeError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(flush=True)
+        ok, last = _echo(
+            partial(
+                lk.stream_generate,
+                model,
+                tokenizer,
+                prompt,
+                args.max_tokens,
+                stop=args.stop,
+                **_sampling_args(args),
+            )
+        )
         if last is not None:
             print("==========\n" + _stats(last), file=sys.stderr, flush=True)
-        return 0
+        return 0 if ok else 2
     session = lk.ChatSession(model, tokenizer, system=args.system)
     if tokenizer.chat_template is None:
         print("error: this tokenizer has no chat template", file=sys.stderr)
@@ -138,15 +150,9 @@ def _text_command(lk: Any, args: argparse.Namespace) -> int:
             continue
         if not line.strip():
             continue
-        last = None
-        try:
-            for r in session.send(line, args.max_tokens, **_sampling_args(args)):
-                print(r.text, end="", flush=True)
-                last = r
-        except (ValueError, TypeError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+        ok, last = _echo(partial(session.send, line, args.max_tokens, **_sampling_args(args)))
+        if not ok:
             return 2
-        print(flush=True)
         if last is not None:
             print(_stats(last, session.prefilled), file=sys.stderr, flush=True)
 

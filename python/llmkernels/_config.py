@@ -110,6 +110,14 @@ _SIZE_FIELDS = (
     "vocab_size",
     "max_seq_len",
 )
+# what the number of weights depends on (the sizes but max_seq_len, the norm and bias flags)
+_PARAMETER_FIELDS = (
+    *(f for f in _SIZE_FIELDS if f != "max_seq_len"),
+    "norm",
+    "attention_bias",
+    "mlp_bias",
+    "tie_embeddings",
+)
 
 
 class ConfigError(ValueError):
@@ -245,24 +253,7 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
     for field in ("attention_bias", "mlp_bias", "tie_embeddings"):
         out[field] = _check_bool(n(field), out[field])
 
-    count = _parameter_count(
-        **{
-            k: out[k]
-            for k in (
-                "dim",
-                "n_layers",
-                "n_heads",
-                "n_kv_heads",
-                "head_dim",
-                "hidden_dim",
-                "vocab_size",
-                "norm",
-                "attention_bias",
-                "mlp_bias",
-                "tie_embeddings",
-            )
-        }
-    )
+    count = _parameter_count(**{k: out[k] for k in _PARAMETER_FIELDS})
     if count > MAX_PARAMETERS:
         raise _err(
             n("dim"),

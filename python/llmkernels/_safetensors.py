@@ -6,20 +6,22 @@ header length ``N``, ``N`` bytes of UTF-8 JSON mapping tensor names to
 that follows the header) plus an optional ``"__metadata__"`` dict of strings, then the byte
 buffer, which the tensors must cover exactly (no overlap, no gap, nothing after the last).
 
-Everything the header claims is validated against the file size before any tensor is read,
-reads are exact (``seek`` + ``readinto`` of ``end - begin`` bytes into a buffer of that size),
-so a hostile file can neither make this module read past its end nor allocate more than the
-file holds. Nothing is ever unpickled. Files are opened first (non-blocking) and ``fstat``-ed,
-and read through that descriptor (:mod:`llmkernels._files`).
+The header is read through a descriptor opened first (non-blocking) and ``fstat``-ed
+(:mod:`llmkernels._files`) and validated strictly here against the file size — what
+``safetensors`` checks plus what it does not: a 100 MiB header limit, at most 64 dimensions,
+no duplicate keys, ``__metadata__`` of strings, and for model loading the keys and shapes
+against the config, all before anything the header implies is allocated. Nothing is ever
+unpickled.
 
-Model loading (:func:`read_pretrained` + :func:`load_into`) reads each tensor straight into the
-model's own storage (``readinto`` on the destination; bf16/f16 through an 8 MiB scratch widened
-chunk by chunk), so the loader adds a few MiB to the model. Why not ``safetensors.safe_open``
-(tried): with ``framework="numpy"`` it maps the whole file for the handle's life (the mapped
-pages count in RSS: an f32 checkpoint would peak at 2x the model), ``get_tensor`` copies each
-tensor into a fresh array (another tensor-sized temporary), it cannot return bf16, and a
-memory-mapped file truncated under the reader kills the process with SIGBUS, where ``readinto``
-reports a short read. The ``safetensors`` package is the peer in the tests.
+Tensor data is read with the ``safetensors`` library: ``safe_open(framework="numpy")`` on
+``/proc/self/fd/<fd>`` (the inode that was validated, not whatever the path names by then),
+memory-mapped, sliced in 1 MiB pieces of rows converted straight into the destination (the
+model's own storage for :func:`load_into`: no tensor-sized temporary; BF16 comes back as
+``ml_dtypes.bfloat16`` and is widened exactly). A mapping keeps the pages it touched resident
+until it is closed, so a handle is reopened every 32 MiB read: the loader adds a bounded
+amount (~33 MiB) to the model, whatever the checkpoint size. The file size is checked before
+each handle; a file truncated by another process *while* a window is mapped would raise
+SIGBUS, as with every mmap-based reader (transformers, torch, safetensors itself).
 
 Every error is a :class:`CheckpointError` (a ``ValueError``) reading
 ``"[from_pretrained] <file>: <what is wrong>"``; a missing file or directory raises
@@ -304,22 +306,6 @@ def read_header(
         return _read_header_from(f, file, size)
 
 
-def _convert(raw: np.ndarray, info: TensorInfo, dtype: np.dtype | None) -> np.ndarray:
-    """Bytes -> a native-endian C-contiguous array of the requested dtype."""
-    storage = DTYPES[info.dtype]
-    if info.dtype == "BOOL":
-        return (raw != 0).reshape(info.shape)
-    arr = raw.view(storage)
-    if info.dtype == "BF16":
-        arr = (arr.astype(np.uint32) << 16).view(np.float32)
-    elif not arr.dtype.isnative:
-        arr = arr.astype(arr.dtype.newbyteorder("="))
-    if dtype is not None and info.dtype in _FLOAT_DTYPES and arr.dtype != dtype:
-        arr = arr.astype(dtype)
-    arr = arr.reshape(info.shape)
-    return arr if arr.flags.c_contiguous else arr.copy(order="C")
-
-
 def _check_dtype(dtype: Any) -> np.dtype | None:
     if dtype is None:
         return None
@@ -327,24 +313,6 @@ def _check_dtype(dtype: Any) -> np.dtype | None:
     if dt.kind != "f":
         raise TypeError(f"{_PREFIX} dtype must be a floating dtype or None, got {dt}")
     return dt
-
-
-def _load_from(
-    f: BinaryIO,
-    file: str,
-    tensors: Mapping[str, TensorInfo],
-    data_offset: int,
-    names: Iterable[str],
-    dtype: np.dtype | None,
-) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    wanted = list(names)
-    # read in file order (sequential I/O), return in the requested order
-    for name in sorted(wanted, key=lambda k: tensors[k].offsets):
-        info = tensors[name]
-        begin, end = info.offsets
-        out[name] = _convert(_read_exact(f, file, data_offset + begin, end - begin), info, dtype)
-    return {name: out[name] for name in wanted}
 
 
 def _select(file: str, tensors: Mapping[str, TensorInfo], names: Iterable[str] | None) -> list:
@@ -383,9 +351,171 @@ def load_file(
     file = os.fspath(path)
     f, size = _open_regular(file)
     with f:
-        tensors, _, data_offset = _read_header_from(f, file, size)
+        tensors, _, _ = _read_header_from(f, file, size)
         wanted = _select(file, tensors, names)
-        return _load_from(f, file, tensors, data_offset, wanted, dt)
+        out = {
+            name: np.empty(tensors[name].shape, _target_dtype(tensors[name], dt)) for name in wanted
+        }
+        _fill(f, file, size, tensors, out)
+        return out
+
+
+# -------------------------------------------------------------------------------------
+# tensor data: through safetensors.safe_open (memory-mapped), one bounded window at a time
+# -------------------------------------------------------------------------------------
+
+_CHUNK_BYTES = 1 << 20  # one slice copied out of the mapping and converted: stays in cache
+_MAP_WINDOW = 32 << 20  # bytes read through one handle before it is closed (see _Reader)
+
+
+def _target_dtype(info: TensorInfo, dtype: np.dtype | None) -> np.dtype:
+    """The dtype a tensor loads as: floats as ``dtype`` (None: stored, BF16 -> float32),
+    integers as stored (native order), BOOL as bool."""
+    if info.dtype == "BOOL":
+        return np.dtype(bool)
+    if info.dtype not in _FLOAT_DTYPES:
+        return DTYPES[info.dtype].newbyteorder("=")
+    if dtype is not None:
+        return dtype
+    return np.dtype(np.float32) if info.dtype == "BF16" else DTYPES[info.dtype].newbyteorder("=")
+
+
+class _Reader:
+    """Reads the tensors of one safetensors file, already opened as ``f`` and validated
+    (:func:`_read_header_from`), with ``safetensors.safe_open``.
+
+    The handle is opened on ``/proc/self/fd/<fd>``: the inode safetensors maps is the one
+    checked (not whatever the path names by then). A mapping keeps every page it touched
+    resident (counted in RSS) until it is unmapped, so a handle is closed and reopened every
+    ``_MAP_WINDOW`` bytes: the reader adds at most that (plus one ``_CHUNK_BYTES`` slice) to
+    the memory of the arrays it fills. Before each handle the file's size is checked against
+    the validated one: a file truncated while it is read is reported, not mapped past its end
+    (a truncation *during* a window would still raise SIGBUS, as for every mmap reader).
+    """
+
+    def __init__(self, f: BinaryIO, file: str, size: int) -> None:
+        import ml_dtypes  # noqa: F401 - registers numpy's "bfloat16", which safe_open returns
+        from safetensors import safe_open
+
+        self._open, self._fd, self._file, self._size = safe_open, f.fileno(), file, size
+        proc = f"/proc/self/fd/{self._fd}"
+        self._path = proc if os.path.exists(proc) else file
+        self._handle: Any = None
+        self._mapped = 0
+
+    def _get_handle(self) -> Any:
+        if self._handle is None or self._mapped >= _MAP_WINDOW:
+            self.close()
+            if os.fstat(self._fd).st_size != self._size:
+                raise _err(self._file, "file changed size while it was read")
+            try:
+                self._handle = self._open(self._path, framework="numpy")
+            except Exception as exc:  # safetensors' own validation (SafetensorError) or OSError
+                raise _err(self._file, f"safetensors cannot open it: {_short(exc, 200)}") from None
+            self._mapped = 0
+        return self._handle
+
+    def close(self) -> None:
+        self._handle = None  # drops the mapping (no slice object outlives a chunk)
+
+    def read_into(self, name: str, info: TensorInfo, dst: np.ndarray) -> None:
+        """Tensor ``name`` into ``dst``, a C-contiguous array of its shape, converted slice by
+        slice (rows of the first dimension): no tensor-sized temporary."""
+        flat = dst.reshape(-1)
+        if flat.size == 0:
+            return
+        if len(info.shape) == 0:
+            self._convert(self._get_handle().get_tensor(name), info, flat)
+            return
+        itemsize = DTYPES[info.dtype].itemsize
+        row = math.prod(info.shape[1:])
+        step = max(1, _CHUNK_BYTES // max(1, row * itemsize))
+        for r0 in range(0, info.shape[0], step):
+            r1 = min(info.shape[0], r0 + step)
+            piece = self._get_handle().get_slice(name)[r0:r1]
+            self._mapped += piece.nbytes
+            self._convert(piece, info, flat[r0 * row : r1 * row])
+
+    @staticmethod
+    def _convert(piece: np.ndarray, info: TensorInfo, out: np.ndarray) -> None:
+        # safe_open returns BF16 as ml_dtypes.bfloat16, whose cast to float32 is exact (and
+        # faster than shifting the bits with NumPy integer ops)
+        np.copyto(out, piece.reshape(-1), casting="unsafe")
+
+
+def _fill(
+    f: BinaryIO,
+    file: str,
+    size: int,
+    tensors: Mapping[str, TensorInfo],
+    dests: Mapping[str, np.ndarray],
+    progress: Any = None,
+) -> None:
+    """Tensors ``dests`` of the validated file ``f`` (header ``tensors``) into their
+    destination arrays, in file order (sequential I/O)."""
+    reader = _Reader(f, file, size)
+    try:
+        for name in sorted(dests, key=lambda k: tensors[k].offsets):
+            info, dst = tensors[name], dests[name]
+            if dst.shape != info.shape or not dst.flags.c_contiguous:
+                raise ValueError(f"{_PREFIX} {name}: destination must be C-contiguous {info.shape}")
+            reader.read_into(name, info, dst)
+            if progress is not None:
+                progress(info.offsets[1] - info.offsets[0])
+    finally:
+        reader.close()
+
+
+def _read_file_into(
+    file: str,
+    located: Mapping[str, tuple[str, TensorInfo]],
+    dests: Mapping[str, np.ndarray],
+    progress: Any = None,
+) -> None:
+    """Tensors ``dests`` of ``file`` (all located there) into their destination arrays, after
+    checking the header still says what it said when the file was indexed."""
+    f, size = _open_regular(file)
+    with f:
+        tensors, _, _ = _read_header_from(f, file, size)
+        for name in dests:
+            if tensors.get(name) != located[name][1]:
+                raise _err(file, f"tensor {_short(name)} changed since the header was read")
+        _fill(f, file, size, tensors, dests, progress)
+
+
+def _load_located(
+    located: Mapping[str, tuple[str, TensorInfo]],
+    names: Collection[str],
+    dtype: np.dtype | None,
+) -> dict[str, np.ndarray]:
+    """Fresh arrays for ``names`` (one file at a time), returned in the order of ``names``."""
+    out = {
+        name: np.empty(located[name][1].shape, _target_dtype(located[name][1], dtype))
+        for name in names
+    }
+    by_file: dict[str, dict[str, np.ndarray]] = {}
+    for name in names:
+        by_file.setdefault(located[name][0], {})[name] = out[name]
+    for file, dests in by_file.items():
+        _read_file_into(file, located, dests)
+    return out
+
+
+def load_into(
+    located: Mapping[str, tuple[str, TensorInfo]],
+    dests: Mapping[str, np.ndarray],
+    progress: Any = None,
+) -> None:
+    """Copy each tensor of ``located`` into ``dests[name]`` (arrays of the tensor's shape, e.g.
+    the model's own storage), one file and one tensor at a time, in file order.
+
+    ``progress(nbytes)`` is called after each tensor with the bytes read.
+    """
+    by_file: dict[str, dict[str, np.ndarray]] = {}
+    for name, dst in dests.items():
+        by_file.setdefault(located[name][0], {})[name] = dst
+    for file, file_dests in by_file.items():
+        _read_file_into(file, located, file_dests, progress)
 
 
 # -------------------------------------------------------------------------------------
@@ -493,27 +623,6 @@ def read_checkpoint_index(
                 f"tensor {_short(name)} listed in {INDEX_FILE} is not in this shard",
             )
     return {name: found[name] for name in weight_map}
-
-
-def _load_located(
-    located: Mapping[str, tuple[str, TensorInfo]],
-    names: Collection[str],
-    dtype: np.dtype | None,
-) -> dict[str, np.ndarray]:
-    by_file: dict[str, list[str]] = {}
-    for name in names:
-        by_file.setdefault(located[name][0], []).append(name)
-    out: dict[str, np.ndarray] = {}
-    for file, file_names in by_file.items():
-        f, size = _open_regular(file)
-        with f:
-            # re-read the header: the file must still be the one indexed
-            tensors, _, data_offset = _read_header_from(f, file, size)
-            for name in file_names:
-                if tensors.get(name) != located[name][1]:
-                    raise _err(file, f"tensor {_short(name)} changed since the header was read")
-            out.update(_load_from(f, file, tensors, data_offset, file_names, dtype))
-    return {name: out[name] for name in names}
 
 
 def load_checkpoint_dir(
@@ -650,78 +759,6 @@ def read_pretrained(path: str | os.PathLike[str]) -> tuple[Any, dict[str, tuple[
         if info.dtype not in _FLOAT_DTYPES:
             raise _err(file, f"tensor {key} has dtype {info.dtype}; weights must be floating")
     return cfg, {key: located[key] for key in expected}
-
-
-_CHUNK_BYTES = 8 << 20  # conversion scratch: the only memory the loader adds to the model's
-
-
-def _readinto_exact(f: BinaryIO, file: str, offset: int, buf: memoryview) -> None:
-    f.seek(offset)
-    got, n = 0, len(buf)
-    while got < n:
-        k = f.readinto(buf[got:])  # type: ignore[attr-defined]
-        if not k:
-            raise _err(file, f"file ended after {offset + got} bytes (it changed while read?)")
-        got += k
-
-
-def _read_into(f: BinaryIO, file: str, offset: int, info: TensorInfo, dst: np.ndarray) -> None:
-    """Tensor ``info`` (at absolute ``offset``) into ``dst``, a C-contiguous float array of its
-    shape: read straight into ``dst`` when the dtypes agree, else through an 8 MiB scratch
-    widened chunk by chunk (no tensor-sized temporary)."""
-    storage = DTYPES[info.dtype]
-    flat = dst.reshape(-1)
-    if storage == dst.dtype:
-        _readinto_exact(f, file, offset, memoryview(flat.view(np.uint8)))
-        return
-    step = max(1, _CHUNK_BYTES // storage.itemsize)
-    scratch = np.empty(min(flat.size, step) * storage.itemsize, np.uint8)
-    for start in range(0, flat.size, step):
-        n = min(step, flat.size - start)
-        raw = scratch[: n * storage.itemsize]
-        _readinto_exact(f, file, offset + start * storage.itemsize, memoryview(raw))
-        src = raw.view(storage)
-        out = flat[start : start + n]
-        if info.dtype == "BF16" and out.dtype == np.float32:
-            # bfloat16 is the top half of a float32
-            np.left_shift(src, 16, out=out.view(np.uint32), dtype=np.uint32)
-        elif info.dtype == "BF16":
-            np.copyto(out, (src.astype(np.uint32) << 16).view(np.float32))
-        else:
-            np.copyto(out, src, casting="unsafe")
-
-
-def load_into(
-    located: Mapping[str, tuple[str, TensorInfo]],
-    dests: Mapping[str, np.ndarray],
-    progress: Any = None,
-) -> None:
-    """Copy each tensor of ``located`` into ``dests[name]`` (arrays of the tensor's shape, e.g.
-    the model's own storage), one file and one tensor at a time, in file order.
-
-    ``progress(nbytes)`` is called after each tensor with the bytes read.
-    """
-    by_file: dict[str, list[str]] = {}
-    for name in dests:
-        by_file.setdefault(located[name][0], []).append(name)
-    for file, names in by_file.items():
-        f, size = _open_regular(file)
-        with f:
-            # re-read the header through the descriptor: the file must still be the one indexed
-            tensors, _, data_offset = _read_header_from(f, file, size)
-            for name in names:
-                if tensors.get(name) != located[name][1]:
-                    raise _err(file, f"tensor {_short(name)} changed since the header was read")
-            for name in sorted(names, key=lambda k: tensors[k].offsets):
-                info, dst = tensors[name], dests[name]
-                if dst.shape != info.shape or not dst.flags.c_contiguous:
-                    raise ValueError(
-                        f"{_PREFIX} {name}: destination must be C-contiguous {info.shape}"
-                    )
-                if dst.size:
-                    _read_into(f, file, data_offset + info.offsets[0], info, dst)
-                if progress is not None:
-                    progress(info.offsets[1] - info.offsets[0])
 
 
 def load_pretrained(

@@ -94,6 +94,11 @@ def _check_eps(cls: str, eps: Any) -> float:
     return float(eps)
 
 
+def _from_impl(attr: str) -> Any:
+    """A read-only property that reads ``attr`` of the module's C++ object (``self._impl``)."""
+    return property(lambda self: getattr(self._impl, attr), doc=f"``{attr}`` of the C++ module.")
+
+
 class _Module:
     """State-dict plumbing shared by the modules: ``_impl.params()`` gives zero-copy views."""
 
@@ -207,13 +212,8 @@ class RMSNorm(_Module):
             _positive_int(self._name, "dim", dim), _check_eps(self._name, eps)
         )
 
-    @property
-    def dim(self) -> int:
-        return self._impl.dim
-
-    @property
-    def eps(self) -> float:
-        return self._impl.eps
+    dim = _from_impl("dim")
+    eps = _from_impl("eps")
 
     def __call__(self, x: Any) -> np.ndarray:
         """``(..., dim)`` float32 -> same shape."""
@@ -239,9 +239,7 @@ class LayerNorm(_Module):
             _positive_int(self._name, "dim", dim), _check_eps(self._name, eps), bool(bias)
         )
 
-    @property
-    def dim(self) -> int:
-        return self._impl.dim
+    dim = _from_impl("dim")
 
     def __call__(self, x: Any) -> np.ndarray:
         return self._impl.forward(_as_f32(self._name, "x", x, self.dim))
@@ -281,13 +279,8 @@ class FeedForward(_Module):
         )
         self._init_random(_rng(seed))
 
-    @property
-    def dim(self) -> int:
-        return self._impl.dim
-
-    @property
-    def hidden_dim(self) -> int:
-        return self._impl.hidden
+    dim = _from_impl("dim")
+    hidden_dim = _from_impl("hidden")
 
     def __call__(self, x: Any) -> np.ndarray:
         arr = _as_f32(self._name, "x", x, self.dim)
@@ -332,17 +325,9 @@ class KVCache:
         # cache's own mutex, which also guards direct _core use)
         self._lock = threading.Lock()
 
-    @property
-    def batch(self) -> int:
-        return self._impl.batch
-
-    @property
-    def max_seq_len(self) -> int:
-        return self._impl.max_len
-
-    @property
-    def length(self) -> int:
-        return self._impl.length
+    batch = _from_impl("batch")
+    max_seq_len = _from_impl("max_len")
+    length = _from_impl("length")
 
     def keys(self) -> np.ndarray:
         """``(B, Hkv, length, head_dim)`` view of the cached (rotated) keys."""
@@ -575,21 +560,10 @@ class MultiHeadAttention(_Module):
         )
         self._init_random(_rng(seed))
 
-    @property
-    def dim(self) -> int:
-        return self._impl.dim
-
-    @property
-    def n_heads(self) -> int:
-        return self._impl.n_heads
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self._impl.n_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self._impl.head_dim
+    dim = _from_impl("dim")
+    n_heads = _from_impl("n_heads")
+    n_kv_heads = _from_impl("n_kv_heads")
+    head_dim = _from_impl("head_dim")
 
     def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_seq_len`` tokens."""
@@ -606,30 +580,45 @@ class MultiHeadAttention(_Module):
         """``x (B, T, dim)`` -> ``(B, T, dim)``. ``mask``: ``(B, T)`` key-padding mask (True =
         real token). With ``cache``, the new keys/values are appended and attention covers every
         cached token; positions continue from the cache."""
-        arr = _check_btd(self._name, x, self.dim)
-        b, t, _ = arr.shape
-        _check_cache(self._name, cache, b, t)
-        with _holding(cache):  # positions continue from the previous call on this cache
-            _check_cache(self._name, cache, b, t)
-            pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
-            if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
-                return np.zeros((b, t, self.dim), np.float32)
-            y = self._impl.forward(
-                arr,
-                pos,
-                key_mask,
-                cache._impl if cache is not None else None,
-                self._rope.frequencies(pos),
-            )
-            if cache is not None:
-                cache.next_positions[:] = nxt
-        return y
+        return _locked_forward(self, self._rope, x, positions, mask, cache)
 
     def __repr__(self) -> str:
         return (
             f"MultiHeadAttention(dim={self.dim}, n_heads={self.n_heads}, "
             f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim})"
         )
+
+
+def _locked_forward(
+    module: MultiHeadAttention | TransformerBlock,
+    rope: _RopeSchedule,
+    x: Any,
+    positions: Any,
+    mask: Any,
+    cache: KVCache | None,
+) -> np.ndarray:
+    """The forward of :class:`MultiHeadAttention` and :class:`TransformerBlock` (one C++ call,
+    ``module._impl.forward``): ``x (B, T, dim)`` checked, the cache held from reading its
+    positions to advancing them, the RoPE frequencies of the positions from ``rope``."""
+    name = module._name
+    arr = _check_btd(name, x, module.dim)
+    b, t, _ = arr.shape
+    _check_cache(name, cache, b, t)
+    with _holding(cache):  # positions continue from the previous call on this cache
+        _check_cache(name, cache, b, t)
+        pos, key_mask, nxt = _positions_and_mask(name, b, t, positions, mask, cache)
+        if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
+            return np.zeros((b, t, module.dim), np.float32)
+        y = module._impl.forward(
+            arr,
+            pos,
+            key_mask,
+            cache._impl if cache is not None else None,
+            rope.frequencies(pos),
+        )
+        if cache is not None:
+            cache.next_positions[:] = nxt
+    return y
 
 
 def _check_btd(cls: str, x: Any, dim: int) -> np.ndarray:
@@ -785,24 +774,7 @@ class TransformerBlock(_Module):
     ) -> np.ndarray:
         """``x (B, T, dim)`` -> ``(B, T, dim)`` (see :class:`MultiHeadAttention` for the
         arguments)."""
-        arr = _check_btd(self._name, x, self.dim)
-        b, t, _ = arr.shape
-        _check_cache(self._name, cache, b, t)
-        with _holding(cache):  # positions continue from the previous call on this cache
-            _check_cache(self._name, cache, b, t)
-            pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
-            if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
-                return np.zeros((b, t, self.dim), np.float32)
-            y = self._impl.forward(
-                arr,
-                pos,
-                key_mask,
-                cache._impl if cache is not None else None,
-                self.attention._rope.frequencies(pos),
-            )
-            if cache is not None:
-                cache.next_positions[:] = nxt
-        return y
+        return _locked_forward(self, self.attention._rope, x, positions, mask, cache)
 
     def __repr__(self) -> str:
         return (

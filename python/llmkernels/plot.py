@@ -54,20 +54,6 @@ __all__ = ["attention_grid", "attention_heatmap", "residual_rms"]
 # --------------------------------------------------------------------------------------
 
 
-def _head_list(heads: int | Sequence[int] | None, n_heads: int) -> list[int]:
-    if heads is None:
-        return list(range(n_heads))
-    chosen = [heads] if isinstance(heads, (int, np.integer)) else list(heads)
-    if not chosen:
-        raise ValueError("[attention_heatmap] heads must name at least one head")
-    for h in chosen:
-        if isinstance(h, bool) or not isinstance(h, (int, np.integer)):
-            raise TypeError(f"[attention_heatmap] heads must be ints, got {type(h).__name__}")
-        if not -n_heads <= h < n_heads:
-            raise ValueError(f"[attention_heatmap] head {h} out of range for {n_heads} heads")
-    return [int(h) % n_heads for h in chosen]
-
-
 def _token_labels(
     tokens: Sequence[str] | tuple[Sequence[str], Sequence[str]] | None, t_q: int, t_k: int
 ) -> tuple[list[str] | None, list[str] | None]:
@@ -149,7 +135,7 @@ def attention_heatmap(
             f"got shape {np.shape(weights)}"
         )
     n_heads, t_q, t_k = w.shape
-    chosen = _head_list(heads, n_heads)
+    chosen = _pick("attention_heatmap", "heads", heads, n_heads, item="head")
     q_tok, k_tok = _token_labels(tokens, t_q, t_k)
 
     n = len(chosen)
@@ -196,17 +182,23 @@ def attention_heatmap(
 # --------------------------------------------------------------------------------------
 
 
-def _pick(fn: str, name: str, chosen: int | Sequence[int] | None, n: int) -> list[int]:
+def _pick(
+    fn: str, name: str, chosen: int | Sequence[int] | None, n: int, item: str = ""
+) -> list[int]:
+    """The indices ``chosen`` (an int, a sequence of ints, None: all ``n``), negative ones
+    counted from the end. ``item``: the noun of one index in the messages (``"head"``: "head 5
+    out of range for 4 heads"), or none."""
     if chosen is None:
         return list(range(n))
     items = [chosen] if isinstance(chosen, (int, np.integer)) else list(chosen)
     if not items:
-        raise ValueError(f"[{fn}] {name} must name at least one")
+        raise ValueError(f"[{fn}] {name} must name at least one{' ' + item if item else ''}")
     for i in items:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"[{fn}] {name} must be ints, got {type(i).__name__}")
         if not -n <= i < n:
-            raise ValueError(f"[{fn}] {name} {i} out of range for {n}")
+            of = f" {item}s" if item else ""
+            raise ValueError(f"[{fn}] {item or name} {i} out of range for {n}{of}")
     return [int(i) % n for i in items]
 
 

@@ -254,6 +254,9 @@ def attention(
     causal: bool = False,
     mask: Sequence[Sequence[Any]] | None = None,
     scale: float | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: Sequence[float] | None = None,
 ) -> list[Matrix]:
     """Scaled dot-product attention for one sequence, head by head.
 
@@ -261,6 +264,9 @@ def attention(
     heads of ``Tk`` rows); query head ``h`` uses key/value head ``h // (Hq // Hkv)``.
     ``mask[i][j]`` (shared by all heads) is a bool (True = may attend) or a float added to
     the score. ``causal=True``: query ``i`` may attend key ``j`` iff ``j <= i + (Tk - Tq)``.
+    ``window=w``: only keys with ``(i + Tk - Tq) - j < w``. ``softcap=c``: a score ``s``
+    becomes ``c * tanh(s / c)`` (before the mask). ``sinks[h]``: an extra logit in head
+    ``h``'s softmax denominator, with no value.
     A query with no key to attend gets a row of zeros. Returns ``out[h][i]`` of ``Dv`` floats.
     """
     n_q_heads, n_kv_heads = len(q), len(k)
@@ -283,7 +289,11 @@ def attention(
             for j in range(t_k):
                 if causal and j > i + (t_k - t_q):
                     continue
+                if window is not None and (i + t_k - t_q) - j >= window:
+                    continue
                 s = sum(a * b for a, b in zip(q[h][i], keys[j], strict=True)) * scale
+                if softcap is not None:
+                    s = softcap * math.tanh(s / softcap)
                 if mask is not None:
                     m = mask[i][j]
                     if isinstance(m, bool):
@@ -296,10 +306,14 @@ def attention(
                 scores.append((j, s))
             row = [0.0] * d_v
             if scores:
-                # softmax, max-subtracted
+                # softmax (over the keys and the sink), max-subtracted
                 top = max(s for _, s in scores)
+                if sinks is not None:
+                    top = max(top, sinks[h])
                 weights = [(j, math.exp(s - top)) for j, s in scores]
                 total = sum(w for _, w in weights)
+                if sinks is not None:
+                    total += math.exp(sinks[h] - top)
                 for j, w in weights:
                     p = w / total
                     for c in range(d_v):

@@ -261,8 +261,12 @@ def attention(
     causal: bool = False,
     mask: ArrayLike | None = None,
     scale: float | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: ArrayLike | None = None,
     return_weights: bool = False,
-) -> F64 | tuple[F64, F64]:
+    return_lse: bool = False,
+) -> F64 | tuple[F64, ...]:
     """Scaled dot-product attention ``softmax(q @ k.T * scale + mask) @ v``, per head.
 
     Shapes: ``q (..., Hq, Tq, D)``, ``k (..., Hkv, Tk, D)``, ``v (..., Hkv, Tk, Dv)``; the
@@ -274,10 +278,19 @@ def attention(
     forbids), broadcastable to ``(..., Hq, Tq, Tk)``. ``causal=True`` is bottom-right
     aligned: query ``i`` may attend key ``j`` iff ``j <= i + (Tk - Tq)`` (the KV-cache
     convention; PyTorch's ``is_causal`` is top-left aligned and differs when Tq != Tk).
+    ``window=w`` (sliding window, Mistral / Gemma 2): key ``j`` is visible to query ``i`` only
+    if ``(i + Tk - Tq) - j < w`` (transformers' semantics), combined with ``causal`` and
+    ``mask``. ``softcap=c`` (Gemma 2): the scaled scores become ``c * tanh(s / c)`` before the
+    mask is added. ``sinks`` (shape ``(Hq,)``, gpt-oss): a per-head logit added to each row's
+    softmax denominator with no value (the weights of a row then sum to less than 1).
     A query row with no key to attend gives a zero output row and a zero weights row.
 
-    With ``return_weights=True`` returns ``(output, weights)``, ``weights`` being the
-    ``(..., Hq, Tq, Tk)`` softmax probabilities.
+    With ``return_weights=True`` also returns the ``(..., Hq, Tq, Tk)`` softmax probabilities;
+    with ``return_lse=True`` also the ``(..., Hq, Tq)`` natural log-sum-exp of each row's
+    scores (over the visible keys, plus the sink; ``-inf`` for a row with neither), with which
+    attentions over disjoint key blocks merge exactly:
+    ``out = sum_b exp(lse_b - lse) * out_b`` with ``lse = logaddexp(lse_1, lse_2, ...)``.
+    Returns ``out``, ``(out, weights)``, ``(out, lse)`` or ``(out, weights, lse)``.
     """
     q, k, v = _f64(q), _f64(k), _f64(v)
     n_q_heads, n_kv_heads = q.shape[-3], k.shape[-3]
@@ -291,11 +304,15 @@ def attention(
         scale = 1.0 / np.sqrt(q.shape[-1])
 
     scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (..., Hq, Tq, Tk)
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
     allowed = np.ones(scores.shape, dtype=bool)
+    i = np.arange(t_q)[:, None] + (t_k - t_q)  # query i's position among the keys
+    j = np.arange(t_k)[None, :]
     if causal:
-        i = np.arange(t_q)[:, None]
-        j = np.arange(t_k)[None, :]
-        allowed = allowed & (j <= i + (t_k - t_q))
+        allowed = allowed & (j <= i)
+    if window is not None:
+        allowed = allowed & (i - j < window)
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype == np.bool_:
@@ -304,18 +321,33 @@ def attention(
             scores = scores + mask.astype(np.float64)
     allowed = allowed & (scores != -np.inf)
 
-    # softmax over the allowed keys, max-subtracted
+    # softmax over the allowed keys (and the sink), max-subtracted; NaN and inf propagate
     any_allowed = np.any(allowed, axis=-1, keepdims=True)
     masked = np.where(allowed, scores, -np.inf)
-    row_max = np.where(any_allowed, np.max(masked, axis=-1, keepdims=True), 0.0)
+    row_max = np.where(
+        any_allowed, np.max(masked, axis=-1, keepdims=True, initial=-np.inf), -np.inf
+    )
+    sink = None
+    if sinks is not None:
+        sink = _f64(sinks)[:, None, None]  # (Hq, 1, 1): one logit per query head
+        row_max = np.maximum(row_max, sink)
+        any_allowed = np.ones_like(any_allowed)
+    row_max = np.where(any_allowed, row_max, 0.0)
     e = np.where(allowed, np.exp(masked - row_max), 0.0)
     total = np.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink - row_max)
     weights = np.where(any_allowed, e / np.where(any_allowed, total, 1.0), 0.0)
 
     out = weights @ v
+    result: tuple[F64, ...] = (out,)
     if return_weights:
-        return out, weights
-    return out
+        result += (weights,)
+    if return_lse:
+        with np.errstate(divide="ignore"):
+            lse = np.where(any_allowed, row_max + np.log(total), -np.inf)[..., 0]
+        result += (lse,)
+    return result[0] if len(result) == 1 else result
 
 
 # --------------------------------------------------------------------------------------

@@ -161,15 +161,7 @@ def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> _Sampling:
         "repetition_penalty": gc.get("repetition_penalty"),
     }
     values = {k: (defaults.get(k) if v is None else v) for k, v in given.items()}
-    return _Sampling.checked(
-        fn,
-        values["temperature"],
-        values["top_k"],
-        values["top_p"],
-        values["min_p"],
-        values["repetition_penalty"],
-        values["seed"],
-    )
+    return _Sampling.checked(fn, **values)
 
 
 def _stop_list(fn: str, stop: Any) -> list[str]:
@@ -337,33 +329,15 @@ def _late(detok: _Detokenizer, stop_text: _StopText) -> str:
 
 
 def _arguments(
-    fn: str,
-    model: Transformer,
-    tokenizer: Tokenizer,
-    max_tokens: Any,
-    stop: Any,
-    temperature: Any,
-    top_k: Any,
-    top_p: Any,
-    min_p: Any,
-    repetition_penalty: Any,
-    seed: Any,
+    fn: str, model: Transformer, tokenizer: Tokenizer, max_tokens: Any, stop: Any, **sampling: Any
 ) -> tuple[int, _Sampling, list[str]]:
     """The checked arguments of :func:`generate` / :func:`stream_generate`: the step count,
-    the sampling parameters (defaults from ``generation_config.json``) and the stop strings."""
+    the sampling parameters (``sampling``: ``temperature, top_k, top_p, min_p,
+    repetition_penalty, seed``; defaults from ``generation_config.json``) and the stop
+    strings."""
     _check_model(fn, model, tokenizer)
     steps = _check_max_tokens(fn, "max_tokens", max_tokens)
-    params = _sampling(
-        fn,
-        tokenizer,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-    )
-    return steps, params, _stop_list(fn, stop)
+    return steps, _sampling(fn, tokenizer, **sampling), _stop_list(fn, stop)
 
 
 def stream_generate(
@@ -396,8 +370,8 @@ def stream_generate(
     """
     fn = "stream_generate"
     steps, params, stops = _arguments(
-        fn, model, tokenizer, max_tokens, stop, temperature, top_k, top_p, min_p,
-        repetition_penalty, seed,
+        fn, model, tokenizer, max_tokens, stop, temperature=temperature, top_k=top_k,
+        top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
     ids = _prompt_ids(fn, tokenizer, prompt)
     _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
@@ -434,8 +408,8 @@ def generate(
     """
     fn = "generate"
     steps, params, stops = _arguments(
-        fn, model, tokenizer, max_tokens, stop, temperature, top_k, top_p, min_p,
-        repetition_penalty, seed,
+        fn, model, tokenizer, max_tokens, stop, temperature=temperature, top_k=top_k,
+        top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
     batch = (
         isinstance(prompt, Sequence)

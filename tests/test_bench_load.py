@@ -1,0 +1,30 @@
+"""benchmarks/bench_load.py: load time and peak memory of from_pretrained (issue 15 item 4)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_load_runs_on_a_tiny_checkpoint(tmp_path: Path) -> None:
+    """Both checkpoints (bf16 and f32) measured with the old path too: one table row each,
+    with the load/read ratio and the peak over the model (no figure is asserted: speed lives
+    in the benchmark's output, not in the tests)."""
+    env = {**os.environ, "BENCH_TMP": str(tmp_path), "PYTHONWARNINGS": "error"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_load.py"), "--layers", "1", "--dim",
+         "64", "--hidden", "128", "--heads", "4", "--kv-heads", "2", "--vocab", "300",
+         "--repeats", "1", "--old"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines()[2:]]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("bf16", "new"), ("bf16", "old"), ("f32", "new"), ("f32", "old"),
+    ]  # fmt: skip
+    for row in rows:
+        assert float(row[8].split()[0]) > 0 and float(row[10]) > 0
