@@ -169,3 +169,151 @@ def test_pure_twin_agrees_with_the_reference(rng, kw):
             **({"sinks": sinks.tolist()} if extra else {}),
         )
         np.testing.assert_allclose(np.array(got), want, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# the fused kernel (lk.attention) against the reference: every SIMD path, both dtypes, the
+# tile edges (1, 63, 64, 65 rows / keys), GQA, decode key splits (Tk > 1024), weights, masks
+# --------------------------------------------------------------------------------------------
+
+ATTN_TOL = {
+    np.dtype(np.float32): {"rtol": 1e-4, "atol": 1e-5},
+    np.dtype(np.float64): {"rtol": 1e-10, "atol": 1e-12},
+}
+DTYPES = [np.float32, np.float64]
+SHAPES = [  # (B, Hq, Hkv, Tq, Tk, D, Dv)
+    (1, 2, 1, 1, 1, 8, 8),
+    (2, 4, 2, 7, 7, 16, 12),
+    (1, 8, 2, 65, 65, 32, 32),
+    (1, 4, 4, 33, 130, 8, 8),
+    (1, 4, 1, 1, 1500, 16, 16),  # decode: key splits merged
+    (1, 8, 2, 2, 1100, 8, 24),
+]
+
+
+def lk_qkv(rng, shape, dtype):
+    b, hq, hkv, tq, tk, d, dv = shape
+    return (
+        rng.standard_normal((b, hq, tq, d)).astype(dtype),
+        rng.standard_normal((b, hkv, tk, d)).astype(dtype),
+        rng.standard_normal((b, hkv, tk, dv)).astype(dtype),
+    )
+
+
+def check_all(got, want, dtype):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == np.dtype(dtype) and g.shape == w.shape
+        np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w))
+        fin = np.isfinite(w)
+        np.testing.assert_allclose(g[fin], w[fin], **ATTN_TOL[np.dtype(dtype)])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("window", [1, 5, 64, 200])
+def test_kernel_window(isa, rng, dtype, shape, window):
+    import llmkernels as lk
+
+    q, k, v = lk_qkv(rng, shape, dtype)
+    for causal in (True, False):
+        kw = {"causal": causal, "window": window, "return_lse": True}
+        check_all(lk.attention(q, k, v, **kw), ref.attention(q, k, v, **kw), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_kernel_softcap_and_sinks(isa, rng, dtype, shape):
+    import llmkernels as lk
+
+    q, k, v = lk_qkv(rng, shape, dtype)
+    q *= 3  # scores the cap clips
+    sinks = (rng.standard_normal(shape[1]) * 2).astype(dtype)
+    for kw in (
+        {"softcap": 2.5},
+        {"sinks": sinks},
+        {"softcap": 30.0, "sinks": sinks, "causal": True, "window": 9},
+    ):
+        kw = {**kw, "return_lse": True}
+        check_all(lk.attention(q, k, v, **kw), ref.attention(q, k, v, **kw), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_features_with_weights_and_masks(isa, rng, dtype):
+    import llmkernels as lk
+
+    shape = (2, 4, 2, 9, 70, 8, 8)
+    q, k, v = lk_qkv(rng, shape, dtype)
+    sinks = rng.standard_normal(4).astype(dtype)
+    bool_mask = rng.random((2, 1, 9, 70)) > 0.3
+    add_mask = np.where(rng.random((9, 70)) > 0.2, 0.0, -np.inf).astype(dtype)
+    for mask in (bool_mask, add_mask):
+        kw = {"mask": mask, "window": 20, "softcap": 5.0, "sinks": sinks, "causal": True}
+        kw |= {"return_weights": True, "return_lse": True}
+        check_all(lk.attention(q, k, v, **kw), ref.attention(q, k, v, **kw), dtype)
+
+
+def test_kernel_lse_merges_two_halves(rng):
+    import llmkernels as lk
+
+    q, k, v = lk_qkv(rng, (1, 8, 2, 16, 300, 32, 32), np.float64)
+    whole, lse = lk.attention(q, k, v, return_lse=True)
+    a, lse_a = lk.attention(q, k[..., :170, :], v[..., :170, :], return_lse=True)
+    b, lse_b = lk.attention(q, k[..., 170:, :], v[..., 170:, :], return_lse=True)
+    merged_lse = np.logaddexp(lse_a, lse_b)
+    merged = np.exp(lse_a - merged_lse)[..., None] * a + np.exp(lse_b - merged_lse)[..., None] * b
+    np.testing.assert_allclose(merged_lse, lse, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(merged, whole, rtol=1e-12, atol=1e-12)
+
+
+def test_kernel_empty_rows_and_extremes(isa, rng):
+    import llmkernels as lk
+
+    q, k, v = lk_qkv(rng, (1, 4, 2, 3, 5, 8, 8), np.float64)
+    sinks = np.array([0.5, -np.inf, 2.0, 0.0])
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+    for kw in ({"mask": mask}, {"mask": mask, "sinks": sinks}, {"window": 1, "sinks": sinks}):
+        kw = {**kw, "return_lse": True, "return_weights": True}
+        check_all(lk.attention(q, k, v, **kw), ref.attention(q, k, v, **kw), np.float64)
+    # no keys at all: zeros, lse -inf or the sink
+    out, lse = lk.attention(q, k[..., :0, :], v[..., :0, :], sinks=sinks, return_lse=True)
+    assert np.all(out == 0)
+    np.testing.assert_array_equal(lse[0, :, 0], sinks)
+    # a huge scale takes the exact path: features still apply there
+    kw = {"scale": 1e200, "window": 2, "softcap": 3.0, "sinks": sinks[[0, 2, 2, 3]]}
+    check_all(
+        lk.attention(q, k, v, return_lse=True, **kw),
+        ref.attention(q, k, v, return_lse=True, **kw),
+        np.float64,
+    )
+    # NaN in a sink: that head's rows are NaN (IEEE softmax)
+    out = lk.attention(q, k, v, sinks=np.array([np.nan, 0.0, 0.0, 0.0]))
+    assert np.all(np.isnan(out[0, 0])) and np.all(np.isfinite(out[0, 1:]))
+
+
+def test_kernel_feature_arguments_are_validated(rng):
+    import llmkernels as lk
+
+    q, k, v = lk_qkv(rng, (1, 4, 2, 3, 5, 8, 8), np.float32)
+    bad = [
+        ({"window": 0}, ValueError, r"\[attention\] window must be >= 1"),
+        ({"window": 2.0}, TypeError, r"\[attention\] window must be an int"),
+        ({"window": True}, TypeError, r"\[attention\] window must be an int"),
+        ({"softcap": 0.0}, ValueError, r"\[attention\] softcap must be finite and > 0"),
+        ({"softcap": -1.0}, ValueError, r"\[attention\] softcap must be finite and > 0"),
+        ({"softcap": float("inf")}, ValueError, r"\[attention\] softcap must be finite"),
+        ({"softcap": "1"}, TypeError, r"\[attention\] softcap must be a real number"),
+        ({"sinks": np.zeros(3)}, ValueError, r"\[attention\] sinks must have shape \(Hq,\)"),
+        ({"sinks": np.zeros((4, 1))}, ValueError, r"\[attention\] sinks must have shape"),
+        ({"return_lse": 1}, TypeError, r"\[attention\] return_lse must be a bool"),
+    ]
+    for kw, exc, msg in bad:
+        with pytest.raises(exc, match=msg):
+            lk.attention(q, k, v, **kw)
+    # a window wider than any sequence is no window
+    np.testing.assert_array_equal(
+        lk.attention(q, k, v, causal=True, window=2**70), lk.attention(q, k, v, causal=True)
+    )
