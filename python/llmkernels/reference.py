@@ -321,23 +321,21 @@ def attention(
             scores = scores + mask.astype(np.float64)
     allowed = allowed & (scores != -np.inf)
 
-    # softmax over the allowed keys (and the sink), max-subtracted; NaN and inf propagate
-    any_allowed = np.any(allowed, axis=-1, keepdims=True)
+    # softmax over the allowed keys (and the sink), max-subtracted; NaN and inf propagate. A
+    # row with no allowed key and no (finite) sink attends nothing: zeros, lse -inf.
     masked = np.where(allowed, scores, -np.inf)
-    row_max = np.where(
-        any_allowed, np.max(masked, axis=-1, keepdims=True, initial=-np.inf), -np.inf
-    )
+    row_max = np.max(masked, axis=-1, keepdims=True, initial=-np.inf)
     sink = None
     if sinks is not None:
         sink = _f64(sinks)[:, None, None]  # (Hq, 1, 1): one logit per query head
         row_max = np.maximum(row_max, sink)
-        any_allowed = np.ones_like(any_allowed)
-    row_max = np.where(any_allowed, row_max, 0.0)
+    attends = ~np.isneginf(row_max)
+    row_max = np.where(attends, row_max, 0.0)
     e = np.where(allowed, np.exp(masked - row_max), 0.0)
     total = np.sum(e, axis=-1, keepdims=True)
     if sink is not None:
         total = total + np.exp(sink - row_max)
-    weights = np.where(any_allowed, e / np.where(any_allowed, total, 1.0), 0.0)
+    weights = np.where(attends, e / np.where(attends, total, 1.0), 0.0)
 
     out = weights @ v
     result: tuple[F64, ...] = (out,)
@@ -345,7 +343,7 @@ def attention(
         result += (weights,)
     if return_lse:
         with np.errstate(divide="ignore"):
-            lse = np.where(any_allowed, row_max + np.log(total), -np.inf)[..., 0]
+            lse = np.where(attends, row_max + np.log(total), -np.inf)[..., 0]
         result += (lse,)
     return result[0] if len(result) == 1 else result
 
