@@ -32,7 +32,7 @@ SAN_ENV := LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) 
 SAN_SKIP := --deselect tests/test_reliability.py::test_no_leak_ops \
 	--deselect tests/test_reliability.py::test_no_leak_transformer_block \
 	--deselect tests/test_reliability.py::test_no_leak_modules_and_model \
-	--deselect tests/test_attention.py::test_memory_is_streaming
+	--deselect tests/ops/test_attention.py::test_memory_is_streaming
 
 .PHONY: demo test test-matrix test-sanitize test-wheel wheel bench lint stubs clean sysdeps
 

@@ -40,6 +40,12 @@ py::dict param_views(std::vector<Param> params, py::handle owner) {
   return d;
 }
 
+// Module.params: name -> view, the views keeping the module alive
+template <class Module>
+auto params_of() {
+  return [](py::object self) { return param_views(self.cast<Module&>().params(), self); };
+}
+
 f32_array run_norm(const Norm& norm, f32_array x) {
   expect(x.ndim() >= 1 && static_cast<std::size_t>(x.shape(x.ndim() - 1)) == norm.dim(), "Norm",
          "x must have shape (..., " + std::to_string(norm.dim()) + ")");
@@ -165,9 +171,7 @@ void bind_modules(py::module_& m) {
 
   py::class_<Norm, std::shared_ptr<Norm>>(m, "NormImpl")
       .def("forward", &run_norm, "x"_a)
-      .def("params", [](py::object self) {
-        return param_views(self.cast<Norm&>().params(), self);
-      })
+      .def("params", params_of<Norm>())
       .def_property_readonly("dim", &Norm::dim)
       .def_property_readonly("kind", &Norm::kind);
   py::class_<RMSNormModule, Norm, std::shared_ptr<RMSNormModule>>(m, "RMSNormImpl")
@@ -194,9 +198,7 @@ void bind_modules(py::module_& m) {
             return out;
           },
           "x"_a)
-      .def("params", [](py::object self) {
-        return param_views(self.cast<FeedForwardModule&>().params(), self);
-      })
+      .def("params", params_of<FeedForwardModule>())
       .def_property_readonly("dim", &FeedForwardModule::dim)
       .def_property_readonly("hidden", &FeedForwardModule::hidden)
       .def_property_readonly("has_bias", &FeedForwardModule::has_bias);
@@ -242,9 +244,7 @@ void bind_modules(py::module_& m) {
                 });
           },
           "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
-      .def("params", [](py::object self) {
-        return param_views(self.cast<MultiHeadAttentionModule&>().params(), self);
-      })
+      .def("params", params_of<MultiHeadAttentionModule>())
       .def_readonly("dim", &MultiHeadAttentionModule::dim)
       .def_readonly("n_heads", &MultiHeadAttentionModule::n_heads)
       .def_readonly("n_kv_heads", &MultiHeadAttentionModule::n_kv_heads)
@@ -329,9 +329,7 @@ void bind_modules(py::module_& m) {
           },
           "ids"_a, "positions"_a, "key_mask"_a, "caches"_a, "last_only"_a,
           "inv_freq"_a = py::none())
-      .def("params", [](py::object self) {
-        return param_views(self.cast<TransformerModule&>().params(), self);
-      })
+      .def("params", params_of<TransformerModule>())
       .def_readonly("vocab", &TransformerModule::vocab)
       .def_readonly("dim", &TransformerModule::dim)
       .def_readonly("blocks", &TransformerModule::blocks)

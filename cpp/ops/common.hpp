@@ -8,6 +8,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "common/thread_pool.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -152,6 +154,19 @@ py::array new_output(const std::vector<py::ssize_t>& shape) {
 
 inline std::vector<py::ssize_t> shape_of(const py::array& a) {
   return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
+}
+
+// f(T{}) for x's float type (float32 or float64): an op's code written once for both
+template <class F>
+void with_dtype(const py::array& x, F&& f) {
+  if (is_f32(x)) f(float{}); else f(double{});
+}
+
+// parallel_for (common/thread_pool.hpp) with the GIL released: take every pointer first
+template <class Body>
+void parallel_nogil(std::size_t n, std::size_t grain, double cost_per_item, const Body& body) {
+  py::gil_scoped_release nogil;
+  parallel_for(n, grain, cost_per_item, body);
 }
 
 // Non-temporal stores pay off when the output is much larger than the caches (each output line

@@ -11,19 +11,16 @@ namespace {
 // chunk boundaries on multiples of 64 elements
 template <class Kernel>
 void run(const Kernel& kernel, const py::array& x, const py::array* up, py::array& out) {
-  const std::size_t n = static_cast<std::size_t>(x.size());
-  auto typed = [&](auto tag) {
+  with_dtype(x, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = cptr<T>(x);
     const T* up_p = up ? cptr<T>(*up) : nullptr;
     T* op = ptr<T>(out);
     const bool stream = use_stream(out);
-    py::gil_scoped_release nogil;
-    parallel_for(n, 64, 4.0, [&](std::size_t b, std::size_t e) {
+    parallel_nogil(static_cast<std::size_t>(x.size()), 64, 4.0, [&](std::size_t b, std::size_t e) {
       dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b, stream);
     });
-  };
-  if (is_f32(x)) typed(float{}); else typed(double{});
+  });
 }
 
 }  // namespace

@@ -132,7 +132,7 @@ def build_info() -> dict[str, Any]:
         "xsimd": _core.xsimd_version,
         "simd_arch": _core.simd_arch(),
         "best_simd_arch": _core.best_simd_arch(),
-        "compiled_simd_archs": ["sse2", "avx2", "avx512"],
+        "compiled_simd_archs": list(_core.isa_names),
         "num_threads": _core.get_num_threads(),
         "blas": _core.openblas_config(),
     }

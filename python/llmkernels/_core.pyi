@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'get_num_threads', 'layer_norm', 'max_threads', 'openblas_config', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'get_num_threads', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -229,7 +229,7 @@ def silu(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
 def simd_arch() -> str:
     """
-    The SIMD path in use: 'avx512', 'avx2' or 'sse2'.
+    The SIMD path in use (one of isa_names).
     """
 def swiglu(gate: numpy.ndarray, up: numpy.ndarray, out: numpy.ndarray) -> None:
     """
@@ -241,5 +241,6 @@ def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_d
     """
 __version__: str = '0.1.0'
 compiler: str = 'GNU 12.2.0'
+isa_names: tuple = ('sse2', 'avx2', 'avx512')
 max_threads: int = 1024
 xsimd_version: str = '8.1.0'

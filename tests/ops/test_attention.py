@@ -1,4 +1,6 @@
-"""llmkernels.attention against llmkernels.reference.attention (the float64 spec), PyTorch's
+"""llmkernels.attention (tile kernel cpp/kernels/attention.hpp, driver and entries
+cpp/ops/attention.cpp, binding cpp/bindings/attention.cpp, wrapper llmkernels._ops.attention)
+against its formula (ref_attention below, which is llmkernels.reference.attention), PyTorch's
 scaled_dot_product_attention and the seeds' RoPE attention numbers; streaming memory,
 determinism across threads / runs, bad input and empty shapes.
 
@@ -57,6 +59,33 @@ def qkv(rng, b=1, hq=4, hkv=4, tq=17, tk=17, d=32, dv=None, dtype=np.float32):
     )
 
 
+def ref_attention(q, k, v, causal=False, mask=None, scale=None, return_weights=False):
+    """softmax(q @ k^T * scale + mask) @ v per head, in float64. q (..., Hq, Tq, D), k (..., Hkv,
+    Tk, D), v (..., Hkv, Tk, Dv); query head h uses KV head h // (Hq // Hkv); scale defaults to
+    1/sqrt(D); causal: query i sees key j iff j <= i + Tk - Tq (bottom-right aligned); mask: bool
+    (True = may attend) or additive, broadcast to (..., Hq, Tq, Tk). A row with no key to attend
+    gives zeros (output and weights)."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    group = q.shape[-3] // k.shape[-3]
+    k, v = np.repeat(k, group, axis=-3), np.repeat(v, group, axis=-3)
+    tq, tk = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ np.swapaxes(k, -1, -2) * scale  # (..., Hq, Tq, Tk)
+    allowed = np.ones(scores.shape, bool)
+    if causal:
+        allowed &= np.arange(tk)[None, :] <= np.arange(tq)[:, None] + (tk - tq)
+    if mask is not None and np.asarray(mask).dtype == bool:
+        allowed &= np.asarray(mask)
+    elif mask is not None:
+        scores = scores + np.asarray(mask, np.float64)
+    scores = np.where(allowed, scores, -np.inf)
+    m = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(m), m, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    w = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return (w @ v, w) if return_weights else w @ v
+
+
 def check_weights(w: np.ndarray, expected_w: np.ndarray, dtype) -> None:
     check(w, expected_w, dtype)
     sums = w.astype(np.float64).sum(-1)
@@ -110,15 +139,26 @@ def test_sweep(case, dtype, isa, rng):
     q, k, v = qkv(rng, dtype=dtype, **shape)
     kwargs = {key: params[key] for key in ("causal", "scale") if key in params}
     got = lk.attention(q, k, v, **kwargs)
-    want = ref.attention(q, k, v, **kwargs)
+    want = ref_attention(q, k, v, **kwargs)
     check(got, want, dtype)
     got_o, got_w = lk.attention(q, k, v, return_weights=True, **kwargs)
-    want_o, want_w = ref.attention(q, k, v, return_weights=True, **kwargs)
+    want_o, want_w = ref_attention(q, k, v, return_weights=True, **kwargs)
     check(got_o, want_o, dtype)
     check_weights(got_w, want_w, dtype)
     if params.get("causal") and q.shape[-2] > k.shape[-2]:
         blind = q.shape[-2] - k.shape[-2]  # first rows see no key
         assert (got[..., :blind, :] == 0).all() and (got_w[..., :blind, :] == 0).all()
+
+
+def test_formula_is_the_package_reference(rng):
+    """The formula above is llmkernels.reference.attention (GQA, causal, both mask kinds)."""
+    q, k, v = (rng.standard_normal(s) for s in ((2, 4, 5, 8), (2, 2, 7, 8), (2, 2, 7, 3)))
+    keep = rng.random((5, 7)) > 0.3
+    add = np.where(keep, rng.standard_normal((5, 7)), -np.inf)
+    for kw in ({}, {"causal": True, "scale": 0.7}, {"mask": keep}, {"mask": add, "causal": True}):
+        for got, want in zip(ref_attention(q, k, v, return_weights=True, **kw),
+                             ref.attention(q, k, v, return_weights=True, **kw), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
 
 
 # --- masks ------------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""What the per-op tests of tests/ops share: the size/shape/dtype sweeps, the tolerance check,
+random data and the non-contiguous layouts. Each test_<op>.py keeps its op's reference formula
+beside its tests (as MLX's python/tests/test_fast.py does)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from conftest import TOL
+
+SIZES = [1, 7, 31, 33, 128, 1025, 4096]
+LEADS = [(), (3,), (2, 5)]
+DTYPES = [np.float32, np.float64]
+LAYOUTS = ["strided_rows", "strided_last_axis", "fortran", "transposed", "negative_stride"]
+
+# an op as a function (x, rng) -> (llmkernels result, reference result) on x of shape (..., n)
+OpCase = Callable[[np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]
+
+
+def check(actual: np.ndarray, expected: np.ndarray, dtype: type) -> None:
+    dt = np.dtype(dtype)
+    assert actual.dtype == dt
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, **TOL[dt])
+
+
+def data(rng: np.random.Generator, shape: tuple[int, ...], dtype: type, scale: float = 1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def layouts(rng, dtype):
+    """Non-contiguous views, one at a time from the default shape (2, 5, 33)."""
+    base = data(rng, (4, 10, 66), dtype)
+    return {
+        "strided_rows": base[::2, ::2, :33],
+        "strided_last_axis": base[:2, :5, ::2],
+        "fortran": np.asfortranarray(base[:2, :5, :33]),
+        "transposed": base[:2, :5, :33].transpose(1, 0, 2),
+        "negative_stride": base[:2, :5, 32::-1],
+    }
+
+
+def sweep(test):
+    """Parametrizes a test(op, n, lead, dtype, ...) over the sizes (SIMD tails 1, 7, 31, 33 and
+    the large sizes), the leading shapes and both dtypes (test ids: op-n-lead-dtype)."""
+    test = pytest.mark.parametrize("n", SIZES)(test)
+    test = pytest.mark.parametrize("lead", LEADS, ids=str)(test)
+    return pytest.mark.parametrize("dtype", DTYPES)(test)
+
+
+def run_sweep(case: OpCase, n, lead, dtype, rng) -> None:
+    x = data(rng, lead + (n,), dtype)
+    actual, expected = case(x, rng)
+    check(actual, expected, dtype)
+
+
+def by_layout(test):
+    """Parametrizes a test(op, layout, dtype) over the non-contiguous layouts and both dtypes."""
+    test = pytest.mark.parametrize("layout", LAYOUTS)(test)
+    return pytest.mark.parametrize("dtype", DTYPES)(test)
+
+
+def run_layout(case: OpCase, layout, dtype, rng) -> None:
+    x = layouts(rng, dtype)[layout]
+    assert not x.flags.c_contiguous
+    actual, expected = case(x, np.random.default_rng(0))
+    check(actual, expected, dtype)
+
+
+def op_tests(ops: dict[str, OpCase]):
+    """The sweep and layout tests of an op module's cases: ``test_sweep, test_layouts =
+    op_tests(OPS)`` (every SIMD path, sizes, leading shapes, dtypes; non-contiguous inputs)."""
+
+    @sweep
+    @pytest.mark.parametrize("op", list(ops))
+    def test_sweep(op, n, lead, dtype, isa, rng):
+        run_sweep(ops[op], n, lead, dtype, rng)
+
+    @by_layout
+    @pytest.mark.parametrize("op", list(ops))
+    def test_layouts(op, layout, dtype, rng):
+        run_layout(ops[op], layout, dtype, rng)
+
+    return test_sweep, test_layouts
