@@ -30,7 +30,7 @@ def _view(buf: np.ndarray, shape: tuple[int, ...], offset: int, step: int) -> np
         flat = buf[offset : offset + n * step : step]
     else:
         start = offset + (n - 1) * (-step)
-        flat = buf[start :: step][:n] if start >= 0 else buf[:0]
+        flat = buf[start::step][:n] if start >= 0 else buf[:0]
     assert flat.size == n and np.shares_memory(flat, buf)
     return flat.reshape(shape)
 

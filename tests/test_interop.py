@@ -68,7 +68,8 @@ CONVERTERS: dict[str, Callable[[np.ndarray], Any]] = {
     # a transposed (non-contiguous) view holding the same values
     "torch_strided": lambda a: (
         torch.from_numpy(np.ascontiguousarray(np.swapaxes(a, -1, -2))).mT
-        if a.ndim >= 2 else torch.from_numpy(a)
+        if a.ndim >= 2
+        else torch.from_numpy(a)
     ),
     "__array__": ArrayWrapper,
     "list": lambda a: a.tolist(),

@@ -885,7 +885,10 @@ CONFIG_ERRORS: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "odd head_dim": ({**BASE, "head_dim": 15}, r"head_dim: must be even"),
     "hidden_act": ({**HF_BASE, "hidden_act": "gelu"}, r"hidden_act: only 'silu'"),
-    "model_type": ({**HF_BASE, "model_type": "mistral"}, r"model_type: only 'llama'"),
+    "model_type": (
+        {**HF_BASE, "model_type": "gemma"},
+        r"model_type: 'gemma' is not supported \(supported: llama, mistral, qwen2\)",
+    ),
     "zero layers": ({**BASE, "n_layers": 0}, r"n_layers: must be a positive int, got 0"),
     "float size": ({**HF_BASE, "hidden_size": 64.0}, r"hidden_size: must be a positive int"),
     "bool size": ({**BASE, "n_heads": True}, r"n_heads: must be a positive int"),

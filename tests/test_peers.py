@@ -42,6 +42,8 @@ def sweep(test: Callable[..., None]) -> Callable[..., None]:
     ):
         test = mark(test)
     return test
+
+
 EPS32 = float(np.finfo(np.float32).eps)  # 2**-23
 EPS = {np.dtype(np.float32): EPS32, np.dtype(np.float64): float(np.finfo(np.float64).eps)}
 

@@ -42,8 +42,18 @@ UNIT_ROUNDOFF = {F32: 2.0**-24, F64: 2.0**-53}
 FLOATS = st.sampled_from([F32, F64])
 # input dtypes the ops convert: float16 -> float32, integers and bools -> float64
 INPUT_DTYPES = st.sampled_from(
-    [F32, F64, F32, F64, F16, np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64),
-     np.dtype(np.uint8), np.dtype(np.bool_)]
+    [
+        F32,
+        F64,
+        F32,
+        F64,
+        F16,
+        np.dtype(np.int8),
+        np.dtype(np.int32),
+        np.dtype(np.int64),
+        np.dtype(np.uint8),
+        np.dtype(np.bool_),
+    ]
 )
 INT_POSITION_DTYPES = st.sampled_from(
     [np.dtype(t) for t in (np.int64, np.int32, np.uint32, np.int16, np.uint64, np.uint8)]
@@ -197,22 +207,32 @@ EPS = st.one_of(st.sampled_from([1e-6, 1e-5, 1e-12, 1.0]), st.floats(1e-9, 10.0)
 @st.composite
 def norm_case(draw: Any, with_bias: bool) -> dict[str, Any]:
     lead = draw(lead_shapes(3, 4))
-    d = draw(st.one_of(st.integers(1, 70), st.sampled_from([1, 2, 15, 16, 17, 31, 32, 33, 63, 64,
-                                                            65, 129])))
+    d = draw(
+        st.one_of(
+            st.integers(1, 70), st.sampled_from([1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129])
+        )
+    )
     xdt = draw(INPUT_DTYPES)
     x = draw(arrays(xdt, lead + (d,)))
     w = draw(st.none() | arrays(draw(INPUT_DTYPES), (d,), -10, 10))
     b = draw(st.none() | arrays(draw(INPUT_DTYPES), (d,), -10, 10)) if with_bias else None
-    return {"x": x, "w": w, "b": b, "eps": draw(EPS), "out_mode": draw(
-        st.sampled_from(["none", "out", "alias"]))}
+    return {
+        "x": x,
+        "w": w,
+        "b": b,
+        "eps": draw(EPS),
+        "out_mode": draw(st.sampled_from(["none", "out", "alias"])),
+    }
 
 
 @given(norm_case(with_bias=False))
 def test_rms_norm(case):
     x, w, eps = case["x"], case["w"], case["eps"]
     dtype = result_dtype(x, w)
-    note(f"x {x.shape} {x.dtype} strides {x.strides}, w {None if w is None else w.dtype}, "
-         f"eps {eps}, {case['out_mode']}")
+    note(
+        f"x {x.shape} {x.dtype} strides {x.strides}, w {None if w is None else w.dtype}, "
+        f"eps {eps}, {case['out_mode']}"
+    )
     want = ref.rms_norm(x, w, eps)
     inputs = [a.copy() for a in (x, w) if a is not None]
     if case["out_mode"] == "none":
@@ -353,8 +373,11 @@ def test_swiglu(shape, gdt, udt, mode, data):
     assert_close(got, want, dtype, what="swiglu")
 
 
-@given(shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=8),
-       dtype=FLOATS, data=st.data())
+@given(
+    shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=8),
+    dtype=FLOATS,
+    data=st.data(),
+)
 def test_swiglu_in_place_both(shape, dtype, data):
     """gate, up and out all the same buffer: silu(x) * x."""
     x = data.draw(arrays(dtype, shape, layout=False))
@@ -450,7 +473,7 @@ def positions_for(draw: Any, lead: tuple[int, ...]) -> np.ndarray | None:
         shape: tuple[int, ...] = (t,)
     else:
         keep = draw(st.integers(0, len(lead)))  # broadcast rank
-        sub = lead[len(lead) - keep:]
+        sub = lead[len(lead) - keep :]
         shape = tuple(s if draw(st.booleans()) else 1 for s in sub)
     return draw(hnp.arrays(pdt, shape, elements=st.integers(lo, hi)))
 
@@ -485,8 +508,10 @@ def test_rope(lead, t, d, xdt, interleaved, data):
     kwargs["attention_factor"] = af
     mode = data.draw(st.sampled_from(["none", "out", "alias"]))
     dtype = result_dtype(x)
-    note(f"x {x.shape} {x.dtype} strides {x.strides}; positions "
-         f"{None if pos is None else (pos.shape, pos.dtype)}; {kwargs}; {mode}")
+    note(
+        f"x {x.shape} {x.dtype} strides {x.strides}; positions "
+        f"{None if pos is None else (pos.shape, pos.dtype)}; {kwargs}; {mode}"
+    )
     want = ref.rope(x, pos, **kwargs)
     if mode == "none":
         got = lk.rope(x, pos, **kwargs)
@@ -499,12 +524,18 @@ def test_rope(lead, t, d, xdt, interleaved, data):
         got = lk.rope(xa, pos, out=xa, **kwargs)
         assert got is xa
     # float rotation: x1*c - x2*s with c, s rounded to the dtype: ~4 u (|x1| + |x2|) af
-    extra = 4 * UNIT_ROUNDOFF[dtype] * af * rope_partner_magnitude(np.asarray(x, np.float64), r,
-                                                                  interleaved)
+    extra = (
+        4
+        * UNIT_ROUNDOFF[dtype]
+        * af
+        * rope_partner_magnitude(np.asarray(x, np.float64), r, interleaved)
+    )
     assert_close(got, want, dtype, extra=extra, what="rope")
     # features past rotary_dim pass through bit for bit
-    np.testing.assert_array_equal(got[..., r:], np.asarray(x, dtype)[..., r:]
-                                  if mode != "alias" else want[..., r:].astype(dtype))
+    np.testing.assert_array_equal(
+        got[..., r:],
+        np.asarray(x, dtype)[..., r:] if mode != "alias" else want[..., r:].astype(dtype),
+    )
 
 
 @given(
@@ -542,8 +573,9 @@ def attention_case(draw: Any) -> dict[str, Any]:
     d = draw(st.integers(1, 40))
     dv = draw(st.sampled_from([d, d]) | st.integers(0, 20))
     lead = () if batch is None else batch
-    qdt, kdt, vdt = (draw(st.sampled_from([F32, F64, F32, F64, np.dtype(np.int8)]))
-                     for _ in range(3))
+    qdt, kdt, vdt = (
+        draw(st.sampled_from([F32, F64, F32, F64, np.dtype(np.int8)])) for _ in range(3)
+    )
     q = draw(arrays(qdt, lead + (hq, tq, d), -8, 8), label="q")
     k = draw(arrays(kdt, lead + (hkv, tk, d), -8, 8), label="k")
     v = draw(arrays(vdt, lead + (hkv, tk, dv), -100, 100), label="v")
@@ -552,7 +584,7 @@ def attention_case(draw: Any) -> dict[str, Any]:
     mkind = draw(st.sampled_from(["none", "bool", "additive"]))
     if mkind != "none":
         keep = draw(st.integers(0, len(scores_shape)))
-        sub = scores_shape[len(scores_shape) - keep:]
+        sub = scores_shape[len(scores_shape) - keep :]
         mshape = tuple(s if draw(st.booleans()) else 1 for s in sub)
         if mkind == "bool":
             mask = draw(hnp.arrays(np.bool_, mshape))
@@ -561,7 +593,10 @@ def attention_case(draw: Any) -> dict[str, Any]:
             el = st.floats(-10, 10, width=8 * mdt.itemsize) | st.just(-np.inf)
             mask = draw(hnp.arrays(mdt, mshape, elements=el))
     return {
-        "q": q, "k": k, "v": v, "mask": mask,
+        "q": q,
+        "k": k,
+        "v": v,
+        "mask": mask,
         "causal": draw(st.booleans()),
         "scale": draw(st.none() | st.floats(0.01, 2.0)),
         "return_weights": draw(st.booleans()),
@@ -599,8 +634,10 @@ def test_attention(case):
     q, k, v, mask = case["q"], case["k"], case["v"], case["mask"]
     kw = {"causal": case["causal"], "mask": mask, "scale": case["scale"]}
     dtype = result_dtype(q, k, v)
-    note(f"q {q.shape} {q.dtype} {q.strides}, k {k.shape} {k.dtype}, v {v.shape} {v.dtype}, "
-         f"mask {None if mask is None else (mask.shape, mask.dtype)}, {kw}, {case['out_mode']}")
+    note(
+        f"q {q.shape} {q.dtype} {q.strides}, k {k.shape} {k.dtype}, v {v.shape} {v.dtype}, "
+        f"mask {None if mask is None else (mask.shape, mask.dtype)}, {kw}, {case['out_mode']}"
+    )
     if k.shape[-2] == 0:
         # no keys: every row has nothing to attend -> zeros (reference.attention cannot reduce
         # over an empty key axis: np.max raises, a limitation of the reference, not the spec)
@@ -627,8 +664,9 @@ def test_attention(case):
         assert got is out
     else:
         unchanged(before, [q, k, v])
-    out_err, w_err = attention_bound(q if out is not q else before[0], k, v, mask, case["scale"],
-                                     want_w, dtype)
+    out_err, w_err = attention_bound(
+        q if out is not q else before[0], k, v, mask, case["scale"], want_w, dtype
+    )
     assert_close(got, want_out, dtype, tol=ATTN_TOL, extra=out_err, what="attention output")
     # a query row with nothing to attend gives exactly zeros
     empty_rows = want_w.sum(-1) == 0
@@ -637,8 +675,12 @@ def test_attention(case):
         assert_close(got_w, want_w, dtype, tol=ATTN_TOL, extra=w_err, what="attention weights")
         assert not np.any(got_w[empty_rows])
         sums = got_w.astype(np.float64).sum(-1)
-        np.testing.assert_allclose(sums[~empty_rows], 1.0, rtol=0,
-                                   atol=(2e-5 if dtype == F32 else 1e-12) * (1 + q.shape[-2]))
+        np.testing.assert_allclose(
+            sums[~empty_rows],
+            1.0,
+            rtol=0,
+            atol=(2e-5 if dtype == F32 else 1e-12) * (1 + q.shape[-2]),
+        )
 
 
 @given(
@@ -665,10 +707,19 @@ def test_attention_gqa_equals_repeated_kv(b, hkv, group, tk, d, dtype, data):
     assert_close(got, rep.astype(np.float64), np.dtype(dtype), tol=ATTN_TOL, what="GQA")
     # and per head, one KV head at a time
     for h in range(hq):
-        one = lk.attention(q[:, h:h + 1], k[:, h // group:h // group + 1],
-                           v[:, h // group:h // group + 1], causal=causal)
-        assert_close(got[:, h:h + 1], one.astype(np.float64), np.dtype(dtype), tol=ATTN_TOL,
-                     what=f"GQA head {h}")
+        one = lk.attention(
+            q[:, h : h + 1],
+            k[:, h // group : h // group + 1],
+            v[:, h // group : h // group + 1],
+            causal=causal,
+        )
+        assert_close(
+            got[:, h : h + 1],
+            one.astype(np.float64),
+            np.dtype(dtype),
+            tol=ATTN_TOL,
+            what=f"GQA head {h}",
+        )
 
 
 @given(
@@ -687,12 +738,12 @@ def test_attention_causal_equals_bool_mask(hq, tq, extra_k, d, dtype, data):
     v = data.draw(arrays(dtype, (hq, tk, d), -4, 4))
     i, j = np.arange(tq)[:, None], np.arange(tk)[None, :]
     mask = j <= i + (tk - tq)
-    np.testing.assert_array_equal(lk.attention(q, k, v, causal=True),
-                                  lk.attention(q, k, v, mask=mask))
+    np.testing.assert_array_equal(
+        lk.attention(q, k, v, causal=True), lk.attention(q, k, v, mask=mask)
+    )
     # additive -inf is the same as False
     add = np.where(mask, 0.0, -np.inf).astype(dtype)
-    np.testing.assert_array_equal(lk.attention(q, k, v, mask=mask),
-                                  lk.attention(q, k, v, mask=add))
+    np.testing.assert_array_equal(lk.attention(q, k, v, mask=mask), lk.attention(q, k, v, mask=add))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -704,8 +755,21 @@ POW2_DIMS = st.sampled_from([2, 4, 8, 16, 32, 64, 128, 256])
 
 @st.composite
 def scaling_dicts(draw: Any, dim: int) -> dict[str, Any] | None:
-    kind = draw(st.sampled_from(["none", "default", "linear", "dynamic", "yarn", "llama3",
-                                 "longrope", "p-rope", "proportional"]))
+    kind = draw(
+        st.sampled_from(
+            [
+                "none",
+                "default",
+                "linear",
+                "dynamic",
+                "yarn",
+                "llama3",
+                "longrope",
+                "p-rope",
+                "proportional",
+            ]
+        )
+    )
     ctx = draw(st.sampled_from([512, 1024, 2048, 4096, 8192]))
     factor = draw(st.sampled_from([0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 40.0]) | st.floats(1.0, 64.0))
     if kind == "none":
@@ -731,14 +795,21 @@ def scaling_dicts(draw: Any, dim: int) -> dict[str, Any] | None:
         return s
     if kind == "llama3":
         low = draw(st.sampled_from([0.5, 1.0, 2.0]))
-        return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
-                "high_freq_factor": low * draw(st.sampled_from([2.0, 4.0, 8.0])),
-                "original_max_position_embeddings": ctx}
+        return {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low,
+            "high_freq_factor": low * draw(st.sampled_from([2.0, 4.0, 8.0])),
+            "original_max_position_embeddings": ctx,
+        }
     if kind == "longrope":
         half = dim // 2
-        s = {"rope_type": "longrope", "original_max_position_embeddings": ctx,
-             "short_factor": draw(st.lists(st.floats(1.0, 4.0), min_size=half, max_size=half)),
-             "long_factor": draw(st.lists(st.floats(1.0, 64.0), min_size=half, max_size=half))}
+        s = {
+            "rope_type": "longrope",
+            "original_max_position_embeddings": ctx,
+            "short_factor": draw(st.lists(st.floats(1.0, 4.0), min_size=half, max_size=half)),
+            "long_factor": draw(st.lists(st.floats(1.0, 64.0), min_size=half, max_size=half)),
+        }
         if draw(st.booleans()):
             s["factor"] = factor
         else:
@@ -746,12 +817,16 @@ def scaling_dicts(draw: Any, dim: int) -> dict[str, Any] | None:
         return s
     if kind == "p-rope":
         return {"rope_type": "p-rope", "p": draw(st.floats(0.0, 1.0))}
-    return {"rope_type": "proportional", "partial_rotary_factor": draw(
-        st.sampled_from([0.25, 0.5, 1.0])), "factor": draw(st.sampled_from([1.0, 2.0]))}
+    return {
+        "rope_type": "proportional",
+        "partial_rotary_factor": draw(st.sampled_from([0.25, 0.5, 1.0])),
+        "factor": draw(st.sampled_from([1.0, 2.0])),
+    }
 
 
-def hf_rope_parameters(params: dict[str, Any] | None, dim: int, theta: float,
-                       seq_len: int | None) -> tuple[np.ndarray, float] | None:
+def hf_rope_parameters(
+    params: dict[str, Any] | None, dim: int, theta: float, seq_len: int | None
+) -> tuple[np.ndarray, float] | None:
     """HF transformers' (inv_freq, attention_factor), or None for types HF does not have."""
     import torch  # noqa: F401  (HF needs it)
     from transformers import LlamaConfig
@@ -770,9 +845,16 @@ def hf_rope_parameters(params: dict[str, Any] | None, dim: int, theta: float,
     if rope_type == "dynamic":  # HF reads the pre-training length from the model config
         max_pos = params.pop("original_max_position_embeddings")
     params["rope_theta"] = theta
-    cfg = LlamaConfig(hidden_size=dim * 4, num_attention_heads=4, head_dim=dim,
-                      max_position_embeddings=max_pos, num_hidden_layers=1,
-                      intermediate_size=8, vocab_size=16, rope_parameters=params)
+    cfg = LlamaConfig(
+        hidden_size=dim * 4,
+        num_attention_heads=4,
+        head_dim=dim,
+        max_position_embeddings=max_pos,
+        num_hidden_layers=1,
+        intermediate_size=8,
+        vocab_size=16,
+        rope_parameters=params,
+    )
     inv_freq, af = ROPE_INIT_FUNCTIONS[rope_type](cfg, None, seq_len=seq_len)
     return inv_freq.double().numpy(), float(af)
 
@@ -903,7 +985,10 @@ def block_config(draw: Any) -> dict[str, Any]:
     head_dim = 2 * draw(st.integers(1, 8))
     dim = draw(st.integers(1, 24))
     cfg: dict[str, Any] = {
-        "dim": dim, "n_heads": n_heads, "n_kv_heads": n_kv, "head_dim": head_dim,
+        "dim": dim,
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "head_dim": head_dim,
         "hidden_dim": draw(st.integers(1, 40)),
         "norm": draw(st.sampled_from(["rms", "layer"])),
         "norm_position": draw(st.sampled_from(["pre", "post"])),
@@ -912,12 +997,21 @@ def block_config(draw: Any) -> dict[str, Any]:
         "mlp_bias": draw(st.booleans()),
     }
     if draw(st.booleans()):
-        cfg["rope_scaling"] = draw(st.sampled_from([
-            {"rope_type": "linear", "factor": 2.0},
-            {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-             "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
-            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
-        ]))
+        cfg["rope_scaling"] = draw(
+            st.sampled_from(
+                [
+                    {"rope_type": "linear", "factor": 2.0},
+                    {
+                        "rope_type": "llama3",
+                        "factor": 8.0,
+                        "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 16,
+                    },
+                    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+                ]
+            )
+        )
     return cfg
 
 
@@ -984,8 +1078,8 @@ def test_transformer_block_and_cache(cfg, b, t, seed, data):
         cache = block.new_cache(b, t + data.draw(st.integers(0, 3)))
         parts = [block(x[:, :split], mask=None if mask is None else mask[:, :split], cache=cache)]
         for i in range(split, t):
-            step_mask = None if mask is None else mask[:, i:i + 1]
-            parts.append(block(x[:, i:i + 1], mask=step_mask, cache=cache))
+            step_mask = None if mask is None else mask[:, i : i + 1]
+            parts.append(block(x[:, i : i + 1], mask=step_mask, cache=cache))
         assert cache.length == t
         assert cache.keys().shape == (b, cfg["n_kv_heads"], t, cfg["head_dim"])
         inc = np.concatenate(parts, axis=1)
@@ -996,15 +1090,29 @@ def test_transformer_block_and_cache(cfg, b, t, seed, data):
 def test_composed_block_equals_reference(cfg, b, t, seed, data):
     """A block composed from module objects (MultiHeadAttention, FeedForward, norms) is the
     reference block; MultiHeadAttention alone is the block's attention."""
-    make_norm = (lambda: lk.RMSNorm(cfg["dim"])) if cfg["norm"] == "rms" else \
-        (lambda: lk.LayerNorm(cfg["dim"]))
-    attn = lk.MultiHeadAttention(cfg["dim"], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"],
-                                 rope_theta=cfg["rope_theta"],
-                                 rope_scaling=cfg.get("rope_scaling"),
-                                 bias=cfg["attention_bias"], seed=seed)
+    make_norm = (
+        (lambda: lk.RMSNorm(cfg["dim"]))
+        if cfg["norm"] == "rms"
+        else (lambda: lk.LayerNorm(cfg["dim"]))
+    )
+    attn = lk.MultiHeadAttention(
+        cfg["dim"],
+        cfg["n_heads"],
+        cfg["n_kv_heads"],
+        cfg["head_dim"],
+        rope_theta=cfg["rope_theta"],
+        rope_scaling=cfg.get("rope_scaling"),
+        bias=cfg["attention_bias"],
+        seed=seed,
+    )
     ffn = lk.FeedForward(cfg["dim"], cfg["hidden_dim"], bias=cfg["mlp_bias"], seed=seed + 1)
-    block = lk.TransformerBlock(attention=attn, feed_forward=ffn, attention_norm=make_norm(),
-                                ffn_norm=make_norm(), norm_position=cfg["norm_position"])
+    block = lk.TransformerBlock(
+        attention=attn,
+        feed_forward=ffn,
+        attention_norm=make_norm(),
+        ffn_norm=make_norm(),
+        norm_position=cfg["norm_position"],
+    )
     rng = np.random.default_rng(seed)
     sd = block_state(block, rng, cfg)
     cfg = dict(cfg, norm_eps=1e-6 if cfg["norm"] == "rms" else 1e-5)
@@ -1013,9 +1121,10 @@ def test_composed_block_equals_reference(cfg, b, t, seed, data):
     want = ref.transformer_block(x, sd, cfg)
     assert_close(block(x), want, F32, tol=module_tol(x), what="composed TransformerBlock")
     # MultiHeadAttention alone against the reference attention sub-layer
-    attn_sd = {k[len("self_attn."):]: v for k, v in sd.items() if k.startswith("self_attn.")}
-    assert_close(attn(x), reference_mha(x, attn_sd, cfg), F32, tol=module_tol(x),
-                 what="MultiHeadAttention")
+    attn_sd = {k[len("self_attn.") :]: v for k, v in sd.items() if k.startswith("self_attn.")}
+    assert_close(
+        attn(x), reference_mha(x, attn_sd, cfg), F32, tol=module_tol(x), what="MultiHeadAttention"
+    )
 
 
 def reference_mha(x: np.ndarray, w: dict[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
@@ -1060,8 +1169,9 @@ def test_transformer_forward_and_generate(cfg, n_layers, vocab, tie, b, t, seed,
     want = ref.transformer_forward(ids, sd, rcfg)
     got = model(ids)
     scale = np.abs(want).max() + 1
-    assert_close(got, want, F32, tol={F32: {"rtol": 1e-4, "atol": 1e-5 * scale}},
-                 what="Transformer logits")
+    assert_close(
+        got, want, F32, tol={F32: {"rtol": 1e-4, "atol": 1e-5 * scale}}, what="Transformer logits"
+    )
     last = model(ids, last_only=True)
     assert last.shape == (b, 1, vocab)
     np.testing.assert_allclose(last[:, 0], got[:, -1], rtol=1e-5, atol=1e-6 * scale)
@@ -1090,8 +1200,13 @@ def raises(exc: type, op: str, call: Any, what: str = "") -> None:
         assert what in msg, f"message {msg!r} does not name {what!r}"
 
 
-@given(lead=lead_shapes(2, 3), d=st.integers(1, 20), bad=st.integers(0, 21),
-       op=st.sampled_from(["rms_norm", "layer_norm_w", "layer_norm_b"]), dtype=FLOATS)
+@given(
+    lead=lead_shapes(2, 3),
+    d=st.integers(1, 20),
+    bad=st.integers(0, 21),
+    op=st.sampled_from(["rms_norm", "layer_norm_w", "layer_norm_b"]),
+    dtype=FLOATS,
+)
 def test_invalid_norm_weight_shape(lead, d, bad, op, dtype):
     assume(bad != d)
     x = np.ones(lead + (d,), dtype)
@@ -1106,9 +1221,12 @@ def test_invalid_norm_weight_shape(lead, d, bad, op, dtype):
     assert np.all(out == 7.25), "out was written by a failing call"
 
 
-@given(shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=5), dtype=FLOATS,
-       problem=st.sampled_from(["shape", "dtype", "fortran", "strided", "readonly", "list"]),
-       op=st.sampled_from(["rms_norm", "layer_norm", "silu", "swiglu", "rope"]))
+@given(
+    shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=5),
+    dtype=FLOATS,
+    problem=st.sampled_from(["shape", "dtype", "fortran", "strided", "readonly", "list"]),
+    op=st.sampled_from(["rms_norm", "layer_norm", "silu", "swiglu", "rope"]),
+)
 def test_invalid_out(shape, dtype, problem, op):
     dtype = np.dtype(dtype)
     if op == "rope" and len(shape) < 2:
@@ -1151,8 +1269,13 @@ def test_invalid_out(shape, dtype, problem, op):
         assert np.all(out == 7.25)
 
 
-@given(lead=lead_shapes(2, 3), t=st.integers(0, 5), d=st.integers(0, 20),
-       rdim=st.integers(-3, 25), dtype=FLOATS)
+@given(
+    lead=lead_shapes(2, 3),
+    t=st.integers(0, 5),
+    d=st.integers(0, 20),
+    rdim=st.integers(-3, 25),
+    dtype=FLOATS,
+)
 def test_invalid_rotary_dim(lead, t, d, rdim, dtype):
     x = np.ones(lead + (t, d), dtype)
     if rdim % 2 == 0 and 0 <= rdim <= d:
@@ -1163,13 +1286,28 @@ def test_invalid_rotary_dim(lead, t, d, rdim, dtype):
         raises(ValueError, "rope", lambda: lk.rope(x), "rotary_dim")
 
 
-@given(lead=lead_shapes(1, 3), t=st.integers(1, 5), d=st.integers(1, 6).map(lambda k: 2 * k),
-       data=st.data())
+@given(
+    lead=lead_shapes(1, 3),
+    t=st.integers(1, 5),
+    d=st.integers(1, 6).map(lambda k: 2 * k),
+    data=st.data(),
+)
 def test_invalid_rope_arguments(lead, t, d, data):
     x = np.ones(lead + (t, d), np.float32)
-    bad = data.draw(st.sampled_from(["pos_float", "pos_shape", "inv_freq_shape",
-                                     "inv_freq_nan", "theta", "attention_factor", "x_1d",
-                                     "complex"]))
+    bad = data.draw(
+        st.sampled_from(
+            [
+                "pos_float",
+                "pos_shape",
+                "inv_freq_shape",
+                "inv_freq_nan",
+                "theta",
+                "attention_factor",
+                "x_1d",
+                "complex",
+            ]
+        )
+    )
     if bad == "pos_float":
         raises(TypeError, "rope", lambda: lk.rope(x, np.arange(t) * 1.0), "positions")
     elif bad == "pos_shape":
@@ -1178,8 +1316,7 @@ def test_invalid_rope_arguments(lead, t, d, data):
     elif bad == "inv_freq_shape":
         raises(ValueError, "rope", lambda: lk.rope(x, inv_freq=np.ones(d // 2 + 1)), "inv_freq")
     elif bad == "inv_freq_nan":
-        raises(ValueError, "rope", lambda: lk.rope(x, inv_freq=np.full(d // 2, np.nan)),
-               "inv_freq")
+        raises(ValueError, "rope", lambda: lk.rope(x, inv_freq=np.full(d // 2, np.nan)), "inv_freq")
     elif bad == "theta":
         th = data.draw(st.sampled_from([0.0, -1.0, np.inf, np.nan]))
         raises(ValueError, "rope", lambda: lk.rope(x, theta=th), "theta")
@@ -1191,8 +1328,14 @@ def test_invalid_rope_arguments(lead, t, d, data):
         raises(TypeError, "rope", lambda: lk.rope(x.astype(np.complex64)), "x")
 
 
-@given(hq=st.integers(1, 8), hkv=st.integers(1, 8), b=st.sampled_from([None, 1, 2]),
-       t=st.integers(1, 4), d=st.integers(1, 8), dtype=FLOATS)
+@given(
+    hq=st.integers(1, 8),
+    hkv=st.integers(1, 8),
+    b=st.sampled_from([None, 1, 2]),
+    t=st.integers(1, 4),
+    d=st.integers(1, 8),
+    dtype=FLOATS,
+)
 def test_invalid_gqa_ratio(hq, hkv, b, t, d, dtype):
     lead = () if b is None else (b,)
     q = np.ones(lead + (hq, t, d), dtype)
@@ -1211,8 +1354,22 @@ def test_invalid_attention_shapes(data, dtype):
     q = np.ones((b, hq, tq, d), dtype)
     k = np.ones((b, hq, tk, d), dtype)
     v = np.ones((b, hq, tk, d), dtype)
-    bad = data.draw(st.sampled_from(["k_dim", "v_len", "batch", "ndim", "mask_shape",
-                                     "mask_dtype", "q_2d", "complex", "d0", "scale"]))
+    bad = data.draw(
+        st.sampled_from(
+            [
+                "k_dim",
+                "v_len",
+                "batch",
+                "ndim",
+                "mask_shape",
+                "mask_dtype",
+                "q_2d",
+                "complex",
+                "d0",
+                "scale",
+            ]
+        )
+    )
     if bad == "k_dim":
         raises(ValueError, "attention", lambda: lk.attention(q, k[..., :4], v), "k")
     elif bad == "v_len":
@@ -1232,8 +1389,7 @@ def test_invalid_attention_shapes(data, dtype):
     elif bad == "complex":
         raises(TypeError, "attention", lambda: lk.attention(q, k.astype(complex), v), "k")
     elif bad == "d0":
-        raises(ValueError, "attention",
-               lambda: lk.attention(q[..., :0], k[..., :0], v), "D")
+        raises(ValueError, "attention", lambda: lk.attention(q[..., :0], k[..., :0], v), "D")
     else:
         raises(ValueError, "attention", lambda: lk.attention(q, k, v, scale=np.nan), "scale")
 
@@ -1243,8 +1399,21 @@ def test_invalid_swiglu_ffn_shapes(d, h, o, data):
     x = np.ones((3, d), np.float32)
     wg = np.ones((d, h), np.float32)
     wd = np.ones((h, o), np.float32)
-    bad = data.draw(st.sampled_from(["w_gate", "w_gate_T", "w_up", "w_down", "b_gate", "b_up",
-                                     "b_down", "b_down_no_w", "swiglu_shape"]))
+    bad = data.draw(
+        st.sampled_from(
+            [
+                "w_gate",
+                "w_gate_T",
+                "w_up",
+                "w_down",
+                "b_gate",
+                "b_up",
+                "b_down",
+                "b_down_no_w",
+                "swiglu_shape",
+            ]
+        )
+    )
     f = lk.swiglu_ffn
     if bad == "w_gate":
         raises(ValueError, "swiglu_ffn", lambda: f(x, np.ones((d + 1, h)), wg), "w_gate")
@@ -1256,22 +1425,23 @@ def test_invalid_swiglu_ffn_shapes(d, h, o, data):
     elif bad == "w_down":
         raises(ValueError, "swiglu_ffn", lambda: f(x, wg, wg, np.ones((h + 1, o))), "w_down")
     elif bad == "b_gate":
-        raises(ValueError, "swiglu_ffn", lambda: f(x, wg, wg, wd, b_gate=np.ones(h + 1)),
-               "b_gate")
+        raises(ValueError, "swiglu_ffn", lambda: f(x, wg, wg, wd, b_gate=np.ones(h + 1)), "b_gate")
     elif bad == "b_up":
         raises(ValueError, "swiglu_ffn", lambda: f(x, wg, wg, wd, b_up=np.ones((1, h))), "b_up")
     elif bad == "b_down":
-        raises(ValueError, "swiglu_ffn", lambda: f(x, wg, wg, wd, b_down=np.ones(o + 1)),
-               "b_down")
+        raises(ValueError, "swiglu_ffn", lambda: f(x, wg, wg, wd, b_down=np.ones(o + 1)), "b_down")
     elif bad == "b_down_no_w":
         raises(ValueError, "swiglu_ffn", lambda: f(x, wg, wg, b_down=np.ones(o)), "b_down")
     else:
         raises(ValueError, "swiglu", lambda: lk.swiglu(x, np.ones((3, d + 1))), "up")
 
 
-@given(op=st.sampled_from(["rms_norm", "layer_norm", "silu", "swiglu", "swiglu_ffn", "rope",
-                           "attention"]),
-       bad_dtype=st.sampled_from([np.complex64, np.complex128, object, "U3", "S2"]))
+@given(
+    op=st.sampled_from(
+        ["rms_norm", "layer_norm", "silu", "swiglu", "swiglu_ffn", "rope", "attention"]
+    ),
+    bad_dtype=st.sampled_from([np.complex64, np.complex128, object, "U3", "S2"]),
+)
 def test_invalid_dtypes(op, bad_dtype):
     x = np.ones((2, 4)).astype(bad_dtype)
     good = np.ones((2, 4), np.float32)
@@ -1287,23 +1457,41 @@ def test_invalid_dtypes(op, bad_dtype):
     raises(TypeError, op, calls[op], "dtype")
 
 
-@given(dim=st.one_of(st.integers(-5, 0), st.integers(1, 99).filter(lambda n: n % 2)),
-       data=st.data())
+@given(
+    dim=st.one_of(st.integers(-5, 0), st.integers(1, 99).filter(lambda n: n % 2)), data=st.data()
+)
 def test_invalid_rope_inv_freq(dim, data):
     raises(ValueError, "rope_inv_freq", lambda: lk.rope_inv_freq(dim), "dim")
-    bad = data.draw(st.sampled_from([
-        ({"rope_type": "nope"}, ValueError, "rope_type"),
-        ({"rope_type": "linear", "factor": -2.0}, ValueError, "factor"),
-        ({"rope_type": "linear", "factor": 0.0}, ValueError, "factor"),
-        ({"rope_type": "linear"}, ValueError, "factor"),
-        ({"rope_type": "linear", "factor": "2"}, TypeError, "factor"),
-        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
-          "original_max_position_embeddings": 8192}, ValueError, "high_freq_factor"),
-        ({"rope_type": "yarn", "factor": 4.0}, ValueError, "original_max_position_embeddings"),
-        ({"rope_type": "p-rope", "p": 1.5}, ValueError, "'p'"),
-        ({"rope_type": 3}, TypeError, "rope_type"),
-        ([("rope_type", "linear")], TypeError, "scaling"),
-    ]))
+    bad = data.draw(
+        st.sampled_from(
+            [
+                ({"rope_type": "nope"}, ValueError, "rope_type"),
+                ({"rope_type": "linear", "factor": -2.0}, ValueError, "factor"),
+                ({"rope_type": "linear", "factor": 0.0}, ValueError, "factor"),
+                ({"rope_type": "linear"}, ValueError, "factor"),
+                ({"rope_type": "linear", "factor": "2"}, TypeError, "factor"),
+                (
+                    {
+                        "rope_type": "llama3",
+                        "factor": 8.0,
+                        "low_freq_factor": 4.0,
+                        "high_freq_factor": 1.0,
+                        "original_max_position_embeddings": 8192,
+                    },
+                    ValueError,
+                    "high_freq_factor",
+                ),
+                (
+                    {"rope_type": "yarn", "factor": 4.0},
+                    ValueError,
+                    "original_max_position_embeddings",
+                ),
+                ({"rope_type": "p-rope", "p": 1.5}, ValueError, "'p'"),
+                ({"rope_type": 3}, TypeError, "rope_type"),
+                ([("rope_type", "linear")], TypeError, "scaling"),
+            ]
+        )
+    )
     scaling, exc, what = bad
     raises(exc, "rope_inv_freq", lambda: lk.rope_inv_freq(64, 10000.0, scaling), what)
     raises(ValueError, "rope_inv_freq", lambda: lk.rope_inv_freq(64, -1.0), "theta")
@@ -1311,13 +1499,17 @@ def test_invalid_rope_inv_freq(dim, data):
         raises(exc, "rope_attention_factor", lambda: lk.rope_attention_factor(scaling))
 
 
-@given(n_heads=st.integers(1, 8), n_kv=st.integers(1, 8), head_dim=st.integers(1, 9),
-       data=st.data())
+@given(
+    n_heads=st.integers(1, 8), n_kv=st.integers(1, 8), head_dim=st.integers(1, 9), data=st.data()
+)
 def test_invalid_module_configs(n_heads, n_kv, head_dim, data):
     dim = 8
     if n_heads % n_kv or head_dim % 2:
-        raises(ValueError, "MultiHeadAttention",
-               lambda: lk.MultiHeadAttention(dim, n_heads, n_kv, head_dim))
+        raises(
+            ValueError,
+            "MultiHeadAttention",
+            lambda: lk.MultiHeadAttention(dim, n_heads, n_kv, head_dim),
+        )
     else:
         mha = lk.MultiHeadAttention(dim, n_heads, n_kv, head_dim, seed=0)
         bad = data.draw(st.sampled_from(["x_dim", "x_2d", "mask", "positions", "cache_full"]))
@@ -1327,16 +1519,22 @@ def test_invalid_module_configs(n_heads, n_kv, head_dim, data):
         elif bad == "x_2d":
             raises(ValueError, "MultiHeadAttention", lambda: mha(np.ones((3, dim))), "x")
         elif bad == "mask":
-            raises(ValueError, "MultiHeadAttention", lambda: mha(x, mask=np.ones((1, 4), bool)),
-                   "mask")
+            raises(
+                ValueError, "MultiHeadAttention", lambda: mha(x, mask=np.ones((1, 4), bool)), "mask"
+            )
         elif bad == "positions":
-            raises(ValueError, "MultiHeadAttention", lambda: mha(x, positions=[-1, 0, 1]),
-                   "positions")
+            raises(
+                ValueError, "MultiHeadAttention", lambda: mha(x, positions=[-1, 0, 1]), "positions"
+            )
         else:
             cache = mha.new_cache(1, 2)
             raises(ValueError, "MultiHeadAttention", lambda: mha(x, cache=cache), "cache")
     # wrong weight shape in load_state_dict changes nothing
     norm = lk.RMSNorm(dim)
-    raises(ValueError, "RMSNorm.load_state_dict",
-           lambda: norm.load_state_dict({"weight": np.ones(dim + 1)}), "weight")
+    raises(
+        ValueError,
+        "RMSNorm.load_state_dict",
+        lambda: norm.load_state_dict({"weight": np.ones(dim + 1)}),
+        "weight",
+    )
     assert np.all(norm.state_dict()["weight"] == 1.0)

@@ -96,13 +96,16 @@ LEAK_OPS: dict[str, tuple[Callable[[], Any], list[Any]]] = {
     "silu_out": (lambda: lk.silu(X, out=OUT), [X, OUT]),
     "swiglu": (lambda: lk.swiglu(X, UP), [X, UP]),
     "swiglu_out": (lambda: lk.swiglu(X, UP, out=OUT), [X, UP, OUT]),
-    "swiglu_ffn": (lambda: lk.swiglu_ffn(X, WG, WU, WD, b_gate=BH, b_up=BH, b_down=W),
-                   [X, WG, WU, WD, BH, W]),
+    "swiglu_ffn": (
+        lambda: lk.swiglu_ffn(X, WG, WU, WD, b_gate=BH, b_up=BH, b_down=W),
+        [X, WG, WU, WD, BH, W],
+    ),
     "rope": (lambda: lk.rope(X3, POS), [X3, POS]),
-    "rope_out_interleaved": (lambda: lk.rope(X3, POS, interleaved=True, out=OUT3),
-                             [X3, POS, OUT3]),
-    "attention": (lambda: lk.attention(Q, KV, KV, causal=True, mask=MASK, return_weights=True),
-                  [Q, KV, MASK]),
+    "rope_out_interleaved": (lambda: lk.rope(X3, POS, interleaved=True, out=OUT3), [X3, POS, OUT3]),
+    "attention": (
+        lambda: lk.attention(Q, KV, KV, causal=True, mask=MASK, return_weights=True),
+        [Q, KV, MASK],
+    ),
     "attention_out": (lambda: lk.attention(Q, KV, KV, out=OUTQ), [Q, KV, OUTQ]),
     "rope_inv_freq": (lambda: lk.rope_inv_freq(16, 10000.0, YARN), [YARN]),
     "rope_attention_factor": (lambda: lk.rope_attention_factor(YARN), [YARN]),
@@ -163,8 +166,10 @@ def test_no_leak_transformer_block(record_property):
 
     watched = [x, mask, block]
     growth = _leak_check(forward, watched, 1_000, warmup=50)
-    print(f"TransformerBlock: 1000 x (2 forwards + prefill + 2 decodes), RSS growth "
-          f"{growth / 1024:.0f} KiB")
+    print(
+        f"TransformerBlock: 1000 x (2 forwards + prefill + 2 decodes), RSS growth "
+        f"{growth / 1024:.0f} KiB"
+    )
     record_property("rss_growth_bytes", growth)
     assert growth < 2 * MiB
 
@@ -190,8 +195,10 @@ def test_no_leak_modules_and_model(record_property):
 
     growth = _leak_check(forward, [ids, x, model], 1_000, warmup=50)
     gen = _leak_check(lambda: model.generate(ids, 4, progress=False), [ids], 200, warmup=10)
-    print(f"modules/Transformer: 1000 forwards growth {growth / 1024:.0f} KiB, 200 generate "
-          f"growth {gen / 1024:.0f} KiB")
+    print(
+        f"modules/Transformer: 1000 forwards growth {growth / 1024:.0f} KiB, 200 generate "
+        f"growth {gen / 1024:.0f} KiB"
+    )
     record_property("rss_growth_bytes", growth + gen)
     assert growth < 2 * MiB and gen < 2 * MiB
 
@@ -217,8 +224,13 @@ def _thread_cases() -> dict[str, Callable[[], Any]]:
     q = rng.standard_normal((2, 4, 48, 64)).astype(np.float32)
     k = rng.standard_normal((2, 2, 80, 64)).astype(np.float32)
     v = rng.standard_normal((2, 2, 80, 40)).astype(np.float32)
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     return {
         "rms_norm": lambda: lk.rms_norm(x, w),
         "rms_norm_f64": lambda: lk.rms_norm(x64[:, ::-1], w),
@@ -227,8 +239,11 @@ def _thread_cases() -> dict[str, Callable[[], Any]]:
         "swiglu": lambda: lk.swiglu(x, up),
         "swiglu_ffn": lambda: lk.swiglu_ffn(x, wg, wu, wd),
         "rope": lambda: lk.rope(xr, np.arange(48) + 1000, interleaved=True),
-        "rope_scaled": lambda: lk.rope(xr, inv_freq=lk.rope_inv_freq(64, 5e5, scaling),
-                                       attention_factor=lk.rope_attention_factor(scaling)),
+        "rope_scaled": lambda: lk.rope(
+            xr,
+            inv_freq=lk.rope_inv_freq(64, 5e5, scaling),
+            attention_factor=lk.rope_attention_factor(scaling),
+        ),
         "attention": lambda: lk.attention(q, k, v, causal=True),
         "attention_weights": lambda: lk.attention(q, k, v, return_weights=True)[1],
     }
@@ -238,7 +253,7 @@ def _block_decode(block: Any, x: np.ndarray, prefill: int) -> np.ndarray:
     cache = block.new_cache(x.shape[0], x.shape[1])
     parts = [block(x[:, :prefill], cache=cache)]
     for i in range(prefill, x.shape[1]):
-        parts.append(block(x[:, i:i + 1], cache=cache))
+        parts.append(block(x[:, i : i + 1], cache=cache))
     return np.concatenate(parts, axis=1)
 
 
@@ -270,8 +285,7 @@ def test_threads_bitwise_equal_to_serial(kernel_threads):
                     counts[tid] += 1
                 if not np.array_equal(block(xb), serial["block_full"]):
                     errors.append(f"thread {tid}: block forward differs")
-                if not np.array_equal(_block_decode(block, xb, 7),
-                                      serial["block_decode"]):
+                if not np.array_equal(_block_decode(block, xb, 7), serial["block_decode"]):
                     errors.append(f"thread {tid}: block prefill+decode differs")
                 counts[tid] += 2
         except Exception as exc:  # pragma: no cover - reported below
@@ -284,8 +298,10 @@ def test_threads_bitwise_equal_to_serial(kernel_threads):
         t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert not errors, errors[:5]
-    print(f"{N_PY_THREADS} threads x {THREAD_ITERS} iterations: {sum(counts)} calls, "
-          f"kernel threads {kernel_threads}")
+    print(
+        f"{N_PY_THREADS} threads x {THREAD_ITERS} iterations: {sum(counts)} calls, "
+        f"kernel threads {kernel_threads}"
+    )
 
 
 def _gil_cases() -> dict[str, Callable[[], Any]]:
@@ -298,11 +314,11 @@ def _gil_cases() -> dict[str, Callable[[], Any]]:
     x = rng.standard_normal((256, 1024)).astype(np.float32)
     wg = rng.standard_normal((1024, 512)).astype(np.float32) * 0.02
     wd = np.ascontiguousarray(wg.T)
-    block = lk.TransformerBlock.from_config({"dim": 256, "n_heads": 4, "hidden_dim": 512},
-                                            seed=0)
+    block = lk.TransformerBlock.from_config({"dim": 256, "n_heads": 4, "hidden_dim": 512}, seed=0)
     xb = rng.standard_normal((1, 256, 256)).astype(np.float32)
-    model = lk.Transformer({"dim": 128, "n_heads": 4, "hidden_dim": 256, "n_layers": 2,
-                            "vocab_size": 4000}, seed=0)
+    model = lk.Transformer(
+        {"dim": 128, "n_heads": 4, "hidden_dim": 256, "n_layers": 2, "vocab_size": 4000}, seed=0
+    )
     ids = rng.integers(0, 4000, (1, 256))
     return {
         "rms_norm": lambda: lk.rms_norm(big, w),
@@ -363,8 +379,20 @@ def _calls_until_seen(call: Callable[[], Any], look: Callable[[int], bool]) -> t
     return seen[0], calls
 
 
-@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "silu", "swiglu", "swiglu_ffn",
-                                  "rope", "attention", "TransformerBlock", "Transformer"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rms_norm",
+        "layer_norm",
+        "silu",
+        "swiglu",
+        "swiglu_ffn",
+        "rope",
+        "attention",
+        "TransformerBlock",
+        "Transformer",
+    ],
+)
 def test_gil_released_per_op(name):
     """While the main thread is inside an op's C++ call, another Python thread runs: it
     observes (``sys._current_frames``) the main thread stopped on the line of the package that
@@ -384,10 +412,13 @@ def test_gil_released_per_op(name):
         return inside
 
     observed, calls = _calls_until_seen(call, observe)
-    print(f"{name}: the observer saw the main thread inside the C++ call {observed} times "
-          f"during {calls} calls")
-    assert observed > 0, f"{name}: no other Python thread ran during {calls} calls: the op " \
-        "holds the GIL"
+    print(
+        f"{name}: the observer saw the main thread inside the C++ call {observed} times "
+        f"during {calls} calls"
+    )
+    assert observed > 0, (
+        f"{name}: no other Python thread ran during {calls} calls: the op holds the GIL"
+    )
 
 
 def test_gil_released_two_python_threads():
@@ -430,18 +461,20 @@ def _fork_cases() -> dict[str, Callable[[], Any]]:
     xb = rng.standard_normal((2, 16, 64)).astype(np.float32)
     model = lk.Transformer(dict(BLOCK_CFG, n_layers=2, vocab_size=64), seed=2)
     ids = rng.integers(0, 64, (2, 5))
-    cases.update({
-        # big enough that the kernels split work over the internal thread pool
-        "rms_norm_big": lambda: lk.rms_norm(big, w),
-        "layer_norm_big": lambda: lk.layer_norm(big, w, w),
-        "silu_big": lambda: lk.silu(big),
-        "swiglu_big": lambda: lk.swiglu(big, big),
-        "rope_big": lambda: lk.rope(big.reshape(8, 128, 1024)),
-        "attention_big": lambda: lk.attention(q, q, q, causal=True),
-        "block": lambda: block(xb),
-        "block_decode": lambda: _block_decode(block, xb, 9),
-        "generate": lambda: model.generate(ids, 3, progress=False),
-    })
+    cases.update(
+        {
+            # big enough that the kernels split work over the internal thread pool
+            "rms_norm_big": lambda: lk.rms_norm(big, w),
+            "layer_norm_big": lambda: lk.layer_norm(big, w, w),
+            "silu_big": lambda: lk.silu(big),
+            "swiglu_big": lambda: lk.swiglu(big, big),
+            "rope_big": lambda: lk.rope(big.reshape(8, 128, 1024)),
+            "attention_big": lambda: lk.attention(q, q, q, causal=True),
+            "block": lambda: block(xb),
+            "block_decode": lambda: _block_decode(block, xb, 9),
+            "generate": lambda: model.generate(ids, 3, progress=False),
+        }
+    )
     return cases
 
 
@@ -594,21 +627,47 @@ def test_norms_of_subnormal_rows(dtype, eps, d):
         ("layer_norm", lk.layer_norm(x, eps=eps), scaled_layer_norm(x, eps)),
     ]:
         # NaN only where the exact answer is 0/0 (constant rows with eps = 0)
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want),
-                                      err_msg=f"{name} of subnormal rows: NaN positions, got {got}")
+        np.testing.assert_array_equal(
+            np.isnan(got),
+            np.isnan(want),
+            err_msg=f"{name} of subnormal rows: NaN positions, got {got}",
+        )
         _close(got, want, dtype)
 
 
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_elementwise_subnormals_and_specials(dtype):
     fi = np.finfo(dtype)
-    specials = np.array([0.0, -0.0, fi.smallest_subnormal, -fi.smallest_subnormal,
-                         fi.tiny, -fi.tiny, fi.tiny / 3, fi.max, -fi.max, np.inf, -np.inf,
-                         np.nan, 1e-3, -88.72, 88.72, -103.97, -745.1, 709.8, 1.0, -1.0], dtype)
+    specials = np.array(
+        [
+            0.0,
+            -0.0,
+            fi.smallest_subnormal,
+            -fi.smallest_subnormal,
+            fi.tiny,
+            -fi.tiny,
+            fi.tiny / 3,
+            fi.max,
+            -fi.max,
+            np.inf,
+            -np.inf,
+            np.nan,
+            1e-3,
+            -88.72,
+            88.72,
+            -103.97,
+            -745.1,
+            709.8,
+            1.0,
+            -1.0,
+        ],
+        dtype,
+    )
     with np.errstate(over="ignore", invalid="ignore"):
-        for got, want in [(lk.silu(specials), ref.silu(specials)),
-                          (lk.swiglu(specials, specials[::-1]),
-                           ref.swiglu(specials, specials[::-1]))]:
+        for got, want in [
+            (lk.silu(specials), ref.silu(specials)),
+            (lk.swiglu(specials, specials[::-1]), ref.swiglu(specials, specials[::-1])),
+        ]:
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
             inf = np.isinf(want)
             np.testing.assert_array_equal(got[inf], want[inf])
@@ -625,12 +684,17 @@ def test_layer_norm_constant_rows_give_bias(dtype, value):
         bias = np.linspace(-1, 1, d).astype(dtype)
         w = np.full(d, 2.0, dtype)
         got = lk.layer_norm(x, w, bias)
-        np.testing.assert_allclose(got, np.broadcast_to(bias, x.shape), rtol=0,
-                                   atol=TOL[dtype]["atol"],
-                                   err_msg=f"layer_norm of rows of {d} x {value}")
+        np.testing.assert_allclose(
+            got,
+            np.broadcast_to(bias, x.shape),
+            rtol=0,
+            atol=TOL[dtype]["atol"],
+            err_msg=f"layer_norm of rows of {d} x {value}",
+        )
         # rms_norm of a constant row is sign(value) * weight
-        np.testing.assert_allclose(lk.rms_norm(x, w, eps=0.0), np.sign(value) * w[None] +
-                                   0 * x, **TOL[dtype])
+        np.testing.assert_allclose(
+            lk.rms_norm(x, w, eps=0.0), np.sign(value) * w[None] + 0 * x, **TOL[dtype]
+        )
 
 
 @pytest.mark.parametrize("dtype", [F32, F64])
@@ -649,11 +713,16 @@ def test_nan_inf_propagate_every_op(dtype):
             ("silu", lk.silu(x), ref.silu(x)),
             ("swiglu", lk.swiglu(x, x[::-1]), ref.swiglu(x, x[::-1])),
             ("rope", lk.rope(x, pos), ref.rope(x, pos)),
-            ("rope_interleaved", lk.rope(x, pos, interleaved=True),
-             ref.rope(x, pos, interleaved=True)),
-            ("swiglu_ffn", lk.swiglu_ffn(x, w[:, None] * np.ones((1, 5), dtype),
-                                         np.ones((16, 5), dtype)),
-             ref.swiglu_ffn(x, w[:, None] * np.ones((1, 5), dtype), np.ones((16, 5), dtype))),
+            (
+                "rope_interleaved",
+                lk.rope(x, pos, interleaved=True),
+                ref.rope(x, pos, interleaved=True),
+            ),
+            (
+                "swiglu_ffn",
+                lk.swiglu_ffn(x, w[:, None] * np.ones((1, 5), dtype), np.ones((16, 5), dtype)),
+                ref.swiglu_ffn(x, w[:, None] * np.ones((1, 5), dtype), np.ones((16, 5), dtype)),
+            ),
         ]
         q, k, v = x[None, :, :, :], x[None, :2, :, :], x[None, 2:, :, :]
         for causal in (False, True):
@@ -686,8 +755,7 @@ def test_attention_weights_with_nan_logits(dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, F64])
-@pytest.mark.parametrize("base", [2**24, 2**24 + 1, 2**31, 2**32 + 7, 2**40, 2**53 - 10,
-                                  2**62])
+@pytest.mark.parametrize("base", [2**24, 2**24 + 1, 2**31, 2**32 + 7, 2**40, 2**53 - 10, 2**62])
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_rope_huge_positions(dtype, base, interleaved):
     """Angles are formed in float64 from int64 positions: float32 and float64 results match the
@@ -695,8 +763,12 @@ def test_rope_huge_positions(dtype, base, interleaved):
     rng = np.random.default_rng(base % 1000)
     x = rng.standard_normal((2, 5, 64)).astype(dtype)
     pos = base + np.array([0, 1, 2, 17, 1000])
-    for kw in ({}, {"theta": 500000.0}, {"inv_freq": np.array([0.1] + [1e-3] * 31)},
-               {"rotary_dim": 32, "attention_factor": 1.3}):
+    for kw in (
+        {},
+        {"theta": 500000.0},
+        {"inv_freq": np.array([0.1] + [1e-3] * 31)},
+        {"rotary_dim": 32, "attention_factor": 1.3},
+    ):
         got = lk.rope(x, pos, interleaved=interleaved, **kw)
         _close(got, ref.rope(x, pos, interleaved=interleaved, **kw), dtype)
     # consecutive positions stay distinct rotations (no float32 position rounding) up to 2**53,
@@ -803,10 +875,24 @@ def test_attention_fully_masked_rows_are_zero(dtype):
 
 @pytest.mark.parametrize(
     ("op", "value"),
-    [("silu", 1e-40), ("silu", -90.0), ("swiglu", 1e-40), ("swiglu", -90.0),
-     ("rms_norm", 1e-40), ("layer_norm", 1e-40), ("rope", 1e-40)],
-    ids=["silu-subnormal", "silu-(-90)", "swiglu-subnormal", "swiglu-(-90)",
-         "rms_norm-subnormal", "layer_norm-subnormal", "rope-subnormal"],
+    [
+        ("silu", 1e-40),
+        ("silu", -90.0),
+        ("swiglu", 1e-40),
+        ("swiglu", -90.0),
+        ("rms_norm", 1e-40),
+        ("layer_norm", 1e-40),
+        ("rope", 1e-40),
+    ],
+    ids=[
+        "silu-subnormal",
+        "silu-(-90)",
+        "swiglu-subnormal",
+        "swiglu-(-90)",
+        "rms_norm-subnormal",
+        "layer_norm-subnormal",
+        "rope-subnormal",
+    ],
 )
 def test_denormal_operands_give_reference_results(op, value, isa):
     """DESIGN.md §4 "no denormal slowdowns (flush or avoid)" is a speed rule, measured in
@@ -829,8 +915,10 @@ def test_denormal_operands_give_reference_results(op, value, isa):
         "swiglu": (lambda a: lk.swiglu(a, up), lambda a: ref.swiglu(a, up)),
         "rms_norm": (lambda a: lk.rms_norm(a), lambda a: ref.rms_norm(a)),
         "layer_norm": (lambda a: lk.layer_norm(a), lambda a: ref.layer_norm(a)),
-        "rope": (lambda a: lk.rope(a.reshape(1, -1, 128)).reshape(a.shape),
-                 lambda a: ref.rope(a.reshape(1, -1, 128)).reshape(a.shape)),
+        "rope": (
+            lambda a: lk.rope(a.reshape(1, -1, 128)).reshape(a.shape),
+            lambda a: ref.rope(a.reshape(1, -1, 128)).reshape(a.shape),
+        ),
     }
     got_fn, want_fn = calls[op]
     normal_lanes = (mixed == normal_value) if op in ("silu", "swiglu") else slice(None)

@@ -80,8 +80,12 @@ def test_equal_dtypes_accepted_by_modules():
     [
         (lambda: lk.rms_norm(np.ones((2, 4)), eps=10**400), r"^\[rms_norm\] eps must be finite"),
         (lambda: lk.layer_norm(np.ones((2, 4)), eps=10**400), r"^\[layer_norm\] eps must"),
-        (lambda: lk.attention(np.ones((1, 2, 4)), np.ones((1, 2, 4)), np.ones((1, 2, 4)),
-                              scale=10**400), r"^\[attention\] scale must be finite"),
+        (
+            lambda: lk.attention(
+                np.ones((1, 2, 4)), np.ones((1, 2, 4)), np.ones((1, 2, 4)), scale=10**400
+            ),
+            r"^\[attention\] scale must be finite",
+        ),
         (lambda: lk.rope(np.ones((2, 4)), theta=10**400), r"^\[rope\] theta must be finite"),
         (lambda: lk.RMSNorm(4, eps=10**400), r"^\[RMSNorm\] eps must be a number in \[0, 1\)"),
         (lambda: lk.LayerNorm(4, eps=-(10**400)), r"^\[LayerNorm\] eps must be"),
@@ -170,8 +174,7 @@ def test_rope_table_cache_threads_and_bound():
                 t = int(rng.integers(1, 64))
                 x = rng.standard_normal((t, 16)).astype(np.float32)
                 pos = rng.integers(0, 10**6, t)
-                np.testing.assert_allclose(lk.rope(x, pos), ref.rope(x, pos), rtol=2e-5,
-                                           atol=1e-5)
+                np.testing.assert_allclose(lk.rope(x, pos), ref.rope(x, pos), rtol=2e-5, atol=1e-5)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -185,8 +188,7 @@ def test_rope_table_cache_threads_and_bound():
     for i in range(40):
         lk.rope(np.ones((8192, 256), np.float32), np.arange(8192) + i * 10**5)
         assert _ops._table_cache_used <= _ops._TABLE_CACHE_BYTES
-    assert _ops._table_cache_used == sum(c.nbytes + s.nbytes for c, s in
-                                         _ops._TABLE_CACHE.values())
+    assert _ops._table_cache_used == sum(c.nbytes + s.nbytes for c, s in _ops._TABLE_CACHE.values())
 
 
 @pytest.mark.parametrize("base", [2**24 + 3, 2**31 - 2, 2**31 + 5, 2**32 + 1, 2**40 + 7])

@@ -65,8 +65,9 @@ def relative_close(got: np.ndarray, want: np.ndarray, dtype: type, rtol: float |
 # --------------------------------------------------------------------------------------------
 
 
-def _causal_late_keys_reference(tq: int, tk: int, first_hot: int, hot_score: float,
-                                v_hot: np.ndarray) -> np.ndarray:
+def _causal_late_keys_reference(
+    tq: int, tk: int, first_hot: int, hot_score: float, v_hot: np.ndarray
+) -> np.ndarray:
     """reference.attention's formula, softmax(q k^T scale, causal bottom-right) v, for queries
     i < tq against tk keys of which keys j < first_hot score 0 with value 0 and keys
     j >= first_hot score `hot_score` with values v_hot[j - first_hot]. Query i may attend keys
@@ -135,13 +136,40 @@ def _gate_up_cases(dtype: type) -> tuple[np.ndarray, np.ndarray]:
     ups: silu(g) underflows for the first kinds although silu(g) * up is a normal number."""
     fi = np.finfo(dtype)
     if dtype == F32:
-        gates = [1e-40, -1e-40, float(fi.smallest_subnormal), -3 * float(fi.smallest_subnormal),
-                 float(fi.tiny), 1e-20, -1e-25, -87.5, -90.0, -100.0, -150.0, -180.0, 95.0,
-                 0.0, 3.0, -3.0]
+        gates = [
+            1e-40,
+            -1e-40,
+            float(fi.smallest_subnormal),
+            -3 * float(fi.smallest_subnormal),
+            float(fi.tiny),
+            1e-20,
+            -1e-25,
+            -87.5,
+            -90.0,
+            -100.0,
+            -150.0,
+            -180.0,
+            95.0,
+            0.0,
+            3.0,
+            -3.0,
+        ]
         ups = [1e30, 3e38, -1e38, 1.0, 1e-30]
     else:  # float64: cases where the float64 reference itself stays exact
-        gates = [1e-310, -1e-310, 1e-300, 1e-170, -1e-200, -600.0, -700.0, -705.0, 720.0,
-                 0.0, 3.0, -3.0]
+        gates = [
+            1e-310,
+            -1e-310,
+            1e-300,
+            1e-170,
+            -1e-200,
+            -600.0,
+            -700.0,
+            -705.0,
+            720.0,
+            0.0,
+            3.0,
+            -3.0,
+        ]
         ups = [1e300, -1e290, 1.0, 1e-30]
     g, u = np.meshgrid(np.array(gates, dtype), np.array(ups, dtype))
     return g.ravel(), u.ravel()
@@ -179,8 +207,11 @@ def test_swiglu_runs_of_subnormal_gates(isa, dtype, daz):
     # even multiples of the smallest subnormal: the float64 reference's own g * 0.5 is exact
     gates[700:2500] = (fi.smallest_subnormal * 2 * rng.integers(1, 1 << 20, 1800)).astype(dtype)
     gates[3000:3900] = -rng.uniform(90, 170 if dtype == F32 else 700, 900).astype(dtype)
-    ups = np.where(np.arange(n) % 2, 1e30, -3e37).astype(dtype) if dtype == F32 else \
-        np.where(np.arange(n) % 2, 1e300, -1e290).astype(dtype)
+    ups = (
+        np.where(np.arange(n) % 2, 1e30, -3e37).astype(dtype)
+        if dtype == F32
+        else np.where(np.arange(n) % 2, 1e300, -1e290).astype(dtype)
+    )
     want = ref.swiglu(gates, ups)
     with caller_flush_denormal(daz):
         got = lk.swiglu(gates, ups)
@@ -296,15 +327,23 @@ def _attention_case(kind: str, dtype: type, rng: np.random.Generator, tq: int, t
     return q.astype(dtype), k.astype(dtype), v.astype(dtype), kw
 
 
-KINDS = ["scale-times-q-overflows", "scores-overflow", "scores-overflow-negative",
-         "qk-overflows-tiny-scale", "scale-below-normal", "scale-above-max",
-         "additive-mask-overflows"]
+KINDS = [
+    "scale-times-q-overflows",
+    "scores-overflow",
+    "scores-overflow-negative",
+    "qk-overflows-tiny-scale",
+    "scale-below-normal",
+    "scale-above-max",
+    "additive-mask-overflows",
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [F32, F64])
-@pytest.mark.parametrize(("tq", "tk", "causal"), [(1, 7, False), (5, 33, True), (70, 100, True),
-                                                   (1, 1500, False), (2, 1500, True)])
+@pytest.mark.parametrize(
+    ("tq", "tk", "causal"),
+    [(1, 7, False), (5, 33, True), (70, 100, True), (1, 1500, False), (2, 1500, True)],
+)
 def test_attention_finite_where_reference_is(isa, kind, dtype, tq, tk, causal):
     """reference: softmax over allowed keys of (q @ k^T) * scale + mask, max-subtracted, in
     float64; wherever that is finite our result is finite and within the attention tolerance.
@@ -401,7 +440,8 @@ def test_norms_block_boundaries(isa, n, dtype):
     x = (50.0 + rng.standard_normal((3, n))).astype(dtype)
     w = rng.standard_normal(n).astype(dtype)
     np.testing.assert_allclose(lk.rms_norm(x, w), ref.rms_norm(x, w), **TOL[np.dtype(dtype)])
-    np.testing.assert_allclose(lk.layer_norm(x, w, w), ref.layer_norm(x, w, w),
-                               **TOL[np.dtype(dtype)])
+    np.testing.assert_allclose(
+        lk.layer_norm(x, w, w), ref.layer_norm(x, w, w), **TOL[np.dtype(dtype)]
+    )
     xs = x[:, ::-1]  # non-contiguous
     np.testing.assert_allclose(lk.layer_norm(xs), ref.layer_norm(xs), **TOL[np.dtype(dtype)])

@@ -92,7 +92,9 @@ class limit_address_space:
 # one cache, several Python threads
 # ----------------------------------------------------------------------------------------------
 
-SHARED_CACHE_SCRIPT = PRELUDE + """
+SHARED_CACHE_SCRIPT = (
+    PRELUDE
+    + """
 lk.set_num_threads(int(sys.argv[1]))
 N_THREADS, L = 6, 24
 cfg = {"dim": 64, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 128}
@@ -187,6 +189,7 @@ else:
 assert c.length == 0
 print("ok")
 """
+)
 
 
 @pytest.mark.parametrize("kernel_threads", [1, 2])
@@ -196,16 +199,16 @@ def test_shared_cache_from_threads_is_serialised(kernel_threads):
     exactly max_seq_len calls succeed, the others raise "KV cache is full", and the outputs and
     the cache equal those of the same calls made serially. Subprocess: the unserialised code
     corrupted the heap."""
-    assert run_ok(SHARED_CACHE_SCRIPT.replace("sys.argv[1]", str(kernel_threads))).endswith(
-        "ok\n"
-    )
+    assert run_ok(SHARED_CACHE_SCRIPT.replace("sys.argv[1]", str(kernel_threads))).endswith("ok\n")
 
 
 # ----------------------------------------------------------------------------------------------
 # allocation failure
 # ----------------------------------------------------------------------------------------------
 
-FAULT_SCRIPT = PRELUDE + """
+FAULT_SCRIPT = (
+    PRELUDE
+    + """
 threads = int(sys.argv[1])
 lk.set_num_threads(threads)
 MiB = 1 << 20
@@ -286,6 +289,7 @@ expect_memory_error("swiglu_ffn", lambda: lk.swiglu_ffn(xf[0], wg, wg, wg.T),
                     headroom=16 * MiB)
 print("ok")
 """
+)
 
 
 @needs_rlimit_as
@@ -345,7 +349,9 @@ def test_set_num_threads_numpy_int_and_limit(threads):
         lk._core.set_num_threads(5000)  # the C++ entry point checks too
 
 
-THREAD_LIMIT_SCRIPT = PRELUDE + """
+THREAD_LIMIT_SCRIPT = (
+    PRELUDE
+    + """
 MiB = 1 << 20
 x = np.random.default_rng(0).standard_normal((512, 1024)).astype(np.float32)
 want = ref.rms_norm(x.astype(np.float64))
@@ -386,6 +392,7 @@ for _ in range(20):  # and keeps running
     assert np.allclose(lk.rms_norm(x), want, rtol=2e-5, atol=1e-6)
 print("ok")
 """
+)
 
 
 @needs_rlimit_as
@@ -397,11 +404,14 @@ def test_thread_start_failure(mode):
     return the right answers; a hang (issue 12: a condition variable destroyed under waiting
     workers) is killed by the timeout and fails the test."""
     env = {"LLMKERNELS_NUM_THREADS": "1024"} if mode == "env" else {}
-    assert run_ok(THREAD_LIMIT_SCRIPT.replace("sys.argv[1]", repr(mode)), env=env,
-                  timeout=60).endswith("ok\n")
+    assert run_ok(
+        THREAD_LIMIT_SCRIPT.replace("sys.argv[1]", repr(mode)), env=env, timeout=60
+    ).endswith("ok\n")
 
 
-STEADY_STATE_SCRIPT = PRELUDE + """
+STEADY_STATE_SCRIPT = (
+    PRELUDE
+    + """
 lk.set_num_threads(4)
 rng = np.random.default_rng(0)
 attn = lk.MultiHeadAttention(64, 4, 2, seed=0)            # GQA: 2 KV heads < 4 threads
@@ -434,6 +444,7 @@ assert before == after, (before, after)
 assert len(after) >= 4, after  # the 3 workers and the main thread are alive
 print("ok")
 """
+)
 
 
 def test_steady_state_starts_no_threads():
@@ -448,7 +459,9 @@ def test_steady_state_starts_no_threads():
 # scratch memory is bounded
 # ----------------------------------------------------------------------------------------------
 
-SCRATCH_SCRIPT = PRELUDE + """
+SCRATCH_SCRIPT = (
+    PRELUDE
+    + """
 MiB = 1 << 20
 lk.set_num_threads(int(sys.argv[1]))
 rng = np.random.default_rng(0)
@@ -486,6 +499,7 @@ block(x[:, :8], cache=cache)
 block(x[:, 8:9], cache=cache)
 print("ok")
 """
+)
 
 
 @pytest.mark.parametrize("kernel_threads", [1, 2])
@@ -496,6 +510,8 @@ def test_scratch_released_after_huge_calls(kernel_threads):
     cpp/modules/modules.cpp), plus slack for the allocator. The old code kept ~38 MiB and
     ~256 MiB."""
     if UNDER_ASAN:
-        pytest.skip("ASan keeps freed memory in its quarantine: the resident set is not "
-                    "a measure of what the code holds")
+        pytest.skip(
+            "ASan keeps freed memory in its quarantine: the resident set is not "
+            "a measure of what the code holds"
+        )
     assert run_ok(SCRATCH_SCRIPT.replace("sys.argv[1]", str(kernel_threads))).endswith("ok\n")

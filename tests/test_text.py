@@ -539,7 +539,6 @@ def test_template_globals_as_transformers(tmp_path: Path, peer: dict[str, Any]) 
         bad.apply_chat_template(msgs)
 
 
-
 def test_chat_session_prefills_only_the_new_turn(peer: dict[str, Any]) -> None:
     """Turn 2 prefills only the template's text after the cached reply (the cache keeps the
     reply's tokens as they were generated, not a re-encoding of its text), and its greedy

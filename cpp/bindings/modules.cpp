@@ -229,9 +229,10 @@ void bind_modules(py::module_& m) {
   py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>>(
       m, "MultiHeadAttentionImpl")
       .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t, std::vector<double>,
-                    double, bool, bool, bool>(),
+                    double, bool, bool, bool, std::int64_t, double, double, bool>(),
            "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "inv_freq"_a,
-           "attention_factor"_a, "qkv_bias"_a, "o_bias"_a, "causal"_a)
+           "attention_factor"_a, "qkv_bias"_a, "o_bias"_a, "causal"_a, "window"_a = 0,
+           "softcap"_a = 0.0, "scale"_a = 0.0, "sinks"_a = false)
       .def(
           "forward",
           [](const MultiHeadAttentionModule& self, f32_array x, i64_array positions,
@@ -252,6 +253,10 @@ void bind_modules(py::module_& m) {
       .def_readonly("qkv_bias", &MultiHeadAttentionModule::qkv_bias)
       .def_readonly("o_bias", &MultiHeadAttentionModule::o_bias)
       .def_readonly("causal", &MultiHeadAttentionModule::causal)
+      .def_readonly("window", &MultiHeadAttentionModule::window)
+      .def_readonly("softcap", &MultiHeadAttentionModule::softcap)
+      .def_readonly("scale", &MultiHeadAttentionModule::scale)
+      .def_readonly("sinks", &MultiHeadAttentionModule::sinks)
       .def_readonly("attention_factor", &MultiHeadAttentionModule::attention_factor)
       .def_readonly("inv_freq", &MultiHeadAttentionModule::inv_freq);
 

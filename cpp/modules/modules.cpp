@@ -196,7 +196,9 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
                                                    std::size_t n_kv_heads_, std::size_t head_dim_,
                                                    std::vector<double> inv_freq_,
                                                    double attention_factor_, bool qkv_bias_,
-                                                   bool o_bias_, bool causal_)
+                                                   bool o_bias_, bool causal_,
+                                                   std::int64_t window_, double softcap_,
+                                                   double scale_, bool sinks_on)
     : dim(dim_),
       n_heads(n_heads_),
       n_kv_heads(n_kv_heads_),
@@ -206,10 +208,20 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
       causal(causal_),
       inv_freq(std::move(inv_freq_)),
       attention_factor(attention_factor_),
+      window(window_),
+      softcap(softcap_),
+      scale(scale_),
+      sinks(sinks_on),
       w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_),
       b_qkv_(qkv_bias_ ? (n_heads_ + 2 * n_kv_heads_) * head_dim_ : 0, 0.f),
       w_o_(dim_ * n_heads_ * head_dim_),
-      b_o_(o_bias_ ? dim_ : 0, 0.f) {
+      b_o_(o_bias_ ? dim_ : 0, 0.f),
+      sinks_(sinks_on ? n_heads_ : 0, 0.f) {
+  // (the Python module validates these with its own messages; this guards direct use)
+  if (window < 0 || window > (std::int64_t{1} << 62))
+    throw std::invalid_argument("[MultiHeadAttention] window must be in [0, 2^62]");
+  if (!(softcap >= 0.0) || !std::isfinite(softcap) || !(scale >= 0.0) || !std::isfinite(scale))
+    throw std::invalid_argument("[MultiHeadAttention] softcap and scale must be finite, >= 0");
   if (2 * inv_freq.size() > head_dim)
     throw std::invalid_argument("[MultiHeadAttention] inv_freq must have at most head_dim/2 = " +
                                 std::to_string(head_dim / 2) + " entries, got " +
@@ -228,6 +240,7 @@ std::vector<Param> MultiHeadAttentionModule::params() {
     p.push_back({"v_proj.bias", {kv}, b_qkv_.data() + q + kv});
   }
   if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
+  if (sinks) p.push_back({"sinks", {n_heads}, sinks_.data()});
   return p;
 }
 
@@ -272,8 +285,11 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   p.qs[0] = seq * width, p.qs[1] = hd, p.qs[2] = width;
   p.out = attn;
   p.os[0] = seq * hq * hd, p.os[1] = hd, p.os[2] = hq * hd;
-  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  p.scale = scale > 0.0 ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   p.causal = causal;
+  p.window = window;
+  p.softcap = softcap;
+  p.sinks = sinks ? sinks_.data() : nullptr;
   if (cache) {
     const std::size_t L = cache->max_len, len = cache->length.load();
     // append the new (rotated) keys and values

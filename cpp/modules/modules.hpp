@@ -131,7 +131,9 @@ class MultiHeadAttentionModule {
  public:
   MultiHeadAttentionModule(std::size_t dim, std::size_t n_heads, std::size_t n_kv_heads,
                            std::size_t head_dim, std::vector<double> inv_freq,
-                           double attention_factor, bool qkv_bias, bool o_bias, bool causal);
+                           double attention_factor, bool qkv_bias, bool o_bias, bool causal,
+                           std::int64_t window = 0, double softcap = 0.0, double scale = 0.0,
+                           bool sinks = false);
   // out (B*T, dim) = [residual +] attn(x (B*T, dim)). positions (B, T): RoPE positions.
   // key_mask: null or (B, T) (no cache) / (B, T) for the new tokens (with cache): 1 = real.
   // With a cache, the new K/V are appended at cache->length and attention covers the cache.
@@ -145,12 +147,18 @@ class MultiHeadAttentionModule {
   bool qkv_bias, o_bias, causal;
   std::vector<double> inv_freq;
   double attention_factor;
+  // attention options (kernels/ops.hpp attn_params): sliding window (0 = none), logit
+  // soft-capping (0 = none), score scale (0 = 1/sqrt(head_dim)), learned per-head sinks
+  std::int64_t window;
+  double softcap, scale;
+  bool sinks;
 
  private:
   WeightBuffer w_qkv_;        // ((Hq + 2 Hkv) * hd, dim)
   std::vector<float> b_qkv_;  // ((Hq + 2 Hkv) * hd,)
   WeightBuffer w_o_;          // (dim, Hq * hd)
   std::vector<float> b_o_;    // (dim,)
+  std::vector<float> sinks_;  // (Hq,) when sinks
 };
 
 class TransformerBlockModule {

@@ -55,6 +55,12 @@ MAX_PARAMETERS = 2**36
 MAX_CONFIG_BYTES = 1 << 20
 
 _NORMS = ("rms", "layer")
+# the HF model types that load, with the architecture name transformers saves
+MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
 _NORM_POSITIONS = ("pre", "post")
 _DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5}  # HF LlamaConfig.rms_norm_eps / nn.LayerNorm
 _DEFAULT_THETA = 10000.0
@@ -90,7 +96,6 @@ _HF_MARKERS = frozenset(
         "max_position_embeddings",
         "rope_parameters",
         "hidden_act",
-        "model_type",
     }
 )
 _HF_REQUIRED = (
@@ -115,6 +120,7 @@ _PARAMETER_FIELDS = (
     *(f for f in _SIZE_FIELDS if f != "max_seq_len"),
     "norm",
     "attention_bias",
+    "o_bias",
     "mlp_bias",
     "tie_embeddings",
 )
@@ -199,13 +205,15 @@ def _parameter_count(
     vocab_size: int,
     norm: str,
     attention_bias: bool,
+    o_bias: bool,
     mlp_bias: bool,
     tie_embeddings: bool,
 ) -> int:
     """Exact parameter count (Python ints: no overflow)."""
     q, kv = n_heads * head_dim, n_kv_heads * head_dim
     norm_size = dim * (2 if norm == "layer" else 1)
-    attn = dim * q + 2 * dim * kv + q * dim + ((q + 2 * kv + dim) if attention_bias else 0)
+    attn = dim * q + 2 * dim * kv + q * dim + ((q + 2 * kv) if attention_bias else 0)
+    attn += dim if o_bias else 0
     mlp = 3 * dim * hidden_dim + ((2 * hidden_dim + dim) if mlp_bias else 0)
     layer = attn + mlp + 2 * norm_size
     head = 0 if tie_embeddings else vocab_size * dim
@@ -250,8 +258,13 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
     # 2. choices and flags (needed by the parameter count)
     out["norm"] = _check_choice(n("norm"), out["norm"], _NORMS)
     out["norm_position"] = _check_choice(n("norm_position"), out["norm_position"], _NORM_POSITIONS)
-    for field in ("attention_bias", "mlp_bias", "tie_embeddings"):
+    out["model_type"] = _check_choice(n("model_type"), out["model_type"], tuple(MODEL_TYPES))
+    if out["o_bias"] is None:
+        out["o_bias"] = out["attention_bias"]
+    for field in ("attention_bias", "o_bias", "mlp_bias", "tie_embeddings"):
         out[field] = _check_bool(n(field), out[field])
+    if out["sliding_window"] is not None:
+        out["sliding_window"] = _check_size(n("sliding_window"), out["sliding_window"])
 
     count = _parameter_count(**{k: out[k] for k in _PARAMETER_FIELDS})
     if count > MAX_PARAMETERS:
@@ -326,10 +339,16 @@ class ModelConfig:
             "factor": 8.0, ...}``); stored without ``rope_theta``.
         norm: ``"rms"`` (RMSNorm, LLaMA) or ``"layer"`` (LayerNorm with bias).
         norm_position: ``"pre"`` (LLaMA) or ``"post"``.
-        attention_bias: q/k/v/o projections carry biases (HF ``attention_bias``).
+        attention_bias: q/k/v (and, unless ``o_bias`` says otherwise, o) projections carry
+            biases (HF ``attention_bias``; Qwen2: q/k/v only).
         mlp_bias: gate/up/down projections carry biases (HF ``mlp_bias``).
         tie_embeddings: the LM head reuses the embedding (HF ``tie_word_embeddings``).
         max_seq_len: context length (HF ``max_position_embeddings``).
+        model_type: the HF family it loads as and saves to: ``"llama"``, ``"mistral"`` or
+            ``"qwen2"`` (same block; the differences are the fields below).
+        sliding_window: ``None`` or ``w``: every layer attends only to the last ``w`` keys
+            (Mistral; transformers' semantics, see :func:`llmkernels.attention`'s ``window``).
+        o_bias: the output projection carries a bias; ``None`` means ``attention_bias``.
 
     Raises:
         ConfigError: ``"[config] <field>: <problem>"`` for any invalid value.
@@ -351,6 +370,9 @@ class ModelConfig:
     mlp_bias: bool = False
     tie_embeddings: bool = False
     max_seq_len: int = _DEFAULT_MAX_SEQ_LEN
+    model_type: str = "llama"
+    sliding_window: int | None = None
+    o_bias: bool = None  # type: ignore[assignment]  # resolved to attention_bias
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -369,8 +391,8 @@ class ModelConfig:
         """Build from canonical field names or from an HF ``LlamaConfig``-style dict.
 
         The form is detected from the keys: any HF-only key (``hidden_size``,
-        ``num_hidden_layers``, ``model_type``, ``rope_parameters``, ...) selects the HF form,
-        in which unknown keys are ignored, ``model_type`` must be ``"llama"`` (or absent) and
+        ``num_hidden_layers``, ``rope_parameters``, ...) selects the HF form, in which unknown
+        keys are ignored, ``model_type`` must be one of :data:`MODEL_TYPES` (absent: llama) and
         ``hidden_act`` must be ``"silu"``. In the canonical form unknown keys are errors.
         """
         if not isinstance(d, Mapping):
@@ -419,15 +441,36 @@ class ModelConfig:
                 "an HF LLaMA config can only describe pre-norm RMSNorm models; "
                 "use to_dict() for this configuration",
             )
+        # what each family's HF config can say about the biases and the window
+        expressible = {
+            "llama": self.o_bias == self.attention_bias and self.sliding_window is None,
+            "mistral": not self.attention_bias and not self.o_bias and not self.mlp_bias,
+            "qwen2": self.attention_bias
+            and not self.o_bias
+            and not self.mlp_bias
+            and self.sliding_window is None,
+        }[self.model_type]
+        if not expressible:
+            raise _err(
+                "model_type",
+                f"an HF {self.model_type} config cannot describe attention_bias="
+                f"{self.attention_bias}, o_bias={self.o_bias}, mlp_bias={self.mlp_bias}, "
+                f"sliding_window={self.sliding_window}; use to_dict() for this configuration",
+            )
         scaling = dict(self.rope_scaling) if self.rope_scaling is not None else None
         rope_parameters: dict[str, Any] = {"rope_type": "default"}
         if scaling is not None:
             rope_parameters = dict(scaling)
             rope_parameters.setdefault("rope_type", scaling.get("type", "default"))
         rope_parameters["rope_theta"] = self.rope_theta
-        return {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
+        extra: dict[str, Any] = {}
+        if self.model_type == "mistral":
+            extra["sliding_window"] = self.sliding_window
+        if self.model_type == "qwen2":
+            extra["use_sliding_window"] = False
+        return extra | {
+            "model_type": self.model_type,
+            "architectures": [MODEL_TYPES[self.model_type]],
             "hidden_size": self.dim,
             "num_hidden_layers": self.n_layers,
             "num_attention_heads": self.n_heads,
@@ -463,6 +506,7 @@ class ModelConfig:
             vocab_size=self.vocab_size,
             norm=self.norm,
             attention_bias=self.attention_bias,
+            o_bias=self.o_bias,
             mlp_bias=self.mlp_bias,
             tie_embeddings=self.tie_embeddings,
         )
@@ -501,9 +545,12 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     mixed = [k for k in canonical_only if k in d]
     if mixed:
         raise _err(mixed[0], "canonical key in an HF-style config (do not mix the two forms)")
-    model_type = d.get("model_type")
-    if model_type is not None and model_type != "llama":
-        raise _err("model_type", f"only 'llama' configs are supported, got {model_type!r:.60}")
+    model_type = d.get("model_type", "llama")
+    if model_type not in MODEL_TYPES:
+        raise _err(
+            "model_type",
+            f"{model_type!r:.60} is not supported (supported: {', '.join(MODEL_TYPES)})",
+        )
     act = d.get("hidden_act", "silu")
     if act != "silu":
         raise _err("hidden_act", f"only 'silu' (SwiGLU) is supported, got {act!r:.60}")
@@ -552,7 +599,20 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         "mlp_bias": get("mlp_bias", False),
         "tie_embeddings": get("tie_word_embeddings", False),
         "max_seq_len": max_seq_len,
+        "model_type": model_type,
+        "sliding_window": None,
+        "o_bias": None,
     }
+    if model_type == "mistral":
+        values["sliding_window"] = d.get("sliding_window")  # null: full attention
+    elif model_type == "qwen2":
+        # Qwen2: biases on q/k/v only; its sliding window applies to some layers only
+        values.update(attention_bias=True, o_bias=False)
+        if d.get("use_sliding_window"):
+            raise _err(
+                "use_sliding_window",
+                "Qwen2 sliding-window layers are not supported (only use_sliding_window=false)",
+            )
     return _normalize(values, names)
 
 
@@ -629,7 +689,7 @@ def block_key_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
     for name, (n_out, n_in) in (("q", (q, d)), ("k", (kv, d)), ("v", (kv, d)), ("o", (d, q))):
         out[f"self_attn.{name}_proj.weight"] = (n_out, n_in)
-        if cfg.attention_bias:
+        if cfg.o_bias if name == "o" else cfg.attention_bias:
             out[f"self_attn.{name}_proj.bias"] = (n_out,)
     for name, (n_out, n_in) in (("gate", (h, d)), ("up", (h, d)), ("down", (d, h))):
         out[f"mlp.{name}_proj.weight"] = (n_out, n_in)

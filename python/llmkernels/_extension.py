@@ -65,5 +65,3 @@ def _cpu_has_avx512() -> bool:
     except OSError:
         pass
     return False
-
-

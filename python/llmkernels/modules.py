@@ -87,6 +87,19 @@ def _positive_int(cls: str, name: str, value: Any) -> int:
     return int(value)
 
 
+def _positive_real(cls: str, name: str, value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (0 < value < float("inf"))
+    ):
+        raise ValueError(f"[{cls}] {name} must be a finite number > 0, got {str(value)[:40]}")
+    try:
+        return float(value)
+    except OverflowError:  # an int like 10**400
+        raise ValueError(f"[{cls}] {name} is too large, got {str(value)[:40]}") from None
+
+
 def _check_eps(cls: str, eps: Any) -> float:
     # compared before float(): an int like 10**400 has no float (OverflowError)
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 <= eps < 1):
@@ -498,7 +511,14 @@ class MultiHeadAttention(_Module):
         head_dim: default ``dim // n_heads``.
         rope_theta, rope_scaling: RoPE base and HF ``rope_scaling`` dict (see ``rope_inv_freq``).
         bias: biases on q/k/v/o (HF ``attention_bias``).
+        o_bias: bias on o (default: ``bias``; Qwen2 has q/k/v biases only).
         causal: bottom-right causal masking (decoder self-attention).
+        window: sliding window (Mistral): each query sees only the last ``window`` keys
+            (see :func:`llmkernels.attention`); with a KV cache, decode equals the full forward.
+        softcap: attention-logit soft-capping ``softcap * tanh(s / softcap)`` (Gemma 2).
+        scale: score multiplier, default ``1 / sqrt(head_dim)``.
+        sinks: learned per-head attention sinks (parameter ``sinks`` of shape ``(n_heads,)``,
+            zeros at initialisation, as gpt-oss).
 
     Example:
         >>> import llmkernels as lk, numpy as np
@@ -519,10 +539,18 @@ class MultiHeadAttention(_Module):
         rope_theta: float = 10000.0,
         rope_scaling: Mapping[str, Any] | None = None,
         bias: bool = False,
+        o_bias: bool | None = None,
         causal: bool = True,
+        window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
+        sinks: bool = False,
         seed: int | None = None,
     ) -> None:
         dim = _positive_int(self._name, "dim", dim)
+        window = 0 if window is None else min(_positive_int(self._name, "window", window), 2**62)
+        softcap = 0.0 if softcap is None else _positive_real(self._name, "softcap", softcap)
+        scale = 0.0 if scale is None else _positive_real(self._name, "scale", scale)
         n_heads = _positive_int(self._name, "n_heads", n_heads)
         n_kv = (
             n_heads if n_kv_heads is None else _positive_int(self._name, "n_kv_heads", n_kv_heads)
@@ -555,8 +583,12 @@ class MultiHeadAttention(_Module):
             inv_freq.tolist(),
             factor,
             bool(bias),
-            bool(bias),
+            bool(bias if o_bias is None else o_bias),
             bool(causal),
+            window,
+            softcap,
+            scale,
+            bool(sinks),
         )
         self._init_random(_rng(seed))
 
@@ -745,6 +777,8 @@ class TransformerBlock(_Module):
                 rope_theta=c.rope_theta,
                 rope_scaling=c.rope_scaling_dict(),
                 bias=c.attention_bias,
+                o_bias=c.o_bias,
+                window=c.sliding_window,
                 seed=int(seeds[0]),
             ),
             feed_forward=FeedForward(c.dim, c.hidden_dim, bias=c.mlp_bias, seed=int(seeds[1])),
@@ -885,8 +919,11 @@ class Transformer(_Module):
             model = cls(config)
         dests = model.state_dict()
         # the weights were allocated uninitialised: every one must come from the files
-        unread = [k for k in dests if k not in located and not (
-            k == "lm_head.weight" and config.tie_embeddings)]
+        unread = [
+            k
+            for k in dests
+            if k not in located and not (k == "lm_head.weight" and config.tie_embeddings)
+        ]
         if unread:
             raise ValueError(f"[from_pretrained] {path}: no tensor for {unread[:5]}")
         total = sum(info.offsets[1] - info.offsets[0] for _, info in located.values())
@@ -1173,9 +1210,7 @@ class _Sampling:
         if repetition_penalty is not None:
             r = _real(fn, "repetition_penalty", repetition_penalty)
             if not (math.isfinite(r) and r > 0):
-                raise ValueError(
-                    f"[{fn}] repetition_penalty must be a finite number > 0, got {r}"
-                )
+                raise ValueError(f"[{fn}] repetition_penalty must be a finite number > 0, got {r}")
         if seed is not None and (
             isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0
         ):
@@ -1243,12 +1278,7 @@ def _checkpoint_dir(path: Any) -> str:
     if os.path.isdir(p):
         return p
     parts = p.split("/")
-    if (
-        not os.path.lexists(p)
-        and len(parts) == 2
-        and all(parts)
-        and not p.startswith((".", "~"))
-    ):
+    if not os.path.lexists(p) and len(parts) == 2 and all(parts) and not p.startswith((".", "~")):
         raise ValueError(
             f"[from_pretrained] {p!r} is not a directory; it looks like a Hugging Face hub id. "
             f"llmkernels does not download: fetch it first, e.g. `huggingface-cli download {p}` "

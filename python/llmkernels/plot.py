@@ -73,8 +73,7 @@ def _token_labels(
         k_tok = [str(t) for t in tokens]
         if len(k_tok) != t_k:
             raise ValueError(
-                f"[attention_heatmap] tokens must have one label per key ({t_k}), "
-                f"got {len(k_tok)}"
+                f"[attention_heatmap] tokens must have one label per key ({t_k}), got {len(k_tok)}"
             )
         q_tok = k_tok[t_k - t_q :] if t_q <= t_k else None
         if q_tok is None:

@@ -607,8 +607,10 @@ class ChatSession:
             # the cache holds this prompt + the reply's tokens unless a stop string cut the
             # reply (then the cache holds text the conversation does not): next turn re-prefills
             eos = set(self.tokenizer.eos_token_ids)
-            clean = last is not None and last.finish_reason is not None and (
-                last.finish_reason == "length" or last.token in eos
+            clean = (
+                last is not None
+                and last.finish_reason is not None
+                and (last.finish_reason == "length" or last.token in eos)
             )
             if clean:
                 self._prompt_text, self._reply_end = text, "".join(reply)

@@ -121,6 +121,7 @@ def _compile_template(template: str) -> Any:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, jinja2.ext.loopcontrols]
     )
+
     class TemplateDict:
         """``dict`` for templates, without attribute access to the type (as transformers)."""
 

@@ -101,21 +101,37 @@ def check_weights(w: np.ndarray, expected_w: np.ndarray, dtype) -> None:
 SWEEP = {
     "default": {},
     # head dimension (SIMD tails), Dv = D
-    "d1": {"d": 1}, "d7": {"d": 7}, "d33": {"d": 33}, "d64": {"d": 64}, "d128": {"d": 128},
+    "d1": {"d": 1},
+    "d7": {"d": 7},
+    "d33": {"d": 33},
+    "d64": {"d": 64},
+    "d128": {"d": 128},
     # sequence lengths, equal and unequal (tiles of 64 rows / keys and their tails)
-    "t1": {"tq": 1, "tk": 1}, "t2": {"tq": 2, "tk": 2}, "t64": {"tq": 64, "tk": 64},
+    "t1": {"tq": 1, "tk": 1},
+    "t2": {"tq": 2, "tk": 2},
+    "t64": {"tq": 64, "tk": 64},
     "t257": {"tq": 257, "tk": 257},
-    "tq1_tk257": {"tq": 1, "tk": 257}, "tq2_tk17": {"tq": 2, "tk": 17},
-    "tq17_tk64": {"tq": 17, "tk": 64}, "tq1_tk64": {"tq": 1, "tk": 64},
-    "tq64_tk17": {"tq": 64, "tk": 17}, "tq257_tk2": {"tq": 257, "tk": 2},
+    "tq1_tk257": {"tq": 1, "tk": 257},
+    "tq2_tk17": {"tq": 2, "tk": 17},
+    "tq17_tk64": {"tq": 17, "tk": 64},
+    "tq1_tk64": {"tq": 1, "tk": 64},
+    "tq64_tk17": {"tq": 64, "tk": 17},
+    "tq257_tk2": {"tq": 257, "tk": 2},
     "tq17_tk1": {"tq": 17, "tk": 1},
     # heads: MHA, GQA, MQA
-    "h1_1": {"hq": 1, "hkv": 1}, "h8_2": {"hq": 8, "hkv": 2}, "h8_1": {"hq": 8, "hkv": 1},
+    "h1_1": {"hq": 1, "hkv": 1},
+    "h8_2": {"hq": 8, "hkv": 2},
+    "h8_1": {"hq": 8, "hkv": 1},
     "h8_1_t257": {"hq": 8, "hkv": 1, "tq": 257, "tk": 257},  # tiles span query heads
     # batch, 3-D inputs
-    "b3": {"b": 3}, "3d": {"b": None}, "3d_gqa": {"b": None, "hq": 8, "hkv": 2},
+    "b3": {"b": 3},
+    "3d": {"b": None},
+    "3d_gqa": {"b": None, "hq": 8, "hkv": 2},
     # Dv != D
-    "dv1": {"dv": 1}, "dv7": {"dv": 7}, "dv48": {"dv": 48}, "d7_dv64": {"d": 7, "dv": 64},
+    "dv1": {"dv": 1},
+    "dv7": {"dv": 7},
+    "dv48": {"dv": 48},
+    "d7_dv64": {"d": 7, "dv": 64},
     # causal (bottom-right aligned) with Tq = Tk, Tq < Tk, Tq > Tk (rows with no key -> 0)
     "causal": {"causal": True},
     "causal_tq1_tk257": {"causal": True, "tq": 1, "tk": 257},
@@ -125,7 +141,9 @@ SWEEP = {
     "causal_t257_gqa": {"causal": True, "tq": 257, "tk": 257, "hq": 8, "hkv": 2},
     "causal_t1": {"causal": True, "tq": 1, "tk": 1},
     # scale
-    "scale0.3": {"scale": 0.3}, "scale2": {"scale": 2.0}, "scale_neg": {"scale": -0.5},
+    "scale0.3": {"scale": 0.3},
+    "scale2": {"scale": 2.0},
+    "scale_neg": {"scale": -0.5},
 }
 
 SHAPE_KEYS = ("b", "hq", "hkv", "tq", "tk", "d", "dv")
@@ -156,8 +174,11 @@ def test_formula_is_the_package_reference(rng):
     keep = rng.random((5, 7)) > 0.3
     add = np.where(keep, rng.standard_normal((5, 7)), -np.inf)
     for kw in ({}, {"causal": True, "scale": 0.7}, {"mask": keep}, {"mask": add, "causal": True}):
-        for got, want in zip(ref_attention(q, k, v, return_weights=True, **kw),
-                             ref.attention(q, k, v, return_weights=True, **kw), strict=True):
+        for got, want in zip(
+            ref_attention(q, k, v, return_weights=True, **kw),
+            ref.attention(q, k, v, return_weights=True, **kw),
+            strict=True,
+        ):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
 
 
@@ -285,10 +306,12 @@ def test_large_logits(dtype, isa, rng):
     mask[1] = -1e4
     mask = mask.astype(dtype)
     for causal in [False, True]:
-        got_o, got_w = lk.attention(qs, ks, v, mask=mask, scale=0.25, causal=causal,
-                                    return_weights=True)
-        want_o, want_w = ref.attention(qs, ks, v, mask=mask, scale=0.25, causal=causal,
-                                       return_weights=True)
+        got_o, got_w = lk.attention(
+            qs, ks, v, mask=mask, scale=0.25, causal=causal, return_weights=True
+        )
+        want_o, want_w = ref.attention(
+            qs, ks, v, mask=mask, scale=0.25, causal=causal, return_weights=True
+        )
         check(got_o, want_o, dtype)
         check_weights(got_w, want_w, dtype)
         # a row of -1e4 logits is an ordinary softmax, not zeros
@@ -353,8 +376,11 @@ def test_dtype_rules(rng):
     assert lists.dtype == np.float64
     check(lists, ref.attention(q[0], k[0], v[0]), np.float64)
     # numpy scalars for the flags and the scale
-    check(lk.attention(q, k, v, causal=np.True_, scale=np.float32(0.5)),
-          ref.attention(q, k, v, causal=True, scale=0.5), np.float32)
+    check(
+        lk.attention(q, k, v, causal=np.True_, scale=np.float32(0.5)),
+        ref.attention(q, k, v, causal=True, scale=0.5),
+        np.float32,
+    )
     # scale = 0: uniform weights
     check(lk.attention(q, k, v, scale=0.0), ref.attention(q, k, v, scale=0.0), np.float32)
     # float32 weights for float32 data
@@ -421,21 +447,28 @@ def test_key_split_path(dtype, isa, rng):
     last = np.zeros(4096, bool)
     last[-1] = True
     got = lk.attention(q, k, v, mask=last)
-    np.testing.assert_allclose(got[0], np.repeat(v[0, :, -1:], 4, axis=0),
-                               **ATTN_TOL[np.dtype(dtype)])
+    np.testing.assert_allclose(
+        got[0], np.repeat(v[0, :, -1:], 4, axis=0), **ATTN_TOL[np.dtype(dtype)]
+    )
     # several query rows (Tq = 4 < 64), causal, large logits, odd Tk
     q4, k4, v4 = qkv(rng, 2, 4, 4, 4, 2500, 33, dv=7, dtype=dtype)
     for causal in [False, True]:
-        check(lk.attention(q4, k4, v4, causal=causal, scale=3.0),
-              ref.attention(q4, k4, v4, causal=causal, scale=3.0), dtype)
+        check(
+            lk.attention(q4, k4, v4, causal=causal, scale=3.0),
+            ref.attention(q4, k4, v4, causal=causal, scale=3.0),
+            dtype,
+        )
     # ±1e4 additive logits on exact (integer, power-of-two scaled) scores: a random float32
     # score + 1e4 would be rounded to ulp(1e4) ~ 1e-3, beyond the attention tolerance
     qi = rng.integers(-2, 3, size=q4.shape).astype(dtype)
     ki = rng.integers(-2, 3, size=k4.shape).astype(dtype)
     big = np.where(rng.random(2500) < 0.3, 1e4, -1e4).astype(dtype)
     for causal in [False, True]:
-        check(lk.attention(qi, ki, v4, mask=big, scale=0.25, causal=causal),
-              ref.attention(qi, ki, v4, mask=big, scale=0.25, causal=causal), dtype)
+        check(
+            lk.attention(qi, ki, v4, mask=big, scale=0.25, causal=causal),
+            ref.attention(qi, ki, v4, mask=big, scale=0.25, causal=causal),
+            dtype,
+        )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -473,8 +506,9 @@ def test_pure_twin(rng):
     mask = (rng.random((5, 7)) < 0.7).tolist()
     for causal in [False, True]:
         got = lk.attention(q, k, v, causal=causal, mask=np.array(mask))
-        twin = np.array(pure.attention(q.tolist(), k.tolist(), v.tolist(), causal=causal,
-                                       mask=mask))
+        twin = np.array(
+            pure.attention(q.tolist(), k.tolist(), v.tolist(), causal=causal, mask=mask)
+        )
         np.testing.assert_allclose(got, twin, rtol=1e-12, atol=1e-14)
 
 
@@ -507,7 +541,8 @@ def test_torch_sdpa(dtype, rng):
     allowed = rng.random((b, 1, tq, tk)) < 0.6
     allowed[..., np.arange(tq), np.arange(tq)] = True
     np.testing.assert_allclose(
-        lk.attention(q, k, v, mask=allowed), sdpa(q, k, v, attn_mask=allowed, enable_gqa=True),
+        lk.attention(q, k, v, mask=allowed),
+        sdpa(q, k, v, attn_mask=allowed, enable_gqa=True),
         **tol,
     )
     additive = data(rng, (8, tq, tk), dtype, 3.0)
@@ -521,9 +556,7 @@ def test_torch_sdpa(dtype, rng):
     q2 = data(rng, (b, 8, tq2, d), dtype)
     bottom_right = torch.ones(tq2, tk2).tril(tk2 - tq2).bool().numpy()
     ours = lk.attention(q2, k, v, causal=True)
-    np.testing.assert_allclose(
-        ours, sdpa(q2, k, v, attn_mask=bottom_right, enable_gqa=True), **tol
-    )
+    np.testing.assert_allclose(ours, sdpa(q2, k, v, attn_mask=bottom_right, enable_gqa=True), **tol)
     # ... and differs from torch's top-left is_causal
     assert not np.allclose(ours, sdpa(q2, k, v, is_causal=True, enable_gqa=True), **tol)
     # causal combined with a bool mask = torch given the conjunction
@@ -579,8 +612,13 @@ def roped(vectors, positions, dtype) -> np.ndarray:
 def test_seed_001_rope_scores(dtype):
     tol = {"rtol": 1e-12, "atol": 1e-14} if dtype == np.float64 else {"rtol": 2e-6, "atol": 1e-7}
     qs, ks = [(1.0, 0.5), (0.9, 0.7)], [(0.8, 0.6), (0.7, 0.5)]  # tokens at positions 1 and 2
-    scores = [[sum(a * b for a, b in zip(rot(qs[i], i + 1), rot(ks[j], j + 1), strict=True))
-               for j in range(2)] for i in range(2)]
+    scores = [
+        [
+            sum(a * b for a, b in zip(rot(qs[i], i + 1), rot(ks[j], j + 1), strict=True))
+            for j in range(2)
+        ]
+        for i in range(2)
+    ]
     # the seed's q2'·k1' = 1.133 (from rounded intermediates); exactly 1.1323
     assert abs(scores[1][0] - 1.1323) < 5e-5
     assert abs(scores[1][0] - 1.133) < 1e-3
@@ -628,8 +666,9 @@ def test_seed_000_relative_position(dtype):
     k = roped([vec] * 5, [3, 4, 5, 6, 7], dtype)
     _, w = lk.attention(q, k, np.eye(5, dtype=dtype)[None], scale=1.0, return_weights=True)
     np.testing.assert_allclose(w[0, 0], w[0, 0, ::-1], **tol)
-    np.testing.assert_allclose(w[0, 0], softmax([1.25 * math.cos(THETA * d) for d in
-                                                 (2, 1, 0, 1, 2)]), **tol)
+    np.testing.assert_allclose(
+        w[0, 0], softmax([1.25 * math.cos(THETA * d) for d in (2, 1, 0, 1, 2)]), **tol
+    )
 
 
 # --- 4. memory: streaming, never a Tq x Tk score matrix ----------------------------------------
@@ -709,52 +748,104 @@ def _bad_cases(rng):
     return {
         "batch_mismatch": (lambda o: lk.attention(q, k[:1], v[:1], out=o), ValueError, "batch"),
         "batch_mismatch_v": (lambda o: lk.attention(q, k, v[:1], out=o), ValueError, "v"),
-        "heads": (lambda o: lk.attention(q, k[:, :1].repeat(3, 1), v[:, :1].repeat(3, 1), out=o),
-                  ValueError, "Hkv"),
+        "heads": (
+            lambda o: lk.attention(q, k[:, :1].repeat(3, 1), v[:, :1].repeat(3, 1), out=o),
+            ValueError,
+            "Hkv",
+        ),
         "kv_length": (lambda o: lk.attention(q, k, v[:, :, :5], out=o), ValueError, "v"),
         "kv_heads": (lambda o: lk.attention(q, k, v[:, :1], out=o), ValueError, "v"),
         "d_mismatch": (lambda o: lk.attention(q, k[..., :7], v, out=o), ValueError, "k"),
-        "mask_shape": (lambda o: lk.attention(q, k, v, mask=np.ones((5, 5), bool), out=o),
-                       ValueError, "mask"),
-        "mask_shape_batch": (lambda o: lk.attention(q, k, v, mask=np.ones((3, 1, 1, 6), bool),
-                                                    out=o), ValueError, "mask"),
-        "mask_int": (lambda o: lk.attention(q, k, v, mask=np.ones((5, 6), np.int64), out=o),
-                     TypeError, "mask"),
-        "mask_uint8": (lambda o: lk.attention(q, k, v, mask=np.ones(6, np.uint8), out=o),
-                       TypeError, "mask"),
-        "mask_complex": (lambda o: lk.attention(q, k, v, mask=np.ones(6, np.complex64), out=o),
-                         TypeError, "mask"),
+        "mask_shape": (
+            lambda o: lk.attention(q, k, v, mask=np.ones((5, 5), bool), out=o),
+            ValueError,
+            "mask",
+        ),
+        "mask_shape_batch": (
+            lambda o: lk.attention(q, k, v, mask=np.ones((3, 1, 1, 6), bool), out=o),
+            ValueError,
+            "mask",
+        ),
+        "mask_int": (
+            lambda o: lk.attention(q, k, v, mask=np.ones((5, 6), np.int64), out=o),
+            TypeError,
+            "mask",
+        ),
+        "mask_uint8": (
+            lambda o: lk.attention(q, k, v, mask=np.ones(6, np.uint8), out=o),
+            TypeError,
+            "mask",
+        ),
+        "mask_complex": (
+            lambda o: lk.attention(q, k, v, mask=np.ones(6, np.complex64), out=o),
+            TypeError,
+            "mask",
+        ),
         "causal_int": (lambda o: lk.attention(q, k, v, causal=1, out=o), TypeError, "causal"),
         "causal_str": (lambda o: lk.attention(q, k, v, causal="yes", out=o), TypeError, "causal"),
-        "return_weights_int": (lambda o: lk.attention(q, k, v, return_weights=1, out=o),
-                               TypeError, "return_weights"),
+        "return_weights_int": (
+            lambda o: lk.attention(q, k, v, return_weights=1, out=o),
+            TypeError,
+            "return_weights",
+        ),
         "scale_str": (lambda o: lk.attention(q, k, v, scale="0.5", out=o), TypeError, "scale"),
-        "scale_nan": (lambda o: lk.attention(q, k, v, scale=float("nan"), out=o), ValueError,
-                      "scale"),
+        "scale_nan": (
+            lambda o: lk.attention(q, k, v, scale=float("nan"), out=o),
+            ValueError,
+            "scale",
+        ),
         "q_1d": (lambda o: lk.attention(q[0, 0, 0], k, v, out=o), ValueError, "q"),
         "q_2d": (lambda o: lk.attention(q[0, 0], k[0, 0], v[0, 0], out=o), ValueError, "q"),
         "q_5d": (lambda o: lk.attention(q[None], k[None], v[None], out=o), ValueError, "q"),
         "ndim_mismatch": (lambda o: lk.attention(q, k[0], v[0], out=o), ValueError, "k"),
         "q_complex": (lambda o: lk.attention(q.astype(np.complex64), k, v, out=o), TypeError, "q"),
-        "k_complex": (lambda o: lk.attention(q, k.astype(np.complex128), v, out=o), TypeError,
-                      "k"),
+        "k_complex": (lambda o: lk.attention(q, k.astype(np.complex128), v, out=o), TypeError, "k"),
         "v_object": (lambda o: lk.attention(q, k, v.astype(object), out=o), TypeError, "v"),
         "d_zero": (lambda o: lk.attention(q[..., :0], k[..., :0], v, out=o), ValueError, "D"),
-        "out_shape": (lambda o: lk.attention(q, k, v, out=np.zeros((2, 4, 5, 9), np.float32)),
-                      ValueError, "out"),
+        "out_shape": (
+            lambda o: lk.attention(q, k, v, out=np.zeros((2, 4, 5, 9), np.float32)),
+            ValueError,
+            "out",
+        ),
         "out_dtype": (lambda o: lk.attention(q, k, v, out=o.astype(np.float64)), TypeError, "out"),
-        "out_order": (lambda o: lk.attention(q, k, v, out=np.zeros((8, 5, 4, 2), np.float32).T),
-                      ValueError, "out"),
+        "out_order": (
+            lambda o: lk.attention(q, k, v, out=np.zeros((8, 5, 4, 2), np.float32).T),
+            ValueError,
+            "out",
+        ),
         "out_list": (lambda o: lk.attention(q, k, v, out=o.tolist()), TypeError, "out"),
     }, ok_out
 
 
 BAD_NAMES = [
-    "batch_mismatch", "batch_mismatch_v", "heads", "kv_length", "kv_heads", "d_mismatch",
-    "mask_shape", "mask_shape_batch", "mask_int", "mask_uint8", "mask_complex", "causal_int",
-    "causal_str", "return_weights_int", "scale_str", "scale_nan", "q_1d", "q_2d", "q_5d",
-    "ndim_mismatch", "q_complex", "k_complex", "v_object", "d_zero", "out_shape", "out_dtype",
-    "out_order", "out_list",
+    "batch_mismatch",
+    "batch_mismatch_v",
+    "heads",
+    "kv_length",
+    "kv_heads",
+    "d_mismatch",
+    "mask_shape",
+    "mask_shape_batch",
+    "mask_int",
+    "mask_uint8",
+    "mask_complex",
+    "causal_int",
+    "causal_str",
+    "return_weights_int",
+    "scale_str",
+    "scale_nan",
+    "q_1d",
+    "q_2d",
+    "q_5d",
+    "ndim_mismatch",
+    "q_complex",
+    "k_complex",
+    "v_object",
+    "d_zero",
+    "out_shape",
+    "out_dtype",
+    "out_order",
+    "out_list",
 ]
 
 

@@ -12,8 +12,16 @@ from llmkernels import reference as ref
 from op_helpers import DTYPES, check, data, op_tests
 
 
-def ref_rope(x, positions=None, *, theta=10000.0, inv_freq=None, interleaved=False,
-             rotary_dim=None, attention_factor=1.0):
+def ref_rope(
+    x,
+    positions=None,
+    *,
+    theta=10000.0,
+    inv_freq=None,
+    interleaved=False,
+    rotary_dim=None,
+    attention_factor=1.0,
+):
     """x (..., T, D): the pair (x1, x2) of frequency k at position p becomes
     (x1 cos a - x2 sin a, x2 cos a + x1 sin a) * attention_factor, a = p * inv_freq[k] in float64,
     inv_freq = 1 / theta^(2k / r) (r = rotary_dim, default D). Pairs (x[k], x[k + r/2]) (half-split)
@@ -120,8 +128,15 @@ def test_rope_repeated_calls_use_consistent_tables(rng):
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_formula_is_the_package_reference(interleaved, rng):
     x, pos = rng.standard_normal((2, 3, 5, 12)), rng.integers(0, 10**6, (2, 1, 5))
-    for kw in ({}, {"rotary_dim": 8, "theta": 500.0}, {"inv_freq": np.linspace(1, 1e-3, 6)},
-               {"attention_factor": 1.2}):
-        np.testing.assert_allclose(ref_rope(x, pos, interleaved=interleaved, **kw),
-                                   ref.rope(x, pos, interleaved=interleaved, **kw), rtol=1e-13,
-                                   atol=1e-13)
+    for kw in (
+        {},
+        {"rotary_dim": 8, "theta": 500.0},
+        {"inv_freq": np.linspace(1, 1e-3, 6)},
+        {"attention_factor": 1.2},
+    ):
+        np.testing.assert_allclose(
+            ref_rope(x, pos, interleaved=interleaved, **kw),
+            ref.rope(x, pos, interleaved=interleaved, **kw),
+            rtol=1e-13,
+            atol=1e-13,
+        )

@@ -58,7 +58,9 @@ def check_matmul(actual: np.ndarray, expected: np.ndarray, dtype: type) -> None:
 def test_formula_is_the_package_reference(rng):
     x, wg, wu, wd = (rng.standard_normal(s) for s in ((4, 6), (6, 5), (6, 5), (5, 3)))
     bg, bu, bd = rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(3)
-    np.testing.assert_allclose(ref_swiglu_ffn(x, wg, wu, wd, bg, bu, bd),
-                               ref.swiglu_ffn(x, wg, wu, wd, b_gate=bg, b_up=bu, b_down=bd),
-                               rtol=1e-13)
+    np.testing.assert_allclose(
+        ref_swiglu_ffn(x, wg, wu, wd, bg, bu, bd),
+        ref.swiglu_ffn(x, wg, wu, wd, b_gate=bg, b_up=bu, b_down=bd),
+        rtol=1e-13,
+    )
     np.testing.assert_allclose(ref_swiglu_ffn(x, wg, wu), ref.swiglu_ffn(x, wg, wu), rtol=1e-13)
