@@ -1,5 +1,6 @@
 """The LLaMA family beyond ``model_type: llama`` (issue 14 item 1): Mistral (sliding-window
-attention) and Qwen2 (biases on q/k/v only), saved by transformers and loaded by
+attention), Qwen2 (biases on q/k/v only) and Phi-3 (fused qkv_proj / gate_up_proj, longrope),
+saved by transformers and loaded by
 ``Transformer.from_pretrained``, against transformers' eager forward and greedy generation.
 Types not supported yet are refused with the list of those that are."""
 
@@ -13,7 +14,14 @@ import numpy as np
 import pytest
 import torch
 from llmkernels._config import ConfigError, ModelConfig
-from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 SMALL = {
     "hidden_size": 64,
@@ -102,8 +110,36 @@ def test_qwen2_qkv_biases_match_transformers(tmp_path: Path) -> None:
     compare(hf, directory, prompt_len=9, new_tokens=6)
 
 
+@pytest.mark.parametrize("longrope", [False, True])
+def test_phi3_fused_projections_match_transformers(tmp_path: Path, longrope: bool) -> None:
+    torch.manual_seed(0)
+    extra = {}
+    if longrope:  # Phi-3 128k style: longrope factors, prompt past the original length
+        extra = {
+            "original_max_position_embeddings": 8,
+            "rope_scaling": {
+                "type": "longrope",
+                "long_factor": [1.0 + 0.3 * i for i in range(8)],
+                "short_factor": [1.0 + 0.05 * i for i in range(8)],
+            },
+        }
+    cfg = Phi3Config(**SMALL, **extra, pad_token_id=0, eos_token_id=1, attn_implementation="eager")
+    hf = Phi3ForCausalLM(cfg).eval()
+    directory = save(hf, tmp_path / "phi3")
+    loaded = lk.Transformer.from_pretrained(directory, progress=False)
+    keys = loaded.state_dict()
+    assert keys["model.layers.0.self_attn.qkv_proj.weight"].shape == (64 + 2 * 32, 64)
+    assert keys["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * 96, 64)
+    assert "model.layers.0.self_attn.q_proj.weight" not in keys
+    compare(hf, directory, prompt_len=11, new_tokens=6)
+
+
 def test_config_round_trip_per_family() -> None:
-    for model_type, extra in (("mistral", {"sliding_window": 7}), ("qwen2", {})):
+    for model_type, extra in (
+        ("mistral", {"sliding_window": 7}),
+        ("qwen2", {}),
+        ("phi3", {"sliding_window": 9}),
+    ):
         hf = {**SMALL, "model_type": model_type, **extra}
         cfg = ModelConfig.from_dict(hf)
         again = ModelConfig.from_dict(cfg.to_hf_dict())
@@ -116,7 +152,7 @@ def test_config_round_trip_per_family() -> None:
     assert qwen.n_params - plain.n_params == n_biases
 
 
-@pytest.mark.parametrize("model_type", ["gemma", "phi3", "gpt2", ""])
+@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "qwen3", "gpt2", ""])
 def test_other_model_types_are_refused_with_the_supported_list(model_type: str) -> None:
     with pytest.raises(ConfigError, match=r"model_type: .* not supported \(supported: llama, "):
         ModelConfig.from_dict({**SMALL, "model_type": model_type})

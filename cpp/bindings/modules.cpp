@@ -201,7 +201,8 @@ void bind_modules(py::module_& m) {
       .def("params", params_of<FeedForwardModule>())
       .def_property_readonly("dim", &FeedForwardModule::dim)
       .def_property_readonly("hidden", &FeedForwardModule::hidden)
-      .def_property_readonly("has_bias", &FeedForwardModule::has_bias);
+      .def_property_readonly("has_bias", &FeedForwardModule::has_bias)
+      .def_readwrite("fused_names", &FeedForwardModule::fused_names);
 
   py::class_<KVCache, std::shared_ptr<KVCache>>(m, "KVCacheImpl")
       .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t>(), "batch"_a,
@@ -257,6 +258,7 @@ void bind_modules(py::module_& m) {
       .def_readonly("softcap", &MultiHeadAttentionModule::softcap)
       .def_readonly("scale", &MultiHeadAttentionModule::scale)
       .def_readonly("sinks", &MultiHeadAttentionModule::sinks)
+      .def_readwrite("fused_names", &MultiHeadAttentionModule::fused_names)
       .def_readonly("attention_factor", &MultiHeadAttentionModule::attention_factor)
       .def_readonly("inv_freq", &MultiHeadAttentionModule::inv_freq);
 

@@ -169,6 +169,15 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
 }
 
 std::vector<Param> FeedForwardModule::params() {
+  if (fused_names) {
+    std::vector<Param> p{{"gate_up_proj.weight", {2 * hidden_, dim_}, w_gate_up_.data()},
+                         {"down_proj.weight", {dim_, hidden_}, w_down_.data()}};
+    if (bias_) {
+      p.push_back({"gate_up_proj.bias", {2 * hidden_}, b_gate_up_.data()});
+      p.push_back({"down_proj.bias", {dim_}, b_down_.data()});
+    }
+    return p;
+  }
   std::vector<Param> p{{"gate_proj.weight", {hidden_, dim_}, w_gate_up_.data()},
                        {"up_proj.weight", {hidden_, dim_}, w_gate_up_.data() + hidden_ * dim_},
                        {"down_proj.weight", {dim_, hidden_}, w_down_.data()}};
@@ -230,6 +239,14 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
 
 std::vector<Param> MultiHeadAttentionModule::params() {
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
+  if (fused_names) {
+    std::vector<Param> p{{"qkv_proj.weight", {q + 2 * kv, dim}, w_qkv_.data()},
+                         {"o_proj.weight", {dim, q}, w_o_.data()}};
+    if (qkv_bias) p.push_back({"qkv_proj.bias", {q + 2 * kv}, b_qkv_.data()});
+    if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
+    if (sinks) p.push_back({"sinks", {n_heads}, sinks_.data()});
+    return p;
+  }
   std::vector<Param> p{{"q_proj.weight", {q, dim}, w_qkv_.data()},
                        {"k_proj.weight", {kv, dim}, w_qkv_.data() + q * dim},
                        {"v_proj.weight", {kv, dim}, w_qkv_.data() + (q + kv) * dim},

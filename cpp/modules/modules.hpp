@@ -103,6 +103,9 @@ class FeedForwardModule {
   std::size_t dim() const { return dim_; }
   std::size_t hidden() const { return hidden_; }
   bool has_bias() const { return bias_; }
+  // params() names the fused [gate; up] weight as one tensor, gate_up_proj (Phi-3's layout,
+  // which is this module's storage): set before the parameters are first read
+  bool fused_names = false;
 
  private:
   std::size_t dim_, hidden_;
@@ -152,6 +155,9 @@ class MultiHeadAttentionModule {
   std::int64_t window;
   double softcap, scale;
   bool sinks;
+  // params() names the fused [q; k; v] weight (and bias) as one tensor, qkv_proj (Phi-3's
+  // layout, which is this module's storage)
+  bool fused_names = false;
 
  private:
   WeightBuffer w_qkv_;        // ((Hq + 2 Hkv) * hd, dim)

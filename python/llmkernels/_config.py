@@ -60,6 +60,7 @@ MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 _NORM_POSITIONS = ("pre", "post")
 _DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5}  # HF LlamaConfig.rms_norm_eps / nn.LayerNorm
@@ -344,8 +345,9 @@ class ModelConfig:
         mlp_bias: gate/up/down projections carry biases (HF ``mlp_bias``).
         tie_embeddings: the LM head reuses the embedding (HF ``tie_word_embeddings``).
         max_seq_len: context length (HF ``max_position_embeddings``).
-        model_type: the HF family it loads as and saves to: ``"llama"``, ``"mistral"`` or
-            ``"qwen2"`` (same block; the differences are the fields below).
+        model_type: the HF family it loads as and saves to: ``"llama"``, ``"mistral"``,
+            ``"qwen2"`` or ``"phi3"`` (same block; the differences are the fields below, and
+            Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` tensors).
         sliding_window: ``None`` or ``w``: every layer attends only to the last ``w`` keys
             (Mistral; transformers' semantics, see :func:`llmkernels.attention`'s ``window``).
         o_bias: the output projection carries a bias; ``None`` means ``attention_bias``.
@@ -449,6 +451,7 @@ class ModelConfig:
             and not self.o_bias
             and not self.mlp_bias
             and self.sliding_window is None,
+            "phi3": not self.attention_bias and not self.o_bias and not self.mlp_bias,
         }[self.model_type]
         if not expressible:
             raise _err(
@@ -464,7 +467,7 @@ class ModelConfig:
             rope_parameters.setdefault("rope_type", scaling.get("type", "default"))
         rope_parameters["rope_theta"] = self.rope_theta
         extra: dict[str, Any] = {}
-        if self.model_type == "mistral":
+        if self.model_type in ("mistral", "phi3"):
             extra["sliding_window"] = self.sliding_window
         if self.model_type == "qwen2":
             extra["use_sliding_window"] = False
@@ -510,6 +513,12 @@ class ModelConfig:
             mlp_bias=self.mlp_bias,
             tie_embeddings=self.tie_embeddings,
         )
+
+    @property
+    def fused_projections(self) -> bool:
+        """The checkpoint stores q/k/v as one ``qkv_proj`` and gate/up as one ``gate_up_proj``
+        (Phi-3): how the block stores them too, so they load as they are."""
+        return self.model_type == "phi3"
 
     def rope_scaling_dict(self) -> dict[str, Any] | None:
         """``rope_scaling`` completed with ``max_position_embeddings = max_seq_len``.
@@ -603,7 +612,7 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         "sliding_window": None,
         "o_bias": None,
     }
-    if model_type == "mistral":
+    if model_type in ("mistral", "phi3"):
         values["sliding_window"] = d.get("sliding_window")  # null: full attention
     elif model_type == "qwen2":
         # Qwen2: biases on q/k/v only; its sliding window applies to some layers only
@@ -687,11 +696,16 @@ def block_key_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """
     d, q, kv, h = cfg.dim, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.hidden_dim
     out: dict[str, tuple[int, ...]] = {}
-    for name, (n_out, n_in) in (("q", (q, d)), ("k", (kv, d)), ("v", (kv, d)), ("o", (d, q))):
+    attn = (("q", (q, d)), ("k", (kv, d)), ("v", (kv, d)), ("o", (d, q)))
+    mlp = (("gate", (h, d)), ("up", (h, d)), ("down", (d, h)))
+    if cfg.fused_projections:  # Phi-3
+        attn = (("qkv", (q + 2 * kv, d)), ("o", (d, q)))
+        mlp = (("gate_up", (2 * h, d)), ("down", (d, h)))
+    for name, (n_out, n_in) in attn:
         out[f"self_attn.{name}_proj.weight"] = (n_out, n_in)
         if cfg.o_bias if name == "o" else cfg.attention_bias:
             out[f"self_attn.{name}_proj.bias"] = (n_out,)
-    for name, (n_out, n_in) in (("gate", (h, d)), ("up", (h, d)), ("down", (d, h))):
+    for name, (n_out, n_in) in mlp:
         out[f"mlp.{name}_proj.weight"] = (n_out, n_in)
         if cfg.mlp_bias:
             out[f"mlp.{name}_proj.bias"] = (n_out,)

@@ -283,13 +283,21 @@ class FeedForward(_Module):
     _name = "FeedForward"
 
     def __init__(
-        self, dim: int, hidden_dim: int, *, bias: bool = False, seed: int | None = None
+        self,
+        dim: int,
+        hidden_dim: int,
+        *,
+        bias: bool = False,
+        fused_names: bool = False,
+        seed: int | None = None,
     ) -> None:
         self._impl = _core.FeedForwardImpl(
             _positive_int(self._name, "dim", dim),
             _positive_int(self._name, "hidden_dim", hidden_dim),
             bool(bias),
         )
+        # Phi-3 names the [gate; up] weight as one tensor, gate_up_proj: the module's storage
+        self._impl.fused_names = bool(fused_names)
         self._init_random(_rng(seed))
 
     dim = _from_impl("dim")
@@ -518,7 +526,9 @@ class MultiHeadAttention(_Module):
         softcap: attention-logit soft-capping ``softcap * tanh(s / softcap)`` (Gemma 2).
         scale: score multiplier, default ``1 / sqrt(head_dim)``.
         sinks: learned per-head attention sinks (parameter ``sinks`` of shape ``(n_heads,)``,
-            zeros at initialisation, as gpt-oss).
+            as gpt-oss).
+        fused_names: name the q/k/v weights as one ``qkv_proj`` tensor (Phi-3's layout, which
+            is how the module stores them) in the state dict.
 
     Example:
         >>> import llmkernels as lk, numpy as np
@@ -545,6 +555,7 @@ class MultiHeadAttention(_Module):
         softcap: float | None = None,
         scale: float | None = None,
         sinks: bool = False,
+        fused_names: bool = False,
         seed: int | None = None,
     ) -> None:
         dim = _positive_int(self._name, "dim", dim)
@@ -590,6 +601,7 @@ class MultiHeadAttention(_Module):
             scale,
             bool(sinks),
         )
+        self._impl.fused_names = bool(fused_names)
         self._init_random(_rng(seed))
 
     dim = _from_impl("dim")
@@ -779,9 +791,16 @@ class TransformerBlock(_Module):
                 bias=c.attention_bias,
                 o_bias=c.o_bias,
                 window=c.sliding_window,
+                fused_names=c.fused_projections,
                 seed=int(seeds[0]),
             ),
-            feed_forward=FeedForward(c.dim, c.hidden_dim, bias=c.mlp_bias, seed=int(seeds[1])),
+            feed_forward=FeedForward(
+                c.dim,
+                c.hidden_dim,
+                bias=c.mlp_bias,
+                fused_names=c.fused_projections,
+                seed=int(seeds[1]),
+            ),
             attention_norm=_make_norm(c.norm, c.dim, c.norm_eps),
             ffn_norm=_make_norm(c.norm, c.dim, c.norm_eps),
             norm_position=c.norm_position,
