@@ -1,6 +1,6 @@
 """The LLaMA family beyond ``model_type: llama`` (issue 14 item 1): Mistral (sliding-window
-attention), Qwen2 (biases on q/k/v only) and Phi-3 (fused qkv_proj / gate_up_proj, longrope),
-saved by transformers and loaded by
+attention), Qwen2 (biases on q/k/v only), Qwen3 (per-head q/k RMSNorm) and Phi-3 (fused
+qkv_proj / gate_up_proj, longrope), saved by transformers and loaded by
 ``Transformer.from_pretrained``, against transformers' eager forward and greedy generation.
 Types not supported yet are refused with the list of those that are."""
 
@@ -21,6 +21,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 SMALL = {
@@ -134,11 +136,27 @@ def test_phi3_fused_projections_match_transformers(tmp_path: Path, longrope: boo
     compare(hf, directory, prompt_len=11, new_tokens=6)
 
 
+def test_qwen3_qk_norms_match_transformers(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = Qwen3Config(**SMALL, head_dim=24, use_sliding_window=False, attn_implementation="eager")
+    hf = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():  # non-unit norm weights, so the test sees them
+        for layer in hf.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    directory = save(hf, tmp_path / "qwen3")
+    loaded = lk.Transformer.from_pretrained(directory, progress=False)
+    assert loaded.state_dict()["model.layers.1.self_attn.k_norm.weight"].shape == (24,)
+    assert loaded.config.head_dim == 24 and loaded.config.qk_norm
+    compare(hf, directory, prompt_len=10, new_tokens=6)
+
+
 def test_config_round_trip_per_family() -> None:
     for model_type, extra in (
         ("mistral", {"sliding_window": 7}),
         ("qwen2", {}),
         ("phi3", {"sliding_window": 9}),
+        ("qwen3", {"head_dim": 8}),
     ):
         hf = {**SMALL, "model_type": model_type, **extra}
         cfg = ModelConfig.from_dict(hf)
@@ -152,7 +170,7 @@ def test_config_round_trip_per_family() -> None:
     assert qwen.n_params - plain.n_params == n_biases
 
 
-@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "qwen3", "gpt2", ""])
+@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gpt2", ""])
 def test_other_model_types_are_refused_with_the_supported_list(model_type: str) -> None:
     with pytest.raises(ConfigError, match=r"model_type: .* not supported \(supported: llama, "):
         ModelConfig.from_dict({**SMALL, "model_type": model_type})

@@ -230,10 +230,12 @@ void bind_modules(py::module_& m) {
   py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>>(
       m, "MultiHeadAttentionImpl")
       .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t, std::vector<double>,
-                    double, bool, bool, bool, std::int64_t, double, double, bool>(),
+                    double, bool, bool, bool, std::int64_t, double, double, bool, bool,
+                    double>(),
            "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "inv_freq"_a,
            "attention_factor"_a, "qkv_bias"_a, "o_bias"_a, "causal"_a, "window"_a = 0,
-           "softcap"_a = 0.0, "scale"_a = 0.0, "sinks"_a = false)
+           "softcap"_a = 0.0, "scale"_a = 0.0, "sinks"_a = false, "qk_norm"_a = false,
+           "qk_norm_eps"_a = 1e-6)
       .def(
           "forward",
           [](const MultiHeadAttentionModule& self, f32_array x, i64_array positions,
@@ -258,6 +260,8 @@ void bind_modules(py::module_& m) {
       .def_readonly("softcap", &MultiHeadAttentionModule::softcap)
       .def_readonly("scale", &MultiHeadAttentionModule::scale)
       .def_readonly("sinks", &MultiHeadAttentionModule::sinks)
+      .def_readonly("qk_norm", &MultiHeadAttentionModule::qk_norm)
+      .def_readonly("qk_norm_eps", &MultiHeadAttentionModule::qk_norm_eps)
       .def_readwrite("fused_names", &MultiHeadAttentionModule::fused_names)
       .def_readonly("attention_factor", &MultiHeadAttentionModule::attention_factor)
       .def_readonly("inv_freq", &MultiHeadAttentionModule::inv_freq);

@@ -207,7 +207,8 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
                                                    double attention_factor_, bool qkv_bias_,
                                                    bool o_bias_, bool causal_,
                                                    std::int64_t window_, double softcap_,
-                                                   double scale_, bool sinks_on)
+                                                   double scale_, bool sinks_on, bool qk_norm_,
+                                                   double qk_norm_eps_)
     : dim(dim_),
       n_heads(n_heads_),
       n_kv_heads(n_kv_heads_),
@@ -221,11 +222,15 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
       softcap(softcap_),
       scale(scale_),
       sinks(sinks_on),
+      qk_norm(qk_norm_),
+      qk_norm_eps(qk_norm_eps_),
       w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_),
       b_qkv_(qkv_bias_ ? (n_heads_ + 2 * n_kv_heads_) * head_dim_ : 0, 0.f),
       w_o_(dim_ * n_heads_ * head_dim_),
       b_o_(o_bias_ ? dim_ : 0, 0.f),
-      sinks_(sinks_on ? n_heads_ : 0, 0.f) {
+      sinks_(sinks_on ? n_heads_ : 0, 0.f),
+      q_norm_(qk_norm_ ? head_dim_ : 0, 1.f),
+      k_norm_(qk_norm_ ? head_dim_ : 0, 1.f) {
   // (the Python module validates these with its own messages; this guards direct use)
   if (window < 0 || window > (std::int64_t{1} << 62))
     throw std::invalid_argument("[MultiHeadAttention] window must be in [0, 2^62]");
@@ -245,6 +250,10 @@ std::vector<Param> MultiHeadAttentionModule::params() {
     if (qkv_bias) p.push_back({"qkv_proj.bias", {q + 2 * kv}, b_qkv_.data()});
     if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
     if (sinks) p.push_back({"sinks", {n_heads}, sinks_.data()});
+    if (qk_norm) {
+      p.push_back({"q_norm.weight", {head_dim}, q_norm_.data()});
+      p.push_back({"k_norm.weight", {head_dim}, k_norm_.data()});
+    }
     return p;
   }
   std::vector<Param> p{{"q_proj.weight", {q, dim}, w_qkv_.data()},
@@ -258,6 +267,10 @@ std::vector<Param> MultiHeadAttentionModule::params() {
   }
   if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
   if (sinks) p.push_back({"sinks", {n_heads}, sinks_.data()});
+  if (qk_norm) {
+    p.push_back({"q_norm.weight", {head_dim}, q_norm_.data()});
+    p.push_back({"k_norm.weight", {head_dim}, k_norm_.data()});
+  }
   return p;
 }
 
@@ -286,6 +299,12 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       float* s = c + half;
       rope_table_row(positions[r], freqs, half, attention_factor, c, s);
       float* q = qkv + r * width;
+      if (qk_norm) {  // Qwen3: each q head and each k head RMS-normalised, then rotated
+        dispatch(rms_norm_kernel{}, q, static_cast<const float*>(q), q_norm_.data(), hq, hd,
+                 qk_norm_eps, false);
+        dispatch(rms_norm_kernel{}, q + hq * hd, static_cast<const float*>(q + hq * hd),
+                 k_norm_.data(), hkv, hd, qk_norm_eps, false);
+      }
       // heads of one token share the table row: table_row = 0 with the table at this token
       for (std::size_t h0 = 0; h0 < hq + hkv; h0 += zeros.size()) {
         std::size_t rows = std::min(zeros.size(), hq + hkv - h0);

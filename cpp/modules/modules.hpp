@@ -136,7 +136,7 @@ class MultiHeadAttentionModule {
                            std::size_t head_dim, std::vector<double> inv_freq,
                            double attention_factor, bool qkv_bias, bool o_bias, bool causal,
                            std::int64_t window = 0, double softcap = 0.0, double scale = 0.0,
-                           bool sinks = false);
+                           bool sinks = false, bool qk_norm = false, double qk_norm_eps = 1e-6);
   // out (B*T, dim) = [residual +] attn(x (B*T, dim)). positions (B, T): RoPE positions.
   // key_mask: null or (B, T) (no cache) / (B, T) for the new tokens (with cache): 1 = real.
   // With a cache, the new K/V are appended at cache->length and attention covers the cache.
@@ -155,6 +155,9 @@ class MultiHeadAttentionModule {
   std::int64_t window;
   double softcap, scale;
   bool sinks;
+  // Qwen3: RMSNorm of each head of q and of k (weights (head_dim,)) before RoPE
+  bool qk_norm;
+  double qk_norm_eps;
   // params() names the fused [q; k; v] weight (and bias) as one tensor, qkv_proj (Phi-3's
   // layout, which is this module's storage)
   bool fused_names = false;
@@ -165,6 +168,7 @@ class MultiHeadAttentionModule {
   WeightBuffer w_o_;          // (dim, Hq * hd)
   std::vector<float> b_o_;    // (dim,)
   std::vector<float> sinks_;  // (Hq,) when sinks
+  std::vector<float> q_norm_, k_norm_;  // (head_dim,) each, when qk_norm
 };
 
 class TransformerBlockModule {

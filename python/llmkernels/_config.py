@@ -61,6 +61,7 @@ MODEL_TYPES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 _NORM_POSITIONS = ("pre", "post")
 _DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5}  # HF LlamaConfig.rms_norm_eps / nn.LayerNorm
@@ -124,6 +125,7 @@ _PARAMETER_FIELDS = (
     "o_bias",
     "mlp_bias",
     "tie_embeddings",
+    "qk_norm",
 )
 
 
@@ -209,12 +211,13 @@ def _parameter_count(
     o_bias: bool,
     mlp_bias: bool,
     tie_embeddings: bool,
+    qk_norm: bool,
 ) -> int:
     """Exact parameter count (Python ints: no overflow)."""
     q, kv = n_heads * head_dim, n_kv_heads * head_dim
     norm_size = dim * (2 if norm == "layer" else 1)
     attn = dim * q + 2 * dim * kv + q * dim + ((q + 2 * kv) if attention_bias else 0)
-    attn += dim if o_bias else 0
+    attn += (dim if o_bias else 0) + (2 * head_dim if qk_norm else 0)
     mlp = 3 * dim * hidden_dim + ((2 * hidden_dim + dim) if mlp_bias else 0)
     layer = attn + mlp + 2 * norm_size
     head = 0 if tie_embeddings else vocab_size * dim
@@ -262,7 +265,7 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
     out["model_type"] = _check_choice(n("model_type"), out["model_type"], tuple(MODEL_TYPES))
     if out["o_bias"] is None:
         out["o_bias"] = out["attention_bias"]
-    for field in ("attention_bias", "o_bias", "mlp_bias", "tie_embeddings"):
+    for field in ("attention_bias", "o_bias", "mlp_bias", "tie_embeddings", "qk_norm"):
         out[field] = _check_bool(n(field), out[field])
     if out["sliding_window"] is not None:
         out["sliding_window"] = _check_size(n("sliding_window"), out["sliding_window"])
@@ -351,6 +354,7 @@ class ModelConfig:
         sliding_window: ``None`` or ``w``: every layer attends only to the last ``w`` keys
             (Mistral; transformers' semantics, see :func:`llmkernels.attention`'s ``window``).
         o_bias: the output projection carries a bias; ``None`` means ``attention_bias``.
+        qk_norm: RMSNorm (eps ``norm_eps``) of each head of q and of k before RoPE (Qwen3).
 
     Raises:
         ConfigError: ``"[config] <field>: <problem>"`` for any invalid value.
@@ -375,6 +379,7 @@ class ModelConfig:
     model_type: str = "llama"
     sliding_window: int | None = None
     o_bias: bool = None  # type: ignore[assignment]  # resolved to attention_bias
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -452,7 +457,10 @@ class ModelConfig:
             and not self.mlp_bias
             and self.sliding_window is None,
             "phi3": not self.attention_bias and not self.o_bias and not self.mlp_bias,
-        }[self.model_type]
+            "qwen3": self.o_bias == self.attention_bias
+            and not self.mlp_bias
+            and self.sliding_window is None,
+        }[self.model_type] and self.qk_norm == (self.model_type == "qwen3")
         if not expressible:
             raise _err(
                 "model_type",
@@ -469,7 +477,7 @@ class ModelConfig:
         extra: dict[str, Any] = {}
         if self.model_type in ("mistral", "phi3"):
             extra["sliding_window"] = self.sliding_window
-        if self.model_type == "qwen2":
+        if self.model_type in ("qwen2", "qwen3"):
             extra["use_sliding_window"] = False
         return extra | {
             "model_type": self.model_type,
@@ -511,6 +519,7 @@ class ModelConfig:
             attention_bias=self.attention_bias,
             o_bias=self.o_bias,
             mlp_bias=self.mlp_bias,
+            qk_norm=self.qk_norm,
             tie_embeddings=self.tie_embeddings,
         )
 
@@ -611,17 +620,20 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         "model_type": model_type,
         "sliding_window": None,
         "o_bias": None,
+        "qk_norm": False,
     }
     if model_type in ("mistral", "phi3"):
         values["sliding_window"] = d.get("sliding_window")  # null: full attention
     elif model_type == "qwen2":
         # Qwen2: biases on q/k/v only; its sliding window applies to some layers only
         values.update(attention_bias=True, o_bias=False)
-        if d.get("use_sliding_window"):
-            raise _err(
-                "use_sliding_window",
-                "Qwen2 sliding-window layers are not supported (only use_sliding_window=false)",
-            )
+    if model_type == "qwen3":
+        values["qk_norm"] = True  # q_norm / k_norm: per-head RMSNorm of q and k before RoPE
+    if model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
+        raise _err(
+            "use_sliding_window",
+            "Qwen sliding-window layers are not supported (only use_sliding_window=false)",
+        )
     return _normalize(values, names)
 
 
@@ -709,6 +721,9 @@ def block_key_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         out[f"mlp.{name}_proj.weight"] = (n_out, n_in)
         if cfg.mlp_bias:
             out[f"mlp.{name}_proj.bias"] = (n_out,)
+    if cfg.qk_norm:
+        out["self_attn.q_norm.weight"] = (cfg.head_dim,)
+        out["self_attn.k_norm.weight"] = (cfg.head_dim,)
     for norm in ("input_layernorm", "post_attention_layernorm"):
         out[f"{norm}.weight"] = (d,)
         if cfg.norm == "layer":

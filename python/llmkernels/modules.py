@@ -529,6 +529,8 @@ class MultiHeadAttention(_Module):
             as gpt-oss).
         fused_names: name the q/k/v weights as one ``qkv_proj`` tensor (Phi-3's layout, which
             is how the module stores them) in the state dict.
+        qk_norm: RMSNorm of each head of q and of k before RoPE (Qwen3; parameters
+            ``q_norm.weight``, ``k_norm.weight`` of shape ``(head_dim,)``), with ``qk_norm_eps``.
 
     Example:
         >>> import llmkernels as lk, numpy as np
@@ -556,6 +558,8 @@ class MultiHeadAttention(_Module):
         scale: float | None = None,
         sinks: bool = False,
         fused_names: bool = False,
+        qk_norm: bool = False,
+        qk_norm_eps: float = 1e-6,
         seed: int | None = None,
     ) -> None:
         dim = _positive_int(self._name, "dim", dim)
@@ -600,6 +604,8 @@ class MultiHeadAttention(_Module):
             softcap,
             scale,
             bool(sinks),
+            bool(qk_norm),
+            _check_eps(self._name, qk_norm_eps),
         )
         self._impl.fused_names = bool(fused_names)
         self._init_random(_rng(seed))
@@ -792,6 +798,8 @@ class TransformerBlock(_Module):
                 o_bias=c.o_bias,
                 window=c.sliding_window,
                 fused_names=c.fused_projections,
+                qk_norm=c.qk_norm,
+                qk_norm_eps=c.norm_eps,
                 seed=int(seeds[0]),
             ),
             feed_forward=FeedForward(
