@@ -1,6 +1,7 @@
 """The LLaMA family beyond ``model_type: llama`` (issue 14 item 1): Mistral (sliding-window
 attention), Qwen2 (biases on q/k/v only), Qwen3 (per-head q/k RMSNorm) and Phi-3 (fused
-qkv_proj / gate_up_proj, longrope), saved by transformers and loaded by
+qkv_proj / gate_up_proj, longrope) and Gemma (GeGLU, 1 + weight norms, sqrt(dim) embedding
+scale, tied head), saved by transformers and loaded by
 ``Transformer.from_pretrained``, against transformers' eager forward and greedy generation.
 Types not supported yet are refused with the list of those that are."""
 
@@ -15,6 +16,8 @@ import pytest
 import torch
 from llmkernels._config import ConfigError, ModelConfig
 from transformers import (
+    GemmaConfig,
+    GemmaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     Phi3Config,
@@ -151,12 +154,52 @@ def test_qwen3_qk_norms_match_transformers(tmp_path: Path) -> None:
     compare(hf, directory, prompt_len=10, new_tokens=6)
 
 
+def test_gemma_matches_transformers(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = GemmaConfig(
+        **{**SMALL, "num_key_value_heads": 1},
+        head_dim=32,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        attn_implementation="eager",
+    )
+    hf = GemmaForCausalLM(cfg).eval()
+    with torch.no_grad():  # non-zero norm weights (HF initialises them to 0: 1 + 0)
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(-0.5, 0.5)
+    directory = save(hf, tmp_path / "gemma")
+    loaded = lk.Transformer.from_pretrained(directory, progress=False)
+    c = loaded.config
+    assert (c.activation, c.norm_unit_offset, c.embed_scale, c.tie_embeddings) == (
+        "gelu_tanh",
+        True,
+        True,
+        True,
+    )
+    compare(hf, directory, prompt_len=9, new_tokens=6)
+
+
+def test_geglu_feed_forward_matches_torch(rng) -> None:
+    ffn = lk.FeedForward(16, 40, activation="gelu_tanh", seed=0)
+    w = {k: torch.from_numpy(v.copy()) for k, v in ffn.state_dict().items()}
+    x = rng.standard_normal((3, 5, 16)).astype(np.float32) * 4  # GELU's tails too
+    xt = torch.from_numpy(x)
+    gate = torch.nn.functional.gelu(xt @ w["gate_proj.weight"].T, approximate="tanh")
+    want = (gate * (xt @ w["up_proj.weight"].T)) @ w["down_proj.weight"].T
+    np.testing.assert_allclose(ffn(x), want.numpy(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"^\[FeedForward\] activation must be"):
+        lk.FeedForward(16, 40, activation="relu")
+
+
 def test_config_round_trip_per_family() -> None:
     for model_type, extra in (
         ("mistral", {"sliding_window": 7}),
         ("qwen2", {}),
         ("phi3", {"sliding_window": 9}),
         ("qwen3", {"head_dim": 8}),
+        ("gemma", {"hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
     ):
         hf = {**SMALL, "model_type": model_type, **extra}
         cfg = ModelConfig.from_dict(hf)
@@ -170,7 +213,7 @@ def test_config_round_trip_per_family() -> None:
     assert qwen.n_params - plain.n_params == n_biases
 
 
-@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gpt2", ""])
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3", "gpt2", ""])
 def test_other_model_types_are_refused_with_the_supported_list(model_type: str) -> None:
     with pytest.raises(ConfigError, match=r"model_type: .* not supported \(supported: llama, "):
         ModelConfig.from_dict({**SMALL, "model_type": model_type})

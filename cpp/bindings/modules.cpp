@@ -175,15 +175,18 @@ void bind_modules(py::module_& m) {
       .def_property_readonly("dim", &Norm::dim)
       .def_property_readonly("kind", &Norm::kind);
   py::class_<RMSNormModule, Norm, std::shared_ptr<RMSNormModule>>(m, "RMSNormImpl")
-      .def(py::init<std::size_t, double>(), "dim"_a, "eps"_a)
-      .def_property_readonly("eps", &RMSNormModule::eps);
+      .def(py::init<std::size_t, double, bool>(), "dim"_a, "eps"_a, "unit_offset"_a = false)
+      .def_property_readonly("eps", &RMSNormModule::eps)
+      .def_property_readonly("unit_offset", &RMSNormModule::unit_offset);
   py::class_<LayerNormModule, Norm, std::shared_ptr<LayerNormModule>>(m, "LayerNormImpl")
       .def(py::init<std::size_t, double, bool>(), "dim"_a, "eps"_a, "bias"_a)
       .def_property_readonly("eps", &LayerNormModule::eps)
       .def_property_readonly("has_bias", &LayerNormModule::has_bias);
 
   py::class_<FeedForwardModule, std::shared_ptr<FeedForwardModule>>(m, "FeedForwardImpl")
-      .def(py::init<std::size_t, std::size_t, bool>(), "dim"_a, "hidden"_a, "bias"_a)
+      .def(py::init<std::size_t, std::size_t, bool, bool>(), "dim"_a, "hidden"_a, "bias"_a,
+           "gelu_tanh"_a = false)
+      .def_property_readonly("gelu_tanh", &FeedForwardModule::gelu_tanh)
       .def(
           "forward",
           [](const FeedForwardModule& self, f32_array x) {
@@ -291,8 +294,9 @@ void bind_modules(py::module_& m) {
 
   py::class_<TransformerModule, std::shared_ptr<TransformerModule>>(m, "TransformerImpl")
       .def(py::init<std::size_t, std::size_t, std::vector<std::shared_ptr<TransformerBlockModule>>,
-                    std::shared_ptr<Norm>, bool>(),
-           "vocab"_a, "dim"_a, "blocks"_a, "final_norm"_a, "tie_embeddings"_a)
+                    std::shared_ptr<Norm>, bool, double>(),
+           "vocab"_a, "dim"_a, "blocks"_a, "final_norm"_a, "tie_embeddings"_a,
+           "embed_scale"_a = 0.0)
       .def(
           "forward",
           [](const TransformerModule& self, i64_array ids, i64_array positions,

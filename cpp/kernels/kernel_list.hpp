@@ -19,6 +19,7 @@
                         std::size_t n, double eps, bool stream))                             \
   X(silu_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))             \
   X(swiglu_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))           \
+  X(geglu_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))            \
   X(exp_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))              \
   X(sigmoid_kernel, (T* out, const T* x, const T* up, std::size_t n, bool stream))          \
   X(rope_kernel, (T* out, const T* x, const std::int64_t* table_row, const T* cos_tab,      \

@@ -113,11 +113,18 @@ void project(const float* x, std::size_t m, std::size_t k, const float* w, std::
 // ---------------------------------------------------------------------------------------------
 // norms
 
-RMSNormModule::RMSNormModule(std::size_t dim, double eps) : dim_(dim), eps_(eps), weight_(dim, 1.f) {}
+RMSNormModule::RMSNormModule(std::size_t dim, double eps, bool unit_offset)
+    : dim_(dim), eps_(eps), unit_offset_(unit_offset), weight_(dim, unit_offset ? 0.f : 1.f) {}
 
 void RMSNormModule::forward(const float* x, float* out, std::size_t rows) const {
   const std::size_t n = dim_;
   const float* w = weight_.data();
+  std::vector<float> w1;  // (dim,) 1 + weight in float32, as Gemma computes it
+  if (unit_offset_) {
+    w1.resize(n);
+    for (std::size_t i = 0; i < n; ++i) w1[i] = 1.f + weight_[i];
+    w = w1.data();
+  }
   parallel_for(rows, 1, static_cast<double>(n), [&](std::size_t b, std::size_t e) {
     dispatch(rms_norm_kernel{}, out + b * n, x + b * n, w, e - b, n, eps_, false);
   });
@@ -146,10 +153,12 @@ std::vector<Param> LayerNormModule::params() {
 // ---------------------------------------------------------------------------------------------
 // feed-forward
 
-FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias)
+FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias,
+                                     bool gelu_tanh)
     : dim_(dim),
       hidden_(hidden),
       bias_(bias),
+      gelu_tanh_(gelu_tanh),
       w_gate_up_(2 * hidden * dim),
       b_gate_up_(bias ? 2 * hidden : 0, 0.f),
       w_down_(dim * hidden),
@@ -162,7 +171,7 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
   float* gu = scratch(kGateUp, m * 2 * h);  // (m, 2h): [gate | up]
   float* act = scratch(kHidden, m * h);     // (m, h)
   project(x, m, dim_, w_gate_up_.data(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
-  swiglu_rows<float>(act, gu, gu + h, m, h, 2 * h);
+  swiglu_rows<float>(act, gu, gu + h, m, h, 2 * h, gelu_tanh_);
   if (residual && residual != out) std::memcpy(out, residual, m * dim_ * sizeof(float));
   project(act, m, h, w_down_.data(), dim_, bias_ ? b_down_.data() : nullptr, out,
          residual != nullptr);
@@ -405,12 +414,13 @@ void TransformerBlockModule::forward(const float* x, std::size_t batch, std::siz
 
 TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
                                      std::vector<std::shared_ptr<TransformerBlockModule>> b,
-                                     std::shared_ptr<Norm> n, bool tie)
+                                     std::shared_ptr<Norm> n, bool tie, double embed_scale_)
     : vocab(vocab_),
       dim(dim_),
       blocks(std::move(b)),
       final_norm(std::move(n)),
       tie_embeddings(tie),
+      embed_scale(embed_scale_),
       embed_(vocab_ * dim_),
       lm_head_(tie ? 0 : vocab_ * dim_) {}
 
@@ -431,6 +441,10 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
   float* y = scratch(kBlockTmp, m * dim);
   for (std::size_t r = 0; r < m; ++r)
     std::memcpy(x + r * dim, embed_.data() + ids[r] * dim, dim * sizeof(float));
+  if (embed_scale != 0.0) {
+    const float sc = static_cast<float>(embed_scale);
+    for (std::size_t i = 0; i < m * dim; ++i) x[i] *= sc;
+  }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i],
                        y, inv_freq_override);

@@ -62,16 +62,19 @@ class Norm {
 
 class RMSNormModule : public Norm {
  public:
-  RMSNormModule(std::size_t dim, double eps);
+  // unit_offset (Gemma): the norm scales by (1 + weight); the parameter stays HF's weight
+  RMSNormModule(std::size_t dim, double eps, bool unit_offset = false);
   void forward(const float* x, float* out, std::size_t rows) const override;
   std::vector<Param> params() override;
   std::size_t dim() const override { return dim_; }
   std::string kind() const override { return "rms"; }
   double eps() const { return eps_; }
+  bool unit_offset() const { return unit_offset_; }
 
  private:
   std::size_t dim_;
   double eps_;
+  bool unit_offset_;
   std::vector<float> weight_;  // (dim,)
 };
 
@@ -96,20 +99,22 @@ class LayerNormModule : public Norm {
 // matrix so both projections are a single GEMM; gate_proj/up_proj are views of its halves.
 class FeedForwardModule {
  public:
-  FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias);
+  // gelu_tanh: GeGLU (Gemma), gelu_tanh(gate) * up, instead of SwiGLU's silu(gate) * up
+  FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh = false);
   // out (m, dim) = [residual +] ffn(x (m, dim)); residual may be out (in-place accumulate)
   void forward(const float* x, std::size_t m, float* out, const float* residual) const;
   std::vector<Param> params();
   std::size_t dim() const { return dim_; }
   std::size_t hidden() const { return hidden_; }
   bool has_bias() const { return bias_; }
+  bool gelu_tanh() const { return gelu_tanh_; }
   // params() names the fused [gate; up] weight as one tensor, gate_up_proj (Phi-3's layout,
   // which is this module's storage): set before the parameters are first read
   bool fused_names = false;
 
  private:
   std::size_t dim_, hidden_;
-  bool bias_;
+  bool bias_, gelu_tanh_;
   WeightBuffer w_gate_up_;                   // (2*hidden, dim)
   std::vector<float> b_gate_up_;             // (2*hidden,)
   WeightBuffer w_down_;                      // (dim, hidden)
@@ -191,7 +196,8 @@ class TransformerModule {
  public:
   TransformerModule(std::size_t vocab, std::size_t dim,
                     std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
-                    std::shared_ptr<Norm> final_norm, bool tie_embeddings);
+                    std::shared_ptr<Norm> final_norm, bool tie_embeddings,
+                    double embed_scale = 0.0);
   // logits (B, T or 1, vocab) for ids (B, T); last_only: logits of the last position only
   void forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                const std::int64_t* positions, const std::uint8_t* key_mask,
@@ -202,6 +208,9 @@ class TransformerModule {
   std::vector<std::shared_ptr<TransformerBlockModule>> blocks;
   std::shared_ptr<Norm> final_norm;
   bool tie_embeddings;
+  // the embedding rows are multiplied by this (rounded to float32 first, as transformers'
+  // Gemma does with sqrt(dim)); 0 = not scaled
+  double embed_scale;
 
  private:
   WeightBuffer embed_, lm_head_;  // (vocab, dim)

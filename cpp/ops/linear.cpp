@@ -121,19 +121,28 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
   }
 }
 
-template <class T>
-void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
-                 std::size_t ld) {
+namespace {
+template <class K, class T>
+void gated_rows(K kernel, T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
+                std::size_t ld) {
   if (ld == h) {  // contiguous rows: one flat map, chunks on multiples of 64 elements
     parallel_for(m * h, 64, 4.0, [&](std::size_t b, std::size_t e) {
-      dispatch(swiglu_kernel{}, act + b, gate + b, up + b, e - b, false);
+      dispatch(kernel, act + b, gate + b, up + b, e - b, false);
     });
     return;
   }
   parallel_for(m, 1, 4.0 * h, [&](std::size_t b, std::size_t e) {
     for (std::size_t r = b; r < e; ++r)
-      dispatch(swiglu_kernel{}, act + r * h, gate + r * ld, up + r * ld, h, false);
+      dispatch(kernel, act + r * h, gate + r * ld, up + r * ld, h, false);
   });
+}
+}  // namespace
+
+template <class T>
+void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
+                 std::size_t ld, bool gelu_tanh) {
+  if (gelu_tanh) gated_rows(geglu_kernel{}, act, gate, up, m, h, ld);
+  else gated_rows(swiglu_kernel{}, act, gate, up, m, h, ld);
 }
 
 template <class T>
@@ -149,7 +158,8 @@ void swiglu_ffn(const T* x, std::size_t m, std::size_t k, const T* w_gate, const
 #define LLMK_LINEAR_INSTANTIATE(T)                                                             \
   template void linear<T>(const T*, std::size_t, std::size_t, const T*, WeightLayout,          \
                           std::size_t, const T*, T*, bool);                                    \
-  template void swiglu_rows<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t); \
+  template void swiglu_rows<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t, \
+                               bool);                                                          \
   template void swiglu_ffn<T>(const T*, std::size_t, std::size_t, const T*, const T*,          \
                               std::size_t, const T*, std::size_t, const T*, const T*, const T*, \
                               T*, T*, T*);

@@ -29,10 +29,11 @@ void swiglu_ffn(const T* x, std::size_t m, std::size_t k, const T* w_gate, const
                 std::size_t h, const T* w_down, std::size_t n, const T* b_gate, const T* b_up,
                 const T* b_down, T* gate, T* up, T* out);
 
-// act (m, h) = silu(gate) * up, rows of gate and up with row stride ld (act: stride h); act
-// may be gate when ld == h. The activation step of both feed-forwards.
+// act (m, h) = silu(gate) * up (or, gelu_tanh: gelu_tanh(gate) * up -- GeGLU, Gemma), rows of
+// gate and up with row stride ld (act: stride h); act may be gate when ld == h. The activation
+// step of both feed-forwards.
 template <class T>
 void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
-                 std::size_t ld);
+                 std::size_t ld, bool gelu_tanh = false);
 
 }  // namespace llmk

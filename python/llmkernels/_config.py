@@ -62,7 +62,9 @@ MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
 }
+_ACTIVATIONS = ("silu", "gelu_tanh")
 _NORM_POSITIONS = ("pre", "post")
 _DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5}  # HF LlamaConfig.rms_norm_eps / nn.LayerNorm
 _DEFAULT_THETA = 10000.0
@@ -265,7 +267,16 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
     out["model_type"] = _check_choice(n("model_type"), out["model_type"], tuple(MODEL_TYPES))
     if out["o_bias"] is None:
         out["o_bias"] = out["attention_bias"]
-    for field in ("attention_bias", "o_bias", "mlp_bias", "tie_embeddings", "qk_norm"):
+    out["activation"] = _check_choice(n("activation"), out["activation"], _ACTIVATIONS)
+    for field in (
+        "attention_bias",
+        "o_bias",
+        "mlp_bias",
+        "tie_embeddings",
+        "qk_norm",
+        "norm_unit_offset",
+        "embed_scale",
+    ):
         out[field] = _check_bool(n(field), out[field])
     if out["sliding_window"] is not None:
         out["sliding_window"] = _check_size(n("sliding_window"), out["sliding_window"])
@@ -355,6 +366,10 @@ class ModelConfig:
             (Mistral; transformers' semantics, see :func:`llmkernels.attention`'s ``window``).
         o_bias: the output projection carries a bias; ``None`` means ``attention_bias``.
         qk_norm: RMSNorm (eps ``norm_eps``) of each head of q and of k before RoPE (Qwen3).
+        activation: the gated MLP's activation: ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU
+            with the tanh-approximated GELU, Gemma).
+        norm_unit_offset: RMSNorms scale by ``1 + weight`` (Gemma).
+        embed_scale: the embeddings are multiplied by ``sqrt(dim)`` rounded to float32 (Gemma).
 
     Raises:
         ConfigError: ``"[config] <field>: <problem>"`` for any invalid value.
@@ -380,6 +395,9 @@ class ModelConfig:
     sliding_window: int | None = None
     o_bias: bool = None  # type: ignore[assignment]  # resolved to attention_bias
     qk_norm: bool = False
+    activation: str = "silu"
+    norm_unit_offset: bool = False
+    embed_scale: bool = False
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -460,7 +478,14 @@ class ModelConfig:
             "qwen3": self.o_bias == self.attention_bias
             and not self.mlp_bias
             and self.sliding_window is None,
-        }[self.model_type] and self.qk_norm == (self.model_type == "qwen3")
+            "gemma": self.o_bias == self.attention_bias
+            and not self.mlp_bias
+            and self.sliding_window is None,
+        }[self.model_type]
+        expressible &= self.qk_norm == (self.model_type == "qwen3")
+        gemma = self.model_type == "gemma"
+        expressible &= (self.activation == "gelu_tanh") == gemma
+        expressible &= self.norm_unit_offset == gemma and self.embed_scale == gemma
         if not expressible:
             raise _err(
                 "model_type",
@@ -489,7 +514,7 @@ class ModelConfig:
             "head_dim": self.head_dim,
             "intermediate_size": self.hidden_dim,
             "vocab_size": self.vocab_size,
-            "hidden_act": "silu",
+            "hidden_act": "gelu_pytorch_tanh" if self.activation == "gelu_tanh" else "silu",
             "rms_norm_eps": self.norm_eps,
             "rope_theta": self.rope_theta,
             "rope_scaling": scaling,
@@ -570,7 +595,11 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
             f"{model_type!r:.60} is not supported (supported: {', '.join(MODEL_TYPES)})",
         )
     act = d.get("hidden_act", "silu")
-    if act != "silu":
+    # Gemma: the tanh GELU ("gelu" is a legacy spelling transformers reads as the tanh one)
+    gelu_names = ("gelu_pytorch_tanh", "gelu_tanh", "gelu")
+    if model_type == "gemma" and (d.get("hidden_activation") or act) in gelu_names:
+        act = "gelu_tanh"
+    elif act != "silu":
         raise _err("hidden_act", f"only 'silu' (SwiGLU) is supported, got {act!r:.60}")
     for key in _HF_REQUIRED:
         if key not in d:
@@ -621,7 +650,12 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         "sliding_window": None,
         "o_bias": None,
         "qk_norm": False,
+        "activation": act,
+        "norm_unit_offset": False,
+        "embed_scale": False,
     }
+    if model_type == "gemma":  # (1 + weight) norms, embeddings scaled by sqrt(dim)
+        values.update(norm_unit_offset=True, embed_scale=True)
     if model_type in ("mistral", "phi3"):
         values["sliding_window"] = d.get("sliding_window")  # null: full attention
     elif model_type == "qwen2":

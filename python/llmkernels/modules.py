@@ -175,7 +175,7 @@ class _Module:
             return
         for key, arr in self.state_dict().items():
             if key.endswith("layernorm.weight") or key.endswith("norm.weight") or key == "weight":
-                arr[...] = 1.0
+                continue  # the C++ norms start as the identity (1, or 0 for a 1 + weight norm)
             elif key.endswith("bias"):
                 arr[...] = 0.0
             else:
@@ -220,9 +220,10 @@ class RMSNorm(_Module):
 
     _name = "RMSNorm"
 
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6, *, unit_offset: bool = False) -> None:
+        # unit_offset (Gemma): scales by (1 + weight), weight initialised to zeros
         self._impl = _core.RMSNormImpl(
-            _positive_int(self._name, "dim", dim), _check_eps(self._name, eps)
+            _positive_int(self._name, "dim", dim), _check_eps(self._name, eps), bool(unit_offset)
         )
 
     dim = _from_impl("dim")
@@ -261,9 +262,9 @@ class LayerNorm(_Module):
         return f"LayerNorm(dim={self.dim}, eps={self._impl.eps}, bias={self._impl.has_bias})"
 
 
-def _make_norm(kind: str, dim: int, eps: float) -> RMSNorm | LayerNorm:
+def _make_norm(kind: str, dim: int, eps: float, unit_offset: bool = False) -> RMSNorm | LayerNorm:
     if kind == "rms":
-        return RMSNorm(dim, eps)
+        return RMSNorm(dim, eps, unit_offset=unit_offset)
     if kind == "layer":
         return LayerNorm(dim, eps)
     raise ValueError(f"[TransformerBlock] norm must be 'rms' or 'layer', got {kind!r}")
@@ -289,12 +290,19 @@ class FeedForward(_Module):
         *,
         bias: bool = False,
         fused_names: bool = False,
+        activation: str = "silu",
         seed: int | None = None,
     ) -> None:
+        if activation not in ("silu", "gelu_tanh"):
+            raise ValueError(
+                f"[{self._name}] activation must be 'silu' (SwiGLU) or 'gelu_tanh' (GeGLU), "
+                f"got {str(activation)[:40]!r}"
+            )
         self._impl = _core.FeedForwardImpl(
             _positive_int(self._name, "dim", dim),
             _positive_int(self._name, "hidden_dim", hidden_dim),
             bool(bias),
+            activation == "gelu_tanh",
         )
         # Phi-3 names the [gate; up] weight as one tensor, gate_up_proj: the module's storage
         self._impl.fused_names = bool(fused_names)
@@ -807,10 +815,11 @@ class TransformerBlock(_Module):
                 c.hidden_dim,
                 bias=c.mlp_bias,
                 fused_names=c.fused_projections,
+                activation=c.activation,
                 seed=int(seeds[1]),
             ),
-            attention_norm=_make_norm(c.norm, c.dim, c.norm_eps),
-            ffn_norm=_make_norm(c.norm, c.dim, c.norm_eps),
+            attention_norm=_make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset),
+            ffn_norm=_make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset),
             norm_position=c.norm_position,
         )
 
@@ -866,9 +875,14 @@ class Transformer(_Module):
             TransformerBlock.from_config(c, seed=int(s))
             for s in rng.integers(0, 2**63 - 1, size=c.n_layers)
         ]
-        self.norm = _make_norm(c.norm, c.dim, c.norm_eps)
+        self.norm = _make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
         self._impl = _core.TransformerImpl(
-            c.vocab_size, c.dim, [b._impl for b in self.blocks], self.norm._impl, c.tie_embeddings
+            c.vocab_size,
+            c.dim,
+            [b._impl for b in self.blocks],
+            self.norm._impl,
+            c.tie_embeddings,
+            float(np.float32(np.sqrt(c.dim))) if c.embed_scale else 0.0,
         )
         for key, arr in self._own_params().items():
             if (key == "lm_head.weight" and c.tie_embeddings) or _SKIP_INIT.get():
