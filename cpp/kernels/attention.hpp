@@ -58,7 +58,7 @@ constexpr int gemm_rows() {
 }
 
 // C (R x n_vec*N) (+)= A (R x k) . B for one block of R rows: 4 vectors of columns at a time,
-// then single vectors.
+// then 2, then single vectors (each element's sum runs over k in the same order either way).
 template <class Arch, class T, int R>
 inline void gemm_row_block(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
                            std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t n_vec,
@@ -67,6 +67,10 @@ inline void gemm_row_block(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks,
   std::size_t j = 0;
   for (; j + 4 <= n_vec; j += 4)
     micro_gemm<Arch, T, R, 4>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, k_len, accumulate);
+  // two vectors at a time before single ones: the scores of a tile of 9-16 rows are 2 vectors
+  // wide (AVX2 float), and R x 1 accumulator chains cannot hide the FMA latency
+  for (; j + 2 <= n_vec; j += 2)
+    micro_gemm<Arch, T, R, 2>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, k_len, accumulate);
   for (; j < n_vec; ++j)
     micro_gemm<Arch, T, R, 1>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, k_len, accumulate);
 }
@@ -196,9 +200,15 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   auto row_query = [&](std::size_t r) { return (it.row0 + r) % p.tq; };
 
   // --- pack scale * Q^T (D x BQ), padded rows with zeros; causal limits --------------------
-  // padded columns (rows of the rowwise layout) must be zero
-  if (!rowwise) std::memset(s.qt, 0, D * BQ * sizeof(T));
-  else std::memset(s.qt, 0, (nrows + N) * D * sizeof(T));
+  // padded columns (rows of the rowwise layout) must be zero; only those the micro-GEMM reads
+  // (columns [nrows, ncols)): zeroing the whole (D, BQ) tile cost more than the scores of a
+  // short prompt's 16-row tile
+  if (!rowwise) {
+    if (ncols > nrows)
+      for (std::size_t d = 0; d < D; ++d) std::fill(s.qt + d * BQ + nrows, s.qt + d * BQ + ncols, T(0));
+  } else {
+    std::memset(s.qt, 0, (nrows + N) * D * sizeof(T));
+  }
   // Folding scale into q saves a multiply per score, but scale * q can overflow (scale = 1e20,
   // q = 1e20 in float32) or lose bits in the subnormal range while (q . k) * scale, the
   // reference's order, is fine: fold only when every nonzero finite q gives a normal product.

@@ -1,42 +1,55 @@
 // swiglu_ffn: the functional SwiGLU feed-forward. The projections and the activation are the
 // modules' own (ops/linear.cpp: linear, swiglu_rows).
+#include <utility>
+#include <vector>
+
 #include "ops/linear.hpp"
 #include "ops/ops.hpp"
 
 namespace llmk::ops {
 
-// x (m, k); w_gate, w_up (k, h); w_down (h, n) or None; biases optional. Returns (m, n), or the
-// hidden activation (m, h) when w_down is None.
+// x (..., k); w_gate, w_up (k, h); w_down (h, n) or None; biases optional. Returns (..., n), or
+// the hidden activation (..., h) when w_down is None. The public checks (llmkernels._ops
+// converts the operands -- array-likes, dtype promotion, contiguity -- and calls this). Empty
+// sizes follow NumPy's matmul: a product over an empty inner dimension is zeros (plus bias).
 py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, std::optional<py::array> w_down,
                      std::optional<py::array> b_gate, std::optional<py::array> b_up,
                      std::optional<py::array> b_down) {
   const char* fn = "swiglu_ffn";
   check_operand(fn, "x", x, nullptr, false);
-  if (x.ndim() != 2) fail(fn, "x must be 2-D (m, k)");
   check_operand(fn, "w_gate", w_gate, &x, false);
   check_operand(fn, "w_up", w_up, &x, false);
-  py::ssize_t m = x.shape(0), k = x.shape(1);
-  if (w_gate.ndim() != 2 || w_gate.shape(0) != k) fail(fn, "w_gate must have shape (in, hidden)");
-  py::ssize_t h = w_gate.shape(1);
-  check_same_shape(fn, "w_up", w_up, w_gate);
-  py::ssize_t n = 0;
-  if (w_down) {
-    check_operand(fn, "w_down", *w_down, &x, false);
-    if (w_down->ndim() != 2 || w_down->shape(0) != h)
-      fail(fn, "w_down must have shape (hidden, out)");
-    n = w_down->shape(1);
-  }
-  if (b_gate) { check_operand(fn, "b_gate", *b_gate, &x, false); check_vector(fn, "b_gate", *b_gate, h); }
-  if (b_up) { check_operand(fn, "b_up", *b_up, &x, false); check_vector(fn, "b_up", *b_up, h); }
+  const std::pair<const char*, std::optional<py::array>*> optional_operands[] = {
+      {"w_down", &w_down}, {"b_gate", &b_gate}, {"b_up", &b_up}, {"b_down", &b_down}};
+  for (const auto& [name, a] : optional_operands)
+    if (*a) check_operand(fn, name, **a, &x, false);
+  if (x.ndim() < 1) fail(fn, "x must have shape (..., in), got a 0-d array");
+  const py::ssize_t k = x.shape(x.ndim() - 1);
+  if (w_gate.ndim() != 2 || w_gate.shape(0) != k)
+    fail(fn, "w_gate must have shape (" + std::to_string(k) + ", hidden), got " +
+                 shape_str(w_gate));
+  const py::ssize_t h = w_gate.shape(1);
+  if (!same_shape(w_up, w_gate))
+    fail(fn, "w_up must have shape " + shape_str(w_gate) + " like w_gate, got " +
+                 shape_str(w_up));
+  if (w_down && (w_down->ndim() != 2 || w_down->shape(0) != h))
+    fail(fn, "w_down must have shape (" + std::to_string(h) + ", out), got " +
+                 shape_str(*w_down));
+  if (b_gate) check_vector(fn, "b_gate", *b_gate, h);
+  if (b_up) check_vector(fn, "b_up", *b_up, h);
+  const py::ssize_t n = w_down ? w_down->shape(1) : 0;
   if (b_down) {
-    if (!w_down) fail(fn, "b_down given without w_down");
-    check_operand(fn, "b_down", *b_down, &x, false);
+    if (!w_down) fail(fn, "b_down was given but w_down is None");
     check_vector(fn, "b_down", *b_down, n);
   }
-  auto run = [&](auto tag) -> py::array {
+  std::vector<py::ssize_t> lead(x.shape(), x.shape() + x.ndim() - 1), out_shape = lead;
+  out_shape.push_back(w_down ? n : h);
+  py::ssize_t m = 1;
+  for (py::ssize_t s : lead) m *= s;
+  py::array result;
+  with_dtype(x, [&](auto tag) {
     using T = decltype(tag);
-    py::array_t<T> gate({m, h}), up({m, h});
-    py::array_t<T> out({w_down ? m : py::ssize_t(0), n});
+    py::array_t<T> gate({m, h}), up({m, h}), out({w_down ? m : py::ssize_t(0), n});
     const T* xp = cptr<T>(x);
     const T* wg = cptr<T>(w_gate);
     const T* wu = cptr<T>(w_up);
@@ -51,11 +64,9 @@ py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, std::optiona
       py::gil_scoped_release nogil;
       llmk::swiglu_ffn<T>(xp, m, k, wg, wu, h, wd, n, bg, bu, bd, gp, upp, op);
     }
-    if (w_down) return out;
-    return gate;
-  };
-  return is_f32(x) ? run(float{}) : run(double{});
+    result = (w_down ? py::array(out) : py::array(gate)).reshape(out_shape);
+  });
+  return result;
 }
-
 
 }  // namespace llmk::ops

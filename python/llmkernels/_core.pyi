@@ -237,7 +237,7 @@ def swiglu(gate: numpy.ndarray, up: numpy.ndarray, out: numpy.ndarray) -> None:
     """
 def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_down: numpy.ndarray | None, b_gate: numpy.ndarray | None, b_up: numpy.ndarray | None, b_down: numpy.ndarray | None) -> numpy.ndarray:
     """
-    SwiGLU feed-forward on 2-D x through BLAS.
+    SwiGLU feed-forward of x (..., in), weights (in, out), checked (see llmkernels.swiglu_ffn).
     """
 __version__: str = '0.1.0'
 compiler: str = 'GNU 12.2.0'

@@ -299,8 +299,8 @@ def swiglu_ffn(
 
     Weights are ``(in, out)`` so the formula reads like NumPy: ``w_gate``/``w_up`` are
     ``(D, H)``, ``w_down`` is ``(H, D_out)``. ``x`` is ``(..., D)``. With ``w_down=None`` the
-    gated hidden activation ``(..., H)`` is returned. Matmuls run on OpenBLAS; bias adds and the
-    gating run in the package's kernels.
+    gated hidden activation ``(..., H)`` is returned. Matmuls run on OpenBLAS (the biases are
+    their C operand); the gating runs in the package's kernels.
 
     Example:
         >>> import llmkernels as lk, numpy as np
@@ -308,51 +308,18 @@ def swiglu_ffn(
         >>> np.round(lk.swiglu_ffn([[1.5]], [[2.0]], [[3.0]], b_gate=[0.5]), 4)
         array([[15.2883]])
     """
+    # converted here (array-likes, dtype promotion, contiguity); shapes are checked in C++
+    # (cpp/ops/swiglu_ffn.cpp), which also handles empty sizes
     fn = "swiglu_ffn"
-    x = _as_array(fn, "x", x)
-    wg = _as_array(fn, "w_gate", w_gate)
-    wu = _as_array(fn, "w_up", w_up)
-    wd = None if w_down is None else _as_array(fn, "w_down", w_down)
-    bg = None if b_gate is None else _as_array(fn, "b_gate", b_gate)
-    bu = None if b_up is None else _as_array(fn, "b_up", b_up)
-    bd = None if b_down is None else _as_array(fn, "b_down", b_down)
-    if x.ndim < 1:
-        raise ValueError(f"[{fn}] x must have shape (..., in), got a 0-d array")
-    d = x.shape[-1]
-    if wg.ndim != 2 or wg.shape[0] != d:
-        raise ValueError(f"[{fn}] w_gate must have shape ({d}, hidden), got {wg.shape}")
-    h = wg.shape[1]
-    if wu.shape != wg.shape:
-        raise ValueError(f"[{fn}] w_up must have shape {wg.shape} like w_gate, got {wu.shape}")
-    if wd is not None and (wd.ndim != 2 or wd.shape[0] != h):
-        raise ValueError(f"[{fn}] w_down must have shape ({h}, out), got {wd.shape}")
-    if bg is not None:
-        _check_vector(fn, "b_gate", bg, h)
-    if bu is not None:
-        _check_vector(fn, "b_up", bu, h)
-    if bd is not None:
-        if wd is None:
-            raise ValueError(f"[{fn}] b_down was given but w_down is None")
-        _check_vector(fn, "b_down", bd, wd.shape[1])
-    dtype = _compute_dtype(x, wg, wu, wd, bg, bu, bd)
-
-    def c(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else _contiguous(a, dtype)
-
-    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
-    out_dim = h if wd is None else wd.shape[1]
-    x2 = _contiguous(x, dtype).reshape(rows, d)
-    if rows == 0 or d == 0 or h == 0 or out_dim == 0:
-        # empty sizes follow NumPy's matmul: a product over an empty inner dimension is zeros
-        def lin(a: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
-            y = a @ c(w)
-            return y if b is None else y + c(b)
-
-        hidden = silu(lin(x2, wg, bg)) * lin(x2, wu, bu)
-        result = hidden if wd is None else lin(hidden, wd, bd)
-        return np.ascontiguousarray(result, dtype).reshape(x.shape[:-1] + (out_dim,))
-    result = _core.swiglu_ffn(x2, c(wg), c(wu), c(wd), c(bg), c(bu), c(bd))
-    return result.reshape(x.shape[:-1] + (out_dim,))
+    names = ("x", "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down")
+    arrays = [
+        None if a is None else _as_array(fn, name, a)
+        for name, a in zip(names, (x, w_gate, w_up, w_down, b_gate, b_up, b_down), strict=True)
+    ]
+    dtype = _compute_dtype(*arrays)
+    # (np.asarray, not _contiguous: a 0-d x must stay 0-d for its error)
+    ready = [None if a is None else np.asarray(a, dtype, order="C") for a in arrays]
+    return _core.swiglu_ffn(*ready)
 
 
 # ----------------------------------------------------------------------------------------------
