@@ -58,20 +58,45 @@ def hf_logits(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(ids)).logits.numpy()
 
 
-def compare(hf: torch.nn.Module, directory: Path, prompt_len: int, new_tokens: int) -> None:
+def compare(
+    hf: torch.nn.Module,
+    directory: Path,
+    prompt_len: int,
+    new_tokens: int = 32,
+    padded: bool = True,
+    decode: bool = True,
+) -> None:
+    """Logits vs transformers' eager model; 32 greedy tokens through the KV cache (past the
+    window) identical to transformers' generate; prefill + token-by-token decode equal to the
+    full forward; and (``padded``) a left-padded batch equal to its rows run alone."""
     ours = lk.Transformer.from_pretrained(directory, progress=False)
-    ids = np.random.default_rng(1).integers(0, SMALL["vocab_size"], (2, prompt_len))
-    np.testing.assert_allclose(ours(ids), hf_logits(hf, ids), rtol=1e-4, atol=2e-4)
-    # greedy decode through the KV cache, past the window: the same tokens as transformers
+    ids = np.random.default_rng(1).integers(3, SMALL["vocab_size"], (2, prompt_len))
+    full = ours(ids)
+    np.testing.assert_allclose(full, hf_logits(hf, ids), rtol=1e-4, atol=2e-4)
     with torch.no_grad():
         want = hf.generate(
             torch.from_numpy(ids[:1]),
             max_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=0,
+            eos_token_id=None,
         ).numpy()
     got = ours.generate(ids[:1], new_tokens, progress=False)
     np.testing.assert_array_equal(got, want)
+    if decode:  # prefill of 3 tokens, then one token at a time through the cache
+        cache = ours.new_cache(2, prompt_len)
+        steps = [ours(ids[:, :3], cache=cache)]
+        steps += [ours(ids[:, t : t + 1], cache=cache) for t in range(3, prompt_len)]
+        np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
+    if padded:  # row 1 shorter by 4, left-padded: its logits are those of the row alone
+        batch = ids.copy()
+        batch[1, :4] = 0
+        mask = np.ones_like(batch, dtype=bool)
+        mask[1, :4] = False
+        out = ours(batch, mask=mask)
+        alone = ours(ids[1:, 4:])
+        np.testing.assert_allclose(out[0], full[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out[1, 4:], alone[0], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("window", [5, None])
@@ -83,7 +108,9 @@ def test_mistral_sliding_window_matches_transformers(tmp_path: Path, window: int
     assert json.loads((directory / "config.json").read_text())["model_type"] == "mistral"
     loaded = ModelConfig.from_dict(json.loads((directory / "config.json").read_text()))
     assert loaded.model_type == "mistral" and loaded.sliding_window == window
-    compare(hf, directory, prompt_len=12, new_tokens=10)
+    # (with a window, a left-padded row is not its unpadded self in transformers either: its
+    # window counts cache slots, pads included -- the padded check runs without a window)
+    compare(hf, directory, prompt_len=12, padded=window is None)
 
 
 def test_mistral_window_changes_the_answer(tmp_path: Path) -> None:
@@ -112,7 +139,7 @@ def test_qwen2_qkv_biases_match_transformers(tmp_path: Path) -> None:
     keys = loaded.state_dict()
     assert "model.layers.0.self_attn.q_proj.bias" in keys
     assert "model.layers.0.self_attn.o_proj.bias" not in keys
-    compare(hf, directory, prompt_len=9, new_tokens=6)
+    compare(hf, directory, prompt_len=9)
 
 
 @pytest.mark.parametrize("longrope", [False, True])
@@ -136,7 +163,10 @@ def test_phi3_fused_projections_match_transformers(tmp_path: Path, longrope: boo
     assert keys["model.layers.0.self_attn.qkv_proj.weight"].shape == (64 + 2 * 32, 64)
     assert keys["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * 96, 64)
     assert "model.layers.0.self_attn.q_proj.weight" not in keys
-    compare(hf, directory, prompt_len=11, new_tokens=6)
+    # (longrope switches to the long factors once the sequence passes the original length: a
+    # decode that starts below it, or a padded row shorter than it, uses other frequencies
+    # than the full forward, in transformers too -- those checks run without longrope)
+    compare(hf, directory, prompt_len=11, decode=not longrope, padded=not longrope)
 
 
 def test_qwen3_qk_norms_match_transformers(tmp_path: Path) -> None:
@@ -151,7 +181,7 @@ def test_qwen3_qk_norms_match_transformers(tmp_path: Path) -> None:
     loaded = lk.Transformer.from_pretrained(directory, progress=False)
     assert loaded.state_dict()["model.layers.1.self_attn.k_norm.weight"].shape == (24,)
     assert loaded.config.head_dim == 24 and loaded.config.qk_norm
-    compare(hf, directory, prompt_len=10, new_tokens=6)
+    compare(hf, directory, prompt_len=10)
 
 
 def test_gemma_matches_transformers(tmp_path: Path) -> None:
@@ -178,7 +208,7 @@ def test_gemma_matches_transformers(tmp_path: Path) -> None:
         True,
         True,
     )
-    compare(hf, directory, prompt_len=9, new_tokens=6)
+    compare(hf, directory, prompt_len=9)
 
 
 def test_geglu_feed_forward_matches_torch(rng) -> None:
