@@ -1,7 +1,8 @@
 """The LLaMA family beyond ``model_type: llama`` (issue 14 item 1): Mistral (sliding-window
 attention), Qwen2 (biases on q/k/v only), Qwen3 (per-head q/k RMSNorm) and Phi-3 (fused
 qkv_proj / gate_up_proj, longrope) and Gemma (GeGLU, 1 + weight norms, sqrt(dim) embedding
-scale, tied head), saved by transformers and loaded by
+scale, tied head) and Gemma 2 (sandwich norms, attention and final soft-capping, alternating
+sliding-window layers, query_pre_attn_scalar), saved by transformers and loaded by
 ``Transformer.from_pretrained``, against transformers' eager forward and greedy generation.
 Types not supported yet are refused with the list of those that are."""
 
@@ -16,6 +17,8 @@ import pytest
 import torch
 from llmkernels._config import ConfigError, ModelConfig
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GemmaConfig,
     GemmaForCausalLM,
     MistralConfig,
@@ -211,6 +214,41 @@ def test_gemma_matches_transformers(tmp_path: Path) -> None:
     compare(hf, directory, prompt_len=9)
 
 
+def test_gemma2_matches_transformers(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    cfg = Gemma2Config(
+        **{**SMALL, "num_hidden_layers": 3},
+        head_dim=16,
+        sliding_window=4,  # shorter than the prompt, on layers 0 and 2
+        attn_logit_softcapping=0.5,  # scores of O(1): the cap clips
+        final_logit_softcapping=0.3,
+        query_pre_attn_scalar=24,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        attn_implementation="eager",
+    )
+    hf = Gemma2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(-0.5, 0.5)
+            elif "q_proj" in name:
+                p.mul_(8.0)  # larger scores, so the attention soft-cap is far from linear
+    directory = save(hf, tmp_path / "gemma2")
+    loaded = lk.Transformer.from_pretrained(directory, progress=False)
+    c = loaded.config
+    assert c.norm_position == "sandwich" and c.layer_types == (
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+    )
+    assert "model.layers.0.pre_feedforward_layernorm.weight" in loaded.state_dict()
+    assert [b.attention._impl.window for b in loaded.blocks] == [4, 0, 4]
+    # (left-padded rows differ with a window: see test_mistral_sliding_window...)
+    compare(hf, directory, prompt_len=11, padded=False)
+
+
 def test_geglu_feed_forward_matches_torch(rng) -> None:
     ffn = lk.FeedForward(16, 40, activation="gelu_tanh", seed=0)
     w = {k: torch.from_numpy(v.copy()) for k, v in ffn.state_dict().items()}
@@ -230,6 +268,17 @@ def test_config_round_trip_per_family() -> None:
         ("phi3", {"sliding_window": 9}),
         ("qwen3", {"head_dim": 8}),
         ("gemma", {"hidden_act": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
+        (
+            "gemma2",
+            {
+                "hidden_act": "gelu_pytorch_tanh",
+                "tie_word_embeddings": True,
+                "sliding_window": 5,
+                "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0,
+                "query_pre_attn_scalar": 64,
+            },
+        ),
     ):
         hf = {**SMALL, "model_type": model_type, **extra}
         cfg = ModelConfig.from_dict(hf)
@@ -243,7 +292,7 @@ def test_config_round_trip_per_family() -> None:
     assert qwen.n_params - plain.n_params == n_biases
 
 
-@pytest.mark.parametrize("model_type", ["gemma2", "gemma3", "gpt2", ""])
+@pytest.mark.parametrize("model_type", ["gemma3", "gpt_oss", "gpt2", ""])
 def test_other_model_types_are_refused_with_the_supported_list(model_type: str) -> None:
     with pytest.raises(ConfigError, match=r"model_type: .* not supported \(supported: llama, "):
         ModelConfig.from_dict({**SMALL, "model_type": model_type})

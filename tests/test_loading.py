@@ -886,9 +886,9 @@ CONFIG_ERRORS: dict[str, tuple[dict[str, Any], str]] = {
     "odd head_dim": ({**BASE, "head_dim": 15}, r"head_dim: must be even"),
     "hidden_act": ({**HF_BASE, "hidden_act": "gelu"}, r"hidden_act: only 'silu'"),
     "model_type": (
-        {**HF_BASE, "model_type": "gemma2"},
-        r"model_type: 'gemma2' is not supported \(supported: llama, mistral, qwen2, phi3, qwen3, "
-        r"gemma\)",
+        {**HF_BASE, "model_type": "gemma3"},
+        r"model_type: 'gemma3' is not supported \(supported: llama, mistral, qwen2, phi3, qwen3, "
+        r"gemma, gemma2\)",
     ),
     "zero layers": ({**BASE, "n_layers": 0}, r"n_layers: must be a positive int, got 0"),
     "float size": ({**HF_BASE, "hidden_size": 64.0}, r"hidden_size: must be a positive int"),

@@ -929,7 +929,18 @@ def test_constructor_errors():
     with pytest.raises(ValueError, match=r"\[TransformerBlock\] norm_position"):
         lk.TransformerBlock(
             attention=attn, feed_forward=ff, attention_norm=lk.RMSNorm(48),
+            ffn_norm=lk.RMSNorm(48), norm_position="middle",
+        )  # fmt: skip
+    # the sandwich layout (Gemma 2) takes both post norms, the others neither
+    with pytest.raises(ValueError, match=r"\[TransformerBlock\] post_attention_norm and"):
+        lk.TransformerBlock(
+            attention=attn, feed_forward=ff, attention_norm=lk.RMSNorm(48),
             ffn_norm=lk.RMSNorm(48), norm_position="sandwich",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"\[TransformerBlock\] post_attention_norm and"):
+        lk.TransformerBlock(
+            attention=attn, feed_forward=ff, attention_norm=lk.RMSNorm(48),
+            ffn_norm=lk.RMSNorm(48), post_ffn_norm=lk.RMSNorm(48),
         )  # fmt: skip
 
 

@@ -272,8 +272,10 @@ void bind_modules(py::module_& m) {
   py::class_<TransformerBlockModule, std::shared_ptr<TransformerBlockModule>>(
       m, "TransformerBlockImpl")
       .def(py::init<std::shared_ptr<MultiHeadAttentionModule>, std::shared_ptr<FeedForwardModule>,
-                    std::shared_ptr<Norm>, std::shared_ptr<Norm>, bool>(),
-           "attention"_a, "feed_forward"_a, "attention_norm"_a, "ffn_norm"_a, "pre_norm"_a)
+                    std::shared_ptr<Norm>, std::shared_ptr<Norm>, bool, std::shared_ptr<Norm>,
+                    std::shared_ptr<Norm>>(),
+           "attention"_a, "feed_forward"_a, "attention_norm"_a, "ffn_norm"_a, "pre_norm"_a,
+           "post_attention_norm"_a = nullptr, "post_ffn_norm"_a = nullptr)
       .def(
           "forward",
           [](const TransformerBlockModule& self, f32_array x, i64_array positions,
@@ -294,9 +296,9 @@ void bind_modules(py::module_& m) {
 
   py::class_<TransformerModule, std::shared_ptr<TransformerModule>>(m, "TransformerImpl")
       .def(py::init<std::size_t, std::size_t, std::vector<std::shared_ptr<TransformerBlockModule>>,
-                    std::shared_ptr<Norm>, bool, double>(),
+                    std::shared_ptr<Norm>, bool, double, double>(),
            "vocab"_a, "dim"_a, "blocks"_a, "final_norm"_a, "tie_embeddings"_a,
-           "embed_scale"_a = 0.0)
+           "embed_scale"_a = 0.0, "final_softcap"_a = 0.0)
       .def(
           "forward",
           [](const TransformerModule& self, i64_array ids, i64_array positions,

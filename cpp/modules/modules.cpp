@@ -46,6 +46,7 @@ namespace {
 // the thread.
 enum Slot {
   kNormOut,
+  kSandwich,
   kResidual,
   kQKV,
   kAttnOut,
@@ -383,12 +384,18 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
 TransformerBlockModule::TransformerBlockModule(std::shared_ptr<MultiHeadAttentionModule> a,
                                                std::shared_ptr<FeedForwardModule> f,
                                                std::shared_ptr<Norm> n1, std::shared_ptr<Norm> n2,
-                                               bool pre)
+                                               bool pre, std::shared_ptr<Norm> post1,
+                                               std::shared_ptr<Norm> post2)
     : attention(std::move(a)),
       feed_forward(std::move(f)),
       attention_norm(std::move(n1)),
       ffn_norm(std::move(n2)),
-      pre_norm(pre) {}
+      pre_norm(pre),
+      post_attention_norm(std::move(post1)),
+      post_ffn_norm(std::move(post2)) {
+  if (!post_attention_norm != !post_ffn_norm)
+    throw std::invalid_argument("[TransformerBlock] a sandwich block needs both post norms");
+}
 
 void TransformerBlockModule::forward(const float* x, std::size_t batch, std::size_t seq,
                                      const std::int64_t* positions, const std::uint8_t* key_mask,
@@ -397,7 +404,18 @@ void TransformerBlockModule::forward(const float* x, std::size_t batch, std::siz
   ScratchScope scope;
   const std::size_t m = batch * seq, dim = attention->dim;
   float* tmp = scratch(kNormOut, m * dim);
-  if (pre_norm) {
+  if (post_attention_norm) {
+    // sandwich (Gemma 2): h = x + post1(attn(norm1(x))); y = h + post2(ffn(norm2(h)))
+    float* a = scratch(kSandwich, m * dim);  // (B*T, dim)
+    attention_norm->forward(x, tmp, m);
+    attention->forward(tmp, batch, seq, positions, key_mask, cache, a, nullptr, inv_freq_override);
+    post_attention_norm->forward(a, a, m);
+    for (std::size_t i = 0; i < m * dim; ++i) out[i] = x[i] + a[i];
+    ffn_norm->forward(out, tmp, m);
+    feed_forward->forward(tmp, m, a, nullptr);
+    post_ffn_norm->forward(a, a, m);
+    for (std::size_t i = 0; i < m * dim; ++i) out[i] += a[i];
+  } else if (pre_norm) {
     // h = x + attn(norm1(x)); y = h + ffn(norm2(h))    (h lives in out)
     attention_norm->forward(x, tmp, m);
     attention->forward(tmp, batch, seq, positions, key_mask, cache, out, x, inv_freq_override);
@@ -414,13 +432,15 @@ void TransformerBlockModule::forward(const float* x, std::size_t batch, std::siz
 
 TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
                                      std::vector<std::shared_ptr<TransformerBlockModule>> b,
-                                     std::shared_ptr<Norm> n, bool tie, double embed_scale_)
+                                     std::shared_ptr<Norm> n, bool tie, double embed_scale_,
+                                     double final_softcap_)
     : vocab(vocab_),
       dim(dim_),
       blocks(std::move(b)),
       final_norm(std::move(n)),
       tie_embeddings(tie),
       embed_scale(embed_scale_),
+      final_softcap(final_softcap_),
       embed_(vocab_ * dim_),
       lm_head_(tie ? 0 : vocab_ * dim_) {}
 
@@ -459,6 +479,13 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
   } else {
     final_norm->forward(x, x, m);
     project(x, m, dim, head, vocab, nullptr, logits, false);
+  }
+  if (final_softcap != 0.0) {  // Gemma 2: logits / c, tanh, * c (transformers' order)
+    const float c = static_cast<float>(final_softcap);
+    const std::size_t n = (last_only ? batch : m) * vocab;
+    parallel_for(n, 1024, 20.0, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) logits[i] = std::tanh(logits[i] / c) * c;
+    });
   }
 }
 

@@ -181,7 +181,8 @@ class TransformerBlockModule {
   TransformerBlockModule(std::shared_ptr<MultiHeadAttentionModule> attention,
                          std::shared_ptr<FeedForwardModule> feed_forward,
                          std::shared_ptr<Norm> attention_norm, std::shared_ptr<Norm> ffn_norm,
-                         bool pre_norm);
+                         bool pre_norm, std::shared_ptr<Norm> post_attention_norm = nullptr,
+                         std::shared_ptr<Norm> post_ffn_norm = nullptr);
   // out (B*T, dim) = block(x (B*T, dim)); out may not alias x
   void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
                const std::uint8_t* key_mask, KVCache* cache, float* out,
@@ -190,6 +191,8 @@ class TransformerBlockModule {
   std::shared_ptr<FeedForwardModule> feed_forward;
   std::shared_ptr<Norm> attention_norm, ffn_norm;
   bool pre_norm;
+  // sandwich layout (Gemma 2), both set: norms before *and* after attention and the MLP
+  std::shared_ptr<Norm> post_attention_norm, post_ffn_norm;
 };
 
 class TransformerModule {
@@ -197,7 +200,7 @@ class TransformerModule {
   TransformerModule(std::size_t vocab, std::size_t dim,
                     std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
                     std::shared_ptr<Norm> final_norm, bool tie_embeddings,
-                    double embed_scale = 0.0);
+                    double embed_scale = 0.0, double final_softcap = 0.0);
   // logits (B, T or 1, vocab) for ids (B, T); last_only: logits of the last position only
   void forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                const std::int64_t* positions, const std::uint8_t* key_mask,
@@ -211,6 +214,7 @@ class TransformerModule {
   // the embedding rows are multiplied by this (rounded to float32 first, as transformers'
   // Gemma does with sqrt(dim)); 0 = not scaled
   double embed_scale;
+  double final_softcap;  // logits become c * tanh(logits / c) (Gemma 2); 0 = none
 
  private:
   WeightBuffer embed_, lm_head_;  // (vocab, dim)

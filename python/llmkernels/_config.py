@@ -63,9 +63,11 @@ MODEL_TYPES = {
     "phi3": "Phi3ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
 }
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 _ACTIVATIONS = ("silu", "gelu_tanh")
-_NORM_POSITIONS = ("pre", "post")
+_NORM_POSITIONS = ("pre", "post", "sandwich")
 _DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5}  # HF LlamaConfig.rms_norm_eps / nn.LayerNorm
 _DEFAULT_THETA = 10000.0
 _DEFAULT_MAX_SEQ_LEN = 2048  # HF LlamaConfig.max_position_embeddings
@@ -123,6 +125,7 @@ _SIZE_FIELDS = (
 _PARAMETER_FIELDS = (
     *(f for f in _SIZE_FIELDS if f != "max_seq_len"),
     "norm",
+    "norm_position",
     "attention_bias",
     "o_bias",
     "mlp_bias",
@@ -209,6 +212,7 @@ def _parameter_count(
     hidden_dim: int,
     vocab_size: int,
     norm: str,
+    norm_position: str,
     attention_bias: bool,
     o_bias: bool,
     mlp_bias: bool,
@@ -221,7 +225,7 @@ def _parameter_count(
     attn = dim * q + 2 * dim * kv + q * dim + ((q + 2 * kv) if attention_bias else 0)
     attn += (dim if o_bias else 0) + (2 * head_dim if qk_norm else 0)
     mlp = 3 * dim * hidden_dim + ((2 * hidden_dim + dim) if mlp_bias else 0)
-    layer = attn + mlp + 2 * norm_size
+    layer = attn + mlp + (4 if norm_position == "sandwich" else 2) * norm_size
     head = 0 if tie_embeddings else vocab_size * dim
     return vocab_size * dim + n_layers * layer + norm_size + head
 
@@ -280,6 +284,18 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
         out[field] = _check_bool(n(field), out[field])
     if out["sliding_window"] is not None:
         out["sliding_window"] = _check_size(n("sliding_window"), out["sliding_window"])
+    if out["layer_types"] is not None:
+        types = out["layer_types"]
+        if isinstance(types, (str, bytes)) or not isinstance(types, (list, tuple)):
+            raise _err(n("layer_types"), f"must be a list, got {type(types).__name__}")
+        if len(types) != out["n_layers"]:
+            raise _err(n("layer_types"), f"needs {out['n_layers']} entries, got {len(types)}")
+        for t in types:
+            _check_choice(n("layer_types"), t, _LAYER_TYPES)
+        out["layer_types"] = tuple(types)
+    for field in ("attn_softcap", "final_softcap", "attn_scale"):
+        if out[field] is not None:
+            out[field] = _check_real(n(field), out[field], positive=True)
 
     count = _parameter_count(**{k: out[k] for k in _PARAMETER_FIELDS})
     if count > MAX_PARAMETERS:
@@ -370,6 +386,12 @@ class ModelConfig:
             with the tanh-approximated GELU, Gemma).
         norm_unit_offset: RMSNorms scale by ``1 + weight`` (Gemma).
         embed_scale: the embeddings are multiplied by ``sqrt(dim)`` rounded to float32 (Gemma).
+        layer_types: ``None`` (every layer windowed when ``sliding_window`` is set) or one
+            ``"full_attention"`` / ``"sliding_attention"`` per layer (Gemma 2 alternates).
+        attn_softcap: attention-logit soft-capping ``c * tanh(s / c)`` (Gemma 2), or ``None``.
+        final_softcap: final-logit soft-capping (Gemma 2), or ``None``.
+        attn_scale: the attention score scale, ``None`` for ``1 / sqrt(head_dim)`` (Gemma 2:
+            ``query_pre_attn_scalar ** -0.5``).
 
     Raises:
         ConfigError: ``"[config] <field>: <problem>"`` for any invalid value.
@@ -398,6 +420,10 @@ class ModelConfig:
     activation: str = "silu"
     norm_unit_offset: bool = False
     embed_scale: bool = False
+    layer_types: tuple[str, ...] | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    attn_scale: float | None = None
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -460,7 +486,7 @@ class ModelConfig:
             ConfigError: for ``norm="layer"`` or ``norm_position="post"``, which HF LLaMA
                 cannot express (use :meth:`to_dict` for those).
         """
-        if self.norm != "rms" or self.norm_position != "pre":
+        if self.norm != "rms" or self.norm_position == "post":
             raise _err(
                 "norm" if self.norm != "rms" else "norm_position",
                 "an HF LLaMA config can only describe pre-norm RMSNorm models; "
@@ -481,11 +507,17 @@ class ModelConfig:
             "gemma": self.o_bias == self.attention_bias
             and not self.mlp_bias
             and self.sliding_window is None,
+            "gemma2": self.o_bias == self.attention_bias and not self.mlp_bias,
         }[self.model_type]
         expressible &= self.qk_norm == (self.model_type == "qwen3")
-        gemma = self.model_type == "gemma"
+        gemma = self.model_type in ("gemma", "gemma2")
         expressible &= (self.activation == "gelu_tanh") == gemma
         expressible &= self.norm_unit_offset == gemma and self.embed_scale == gemma
+        gemma2 = self.model_type == "gemma2"
+        expressible &= (self.norm_position == "sandwich") == gemma2
+        if not gemma2:
+            expressible &= self.layer_types is None and self.attn_scale is None
+            expressible &= self.attn_softcap is None and self.final_softcap is None
         if not expressible:
             raise _err(
                 "model_type",
@@ -500,8 +532,17 @@ class ModelConfig:
             rope_parameters.setdefault("rope_type", scaling.get("type", "default"))
         rope_parameters["rope_theta"] = self.rope_theta
         extra: dict[str, Any] = {}
-        if self.model_type in ("mistral", "phi3"):
+        if self.model_type in ("mistral", "phi3", "gemma2"):
             extra["sliding_window"] = self.sliding_window
+        if self.model_type == "gemma2":
+            extra.update(
+                layer_types=list(self.layer_types or ["sliding_attention"] * self.n_layers),
+                attn_logit_softcapping=self.attn_softcap,
+                final_logit_softcapping=self.final_softcap,
+                query_pre_attn_scalar=self.head_dim
+                if self.attn_scale is None
+                else self.attn_scale**-2,
+            )
         if self.model_type in ("qwen2", "qwen3"):
             extra["use_sliding_window"] = False
         return extra | {
@@ -541,12 +582,19 @@ class ModelConfig:
             hidden_dim=self.hidden_dim,
             vocab_size=self.vocab_size,
             norm=self.norm,
+            norm_position=self.norm_position,
             attention_bias=self.attention_bias,
             o_bias=self.o_bias,
             mlp_bias=self.mlp_bias,
             qk_norm=self.qk_norm,
             tie_embeddings=self.tie_embeddings,
         )
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (``None``: full attention)."""
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def fused_projections(self) -> bool:
@@ -597,7 +645,7 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     act = d.get("hidden_act", "silu")
     # Gemma: the tanh GELU ("gelu" is a legacy spelling transformers reads as the tanh one)
     gelu_names = ("gelu_pytorch_tanh", "gelu_tanh", "gelu")
-    if model_type == "gemma" and (d.get("hidden_activation") or act) in gelu_names:
+    if model_type in ("gemma", "gemma2") and (d.get("hidden_activation") or act) in gelu_names:
         act = "gelu_tanh"
     elif act != "silu":
         raise _err("hidden_act", f"only 'silu' (SwiGLU) is supported, got {act!r:.60}")
@@ -653,10 +701,31 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         "activation": act,
         "norm_unit_offset": False,
         "embed_scale": False,
+        "layer_types": None,
+        "attn_softcap": None,
+        "final_softcap": None,
+        "attn_scale": None,
     }
-    if model_type == "gemma":  # (1 + weight) norms, embeddings scaled by sqrt(dim)
+    if model_type in ("gemma", "gemma2"):  # (1 + weight) norms, embeddings scaled by sqrt(dim)
         values.update(norm_unit_offset=True, embed_scale=True)
-    if model_type in ("mistral", "phi3"):
+    if model_type == "gemma2":  # sandwich norms, soft-capping, alternating windows
+        scalar = d.get("query_pre_attn_scalar")
+        values.update(
+            norm_position="sandwich",
+            layer_types=d.get("layer_types"),
+            attn_softcap=d.get("attn_logit_softcapping"),
+            final_softcap=d.get("final_logit_softcapping"),
+            attn_scale=None if scalar is None else float(scalar) ** -0.5,
+        )
+        if values["layer_types"] is None and d.get("sliding_window") is not None:
+            # transformers' default: even layers (0, 2, ...) slide, odd ones attend fully
+            n_layers = d["num_hidden_layers"]
+            if _is_int(n_layers) and 0 < n_layers <= 1 << 16:
+                values["layer_types"] = [
+                    "sliding_attention" if (i + 1) % 2 else "full_attention"
+                    for i in range(n_layers)
+                ]
+    if model_type in ("mistral", "phi3", "gemma2"):
         values["sliding_window"] = d.get("sliding_window")  # null: full attention
     elif model_type == "qwen2":
         # Qwen2: biases on q/k/v only; its sliding window applies to some layers only
@@ -758,7 +827,10 @@ def block_key_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     if cfg.qk_norm:
         out["self_attn.q_norm.weight"] = (cfg.head_dim,)
         out["self_attn.k_norm.weight"] = (cfg.head_dim,)
-    for norm in ("input_layernorm", "post_attention_layernorm"):
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if cfg.norm_position == "sandwich":
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    for norm in norms:
         out[f"{norm}.weight"] = (d,)
         if cfg.norm == "layer":
             out[f"{norm}.bias"] = (d,)

@@ -750,12 +750,31 @@ class TransformerBlock(_Module):
         attention_norm: RMSNorm | LayerNorm,
         ffn_norm: RMSNorm | LayerNorm,
         norm_position: str = "pre",
+        post_attention_norm: RMSNorm | LayerNorm | None = None,
+        post_ffn_norm: RMSNorm | LayerNorm | None = None,
     ) -> None:
         if not isinstance(attention, MultiHeadAttention):
             raise TypeError(f"[{self._name}] attention must be a MultiHeadAttention")
         if not isinstance(feed_forward, FeedForward):
             raise TypeError(f"[{self._name}] feed_forward must be a FeedForward")
-        for name, norm in (("attention_norm", attention_norm), ("ffn_norm", ffn_norm)):
+        if norm_position not in ("pre", "post", "sandwich"):
+            raise ValueError(
+                f"[{self._name}] norm_position must be 'pre', 'post' or 'sandwich', "
+                f"got {norm_position!r}"
+            )
+        sandwich = norm_position == "sandwich"
+        if sandwich != (post_attention_norm is not None) or sandwich != (post_ffn_norm is not None):
+            raise ValueError(
+                f"[{self._name}] post_attention_norm and post_ffn_norm are given exactly when "
+                "norm_position='sandwich'"
+            )
+        norms = [("attention_norm", attention_norm), ("ffn_norm", ffn_norm)]
+        if sandwich:
+            norms += [
+                ("post_attention_norm", post_attention_norm),
+                ("post_ffn_norm", post_ffn_norm),
+            ]
+        for name, norm in norms:
             if not isinstance(norm, (RMSNorm, LayerNorm)):
                 raise TypeError(f"[{self._name}] {name} must be an RMSNorm or LayerNorm")
             if norm.dim != attention.dim:
@@ -767,14 +786,12 @@ class TransformerBlock(_Module):
                 f"[{self._name}] feed_forward has dim {feed_forward.dim}, attention has "
                 f"{attention.dim}"
             )
-        if norm_position not in ("pre", "post"):
-            raise ValueError(
-                f"[{self._name}] norm_position must be 'pre' or 'post', got {norm_position!r}"
-            )
         self.attention = attention
         self.feed_forward = feed_forward
         self.attention_norm = attention_norm
         self.ffn_norm = ffn_norm
+        self.post_attention_norm = post_attention_norm
+        self.post_ffn_norm = post_ffn_norm
         self.norm_position = norm_position
         self._impl = _core.TransformerBlockImpl(
             attention._impl,
@@ -782,16 +799,21 @@ class TransformerBlock(_Module):
             attention_norm._impl,
             ffn_norm._impl,
             norm_position == "pre",
+            post_attention_norm._impl if sandwich else None,  # type: ignore[union-attr]
+            post_ffn_norm._impl if sandwich else None,  # type: ignore[union-attr]
         )
 
     @classmethod
     def from_config(
-        cls, config: Mapping[str, Any] | ModelConfig, *, seed: int | None = None
+        cls, config: Mapping[str, Any] | ModelConfig, *, seed: int | None = None, layer: int = 0
     ) -> TransformerBlock:
         """Build a randomly initialised block (``seed``) from ``dim, n_heads, n_kv_heads,
         head_dim, hidden_dim, norm_eps, rope_theta, rope_scaling, norm, norm_position,
-        attention_bias, mlp_bias`` or the HF ``LlamaConfig`` equivalents."""
+        attention_bias, mlp_bias`` or the HF ``LlamaConfig`` equivalents. ``layer``: which layer
+        of the model it is (Gemma 2 alternates sliding-window and full-attention layers)."""
         c = _block_config(config)
+        norm = functools.partial(_make_norm, c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
+        sandwich = c.norm_position == "sandwich"
         rng = _rng(seed)
         seeds = rng.integers(0, 2**63 - 1, size=2)
         return cls(
@@ -804,7 +826,9 @@ class TransformerBlock(_Module):
                 rope_scaling=c.rope_scaling_dict(),
                 bias=c.attention_bias,
                 o_bias=c.o_bias,
-                window=c.sliding_window,
+                window=c.layer_window(layer),
+                softcap=c.attn_softcap,
+                scale=c.attn_scale,
                 fused_names=c.fused_projections,
                 qk_norm=c.qk_norm,
                 qk_norm_eps=c.norm_eps,
@@ -818,8 +842,10 @@ class TransformerBlock(_Module):
                 activation=c.activation,
                 seed=int(seeds[1]),
             ),
-            attention_norm=_make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset),
-            ffn_norm=_make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset),
+            attention_norm=norm(),
+            ffn_norm=norm(),
+            post_attention_norm=norm() if sandwich else None,
+            post_ffn_norm=norm() if sandwich else None,
             norm_position=c.norm_position,
         )
 
@@ -830,7 +856,12 @@ class TransformerBlock(_Module):
         yield "self_attn", self.attention
         yield "mlp", self.feed_forward
         yield "input_layernorm", self.attention_norm
-        yield "post_attention_layernorm", self.ffn_norm
+        if self.norm_position == "sandwich":  # Gemma 2's names
+            yield "post_attention_layernorm", self.post_attention_norm  # type: ignore[misc]
+            yield "pre_feedforward_layernorm", self.ffn_norm
+            yield "post_feedforward_layernorm", self.post_ffn_norm  # type: ignore[misc]
+        else:
+            yield "post_attention_layernorm", self.ffn_norm
 
     @property
     def dim(self) -> int:
@@ -872,8 +903,8 @@ class Transformer(_Module):
         self.config = c
         rng = _rng(seed)
         self.blocks = [
-            TransformerBlock.from_config(c, seed=int(s))
-            for s in rng.integers(0, 2**63 - 1, size=c.n_layers)
+            TransformerBlock.from_config(c, seed=int(s), layer=i)
+            for i, s in enumerate(rng.integers(0, 2**63 - 1, size=c.n_layers))
         ]
         self.norm = _make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
         self._impl = _core.TransformerImpl(
@@ -883,6 +914,7 @@ class Transformer(_Module):
             self.norm._impl,
             c.tie_embeddings,
             float(np.float32(np.sqrt(c.dim))) if c.embed_scale else 0.0,
+            c.final_softcap or 0.0,
         )
         for key, arr in self._own_params().items():
             if (key == "lm_head.weight" and c.tie_embeddings) or _SKIP_INIT.get():
