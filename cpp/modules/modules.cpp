@@ -3,9 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -44,17 +44,7 @@ namespace {
 // thread keeps at most kScratchKeepBytes (common/scratch.hpp, 4 MiB): decode steps keep theirs,
 // a long prefill's buffers (hundreds of MiB for a large model) are not kept for the life of
 // the thread.
-enum Slot {
-  kNormOut,
-  kResidual,
-  kQKV,
-  kAttnOut,
-  kGateUp,
-  kHidden,
-  kRope,
-  kBlockTmp,
-  kSlots
-};
+enum Slot { kNormOut, kResidual, kQKV, kAttnOut, kGateUp, kHidden, kRope, kBlockTmp, kSlots };
 
 struct ThreadScratch {
   std::unique_ptr<float[]> slot[kSlots];
@@ -113,7 +103,8 @@ void project(const float* x, std::size_t m, std::size_t k, const float* w, std::
 // ---------------------------------------------------------------------------------------------
 // norms
 
-RMSNormModule::RMSNormModule(std::size_t dim, double eps) : dim_(dim), eps_(eps), weight_(dim, 1.f) {}
+RMSNormModule::RMSNormModule(std::size_t dim, double eps)
+    : dim_(dim), eps_(eps), weight_(dim, 1.f) {}
 
 void RMSNormModule::forward(const float* x, float* out, std::size_t rows) const {
   const std::size_t n = dim_;
@@ -165,7 +156,7 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
   swiglu_rows<float>(act, gu, gu + h, m, h, 2 * h);
   if (residual && residual != out) std::memcpy(out, residual, m * dim_ * sizeof(float));
   project(act, m, h, w_down_.data(), dim_, bias_ ? b_down_.data() : nullptr, out,
-         residual != nullptr);
+          residual != nullptr);
 }
 
 std::vector<Param> FeedForwardModule::params() {
@@ -232,9 +223,8 @@ std::vector<Param> MultiHeadAttentionModule::params() {
 }
 
 void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
-                                       const std::int64_t* positions,
-                                       const std::uint8_t* key_mask, KVCache* cache, float* out,
-                                       const float* residual,
+                                       const std::int64_t* positions, const std::uint8_t* key_mask,
+                                       KVCache* cache, float* out, const float* residual,
                                        const double* inv_freq_override) const {
   const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
   // partial rotary (HF partial_rotary_factor): the first 2 * len(inv_freq) features of each head
@@ -243,9 +233,9 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   const std::size_t hq = n_heads, hkv = n_kv_heads;
   const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
   ScratchScope scope;
-  float* qkv = scratch(kQKV, m * width);            // (B*T, width)
-  float* rope_tab = scratch(kRope, m * hd);         // (B*T, [cos half | sin half])
-  float* attn = scratch(kAttnOut, m * hq * hd);     // (B*T, Hq*hd)
+  float* qkv = scratch(kQKV, m * width);         // (B*T, width)
+  float* rope_tab = scratch(kRope, m * hd);      // (B*T, [cos half | sin half])
+  float* attn = scratch(kAttnOut, m * hq * hd);  // (B*T, Hq*hd)
   project(x, m, dim, w_qkv_.data(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
 
   // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
@@ -259,9 +249,9 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       // heads of one token share the table row: table_row = 0 with the table at this token
       for (std::size_t h0 = 0; h0 < hq + hkv; h0 += zeros.size()) {
         std::size_t rows = std::min(zeros.size(), hq + hkv - h0);
-        dispatch(rope_kernel{}, q + h0 * hd, static_cast<const float*>(q + h0 * hd),
-                 zeros.data(), static_cast<const float*>(c), static_cast<const float*>(s), rows,
-                 hd, 2 * half, false, false);
+        dispatch(rope_kernel{}, q + h0 * hd, static_cast<const float*>(q + h0 * hd), zeros.data(),
+                 static_cast<const float*>(c), static_cast<const float*>(s), rows, hd, 2 * half,
+                 false, false);
       }
     }
   });
@@ -313,7 +303,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
 
   if (residual && residual != out) std::memcpy(out, residual, m * dim * sizeof(float));
   project(attn, m, hq * hd, w_o_.data(), dim, o_bias ? b_o_.data() : nullptr, out,
-         residual != nullptr);
+          residual != nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -380,8 +370,8 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
   for (std::size_t r = 0; r < m; ++r)
     std::memcpy(x + r * dim, embed_.data() + ids[r] * dim, dim * sizeof(float));
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i],
-                       y, inv_freq_override);
+    blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i], y,
+                       inv_freq_override);
     std::swap(x, y);
   }
   const float* head = tie_embeddings ? embed_.data() : lm_head_.data();
