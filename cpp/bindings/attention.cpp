@@ -4,8 +4,8 @@ namespace llmk::bind {
 
 void bind_attention(py::module_& m) {
   using namespace pybind11::literals;
-  m.def("attention", &ops::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a, "mask"_a,
-        "out"_a, "weights"_a, "window"_a = 0, "softcap"_a = 0.0, "sinks"_a = py::none(),
+  m.def("attention", &ops::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a, "mask"_a, "out"_a,
+        "weights"_a, "window"_a = 0, "softcap"_a = 0.0, "sinks"_a = py::none(),
         "lse"_a = py::none(),
         "Fused streaming attention on C-contiguous 4-D operands (see llmkernels.attention); "
         "window 0 and softcap 0 mean none, sinks (Hq,), lse (B, Hq, Tq) output.");

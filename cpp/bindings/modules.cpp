@@ -112,8 +112,8 @@ class CacheSession {
   void check_room(const char* fn, std::size_t t) const {
     for (const KVCache* c : caches_)
       expect(c->length.load() + t <= c->max_len, fn,
-             "KV cache is full: " + std::to_string(c->length.load()) + " + " +
-                 std::to_string(t) + " tokens > max_seq_len " + std::to_string(c->max_len));
+             "KV cache is full: " + std::to_string(c->length.load()) + " + " + std::to_string(t) +
+                 " tokens > max_seq_len " + std::to_string(c->max_len));
   }
   void commit() { committed_ = true; }
 
@@ -134,8 +134,8 @@ std::vector<KVCache*> one_cache(KVCache* cache) {
 // forward(x, b, t, positions, key_mask, cache, out, inv_freq_override).
 template <class Forward>
 f32_array attention_forward(const char* fn, const MultiHeadAttentionModule& attn, f32_array x,
-                            i64_array positions, std::optional<u8_array> key_mask,
-                            KVCache* cache, std::optional<f64_array> inv_freq, Forward forward) {
+                            i64_array positions, std::optional<u8_array> key_mask, KVCache* cache,
+                            std::optional<f64_array> inv_freq, Forward forward) {
   const double* fo = freq_override(fn, inv_freq, attn.inv_freq.size());
   expect(x.ndim() == 3 && static_cast<std::size_t>(x.shape(2)) == attn.dim, fn,
          "x must have shape (B, T, dim)");
@@ -157,11 +157,10 @@ f32_array attention_forward(const char* fn, const MultiHeadAttentionModule& attn
 
 // view of the first `length` tokens of a cache array; `owner` keeps the cache alive
 py::array_t<float> cache_view(py::object owner, const KVCache& c, const std::vector<float>& a) {
-  return py::array_t<float>(
-      {c.batch, c.n_kv_heads, c.length.load(), c.head_dim},
-      {c.n_kv_heads * c.max_len * c.head_dim * 4, c.max_len * c.head_dim * 4, c.head_dim * 4,
-       std::size_t(4)},
-      a.data(), owner);
+  return py::array_t<float>({c.batch, c.n_kv_heads, c.length.load(), c.head_dim},
+                            {c.n_kv_heads * c.max_len * c.head_dim * 4, c.max_len * c.head_dim * 4,
+                             c.head_dim * 4, std::size_t(4)},
+                            a.data(), owner);
 }
 
 }  // namespace
@@ -208,8 +207,8 @@ void bind_modules(py::module_& m) {
       .def_readwrite("fused_names", &FeedForwardModule::fused_names);
 
   py::class_<KVCache, std::shared_ptr<KVCache>>(m, "KVCacheImpl")
-      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t>(), "batch"_a,
-           "max_len"_a, "n_kv_heads"_a, "head_dim"_a)
+      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t>(), "batch"_a, "max_len"_a,
+           "n_kv_heads"_a, "head_dim"_a)
       .def_readonly("batch", &KVCache::batch)
       .def_readonly("max_len", &KVCache::max_len)
       .def_readonly("n_kv_heads", &KVCache::n_kv_heads)
@@ -221,10 +220,11 @@ void bind_modules(py::module_& m) {
              std::lock_guard<std::mutex> lk(c.mutex);
              c.reset();
            })
-      .def("keys", [](py::object self) {  // (B, Hkv, length, hd) view
-        auto& c = self.cast<KVCache&>();
-        return cache_view(self, c, c.k);
-      })
+      .def("keys",
+           [](py::object self) {  // (B, Hkv, length, hd) view
+             auto& c = self.cast<KVCache&>();
+             return cache_view(self, c, c.k);
+           })
       .def("values", [](py::object self) {
         auto& c = self.cast<KVCache&>();
         return cache_view(self, c, c.v);
@@ -232,13 +232,11 @@ void bind_modules(py::module_& m) {
 
   py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>>(
       m, "MultiHeadAttentionImpl")
-      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t, std::vector<double>,
-                    double, bool, bool, bool, std::int64_t, double, double, bool, bool,
-                    double>(),
-           "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "inv_freq"_a,
-           "attention_factor"_a, "qkv_bias"_a, "o_bias"_a, "causal"_a, "window"_a = 0,
-           "softcap"_a = 0.0, "scale"_a = 0.0, "sinks"_a = false, "qk_norm"_a = false,
-           "qk_norm_eps"_a = 1e-6)
+      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t, std::vector<double>, double,
+                    bool, bool, bool, std::int64_t, double, double, bool, bool, double>(),
+           "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "inv_freq"_a, "attention_factor"_a,
+           "qkv_bias"_a, "o_bias"_a, "causal"_a, "window"_a = 0, "softcap"_a = 0.0, "scale"_a = 0.0,
+           "sinks"_a = false, "qk_norm"_a = false, "qk_norm_eps"_a = 1e-6)
       .def(
           "forward",
           [](const MultiHeadAttentionModule& self, f32_array x, i64_array positions,
@@ -246,9 +244,8 @@ void bind_modules(py::module_& m) {
             return attention_forward(
                 "MultiHeadAttention", self, x, positions, key_mask, cache, inv_freq,
                 [&self](const float* xp, std::size_t b, std::size_t t, const std::int64_t* pp,
-                        const std::uint8_t* mp, KVCache* c, float* op, const double* fo) {
-                  self.forward(xp, b, t, pp, mp, c, op, nullptr, fo);
-                });
+                        const std::uint8_t* mp, KVCache* c, float* op,
+                        const double* fo) { self.forward(xp, b, t, pp, mp, c, op, nullptr, fo); });
           },
           "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
       .def("params", params_of<MultiHeadAttentionModule>())
@@ -283,9 +280,8 @@ void bind_modules(py::module_& m) {
             return attention_forward(
                 "TransformerBlock", *self.attention, x, positions, key_mask, cache, inv_freq,
                 [&self](const float* xp, std::size_t b, std::size_t t, const std::int64_t* pp,
-                        const std::uint8_t* mp, KVCache* c, float* op, const double* fo) {
-                  self.forward(xp, b, t, pp, mp, c, op, fo);
-                });
+                        const std::uint8_t* mp, KVCache* c, float* op,
+                        const double* fo) { self.forward(xp, b, t, pp, mp, c, op, fo); });
           },
           "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none())
       .def_readonly("attention", &TransformerBlockModule::attention)

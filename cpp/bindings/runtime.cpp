@@ -16,11 +16,13 @@ void bind_runtime(py::module_& m) {
   m.def("set_num_threads", &set_threads, "n"_a,
         "Set the number of threads the kernels (and OpenBLAS) use.");
   m.attr("max_threads") = kMaxThreads;
-  m.def("simd_arch", [] { return std::string(isa_name(active_isa())); },
-        "The SIMD path in use (one of isa_names).");
+  m.def(
+      "simd_arch", [] { return std::string(isa_name(active_isa())); },
+      "The SIMD path in use (one of isa_names).");
   m.attr("isa_names") = py::tuple(py::cast(isa_names()));
-  m.def("best_simd_arch", [] { return std::string(isa_name(best_supported_isa())); },
-        "The best SIMD path this CPU supports.");
+  m.def(
+      "best_simd_arch", [] { return std::string(isa_name(best_supported_isa())); },
+      "The best SIMD path this CPU supports.");
   m.def("set_simd_arch", &ops::set_simd_arch, "arch"_a,
         "Force a SIMD path (must be supported by the CPU).");
   m.def("openblas_config", [] { return std::string(openblas_get_config()); });

@@ -8,7 +8,6 @@
 
 #include <string>
 #include <vector>
-
 #include <xsimd/xsimd.hpp>
 
 #include "common/isa_list.hpp"
@@ -19,9 +18,9 @@ namespace llmk {
 enum class Isa { LLMK_ISA_LIST(LLMK_ISA_ENUM) };
 #undef LLMK_ISA_ENUM
 
-Isa best_supported_isa();        // what the CPU can run
-Isa active_isa();                // what kernels use now
-void set_active_isa(Isa isa);    // clamped to best_supported_isa()
+Isa best_supported_isa();      // what the CPU can run
+Isa active_isa();              // what kernels use now
+void set_active_isa(Isa isa);  // clamped to best_supported_isa()
 const char* isa_name(Isa isa);
 bool parse_isa(const std::string& name, Isa* isa);
 std::vector<std::string> isa_names();  // every ISA of the list, lowest first

@@ -205,7 +205,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // short prompt's 16-row tile
   if (!rowwise) {
     if (ncols > nrows)
-      for (std::size_t d = 0; d < D; ++d) std::fill(s.qt + d * BQ + nrows, s.qt + d * BQ + ncols, T(0));
+      for (std::size_t d = 0; d < D; ++d)
+        std::fill(s.qt + d * BQ + nrows, s.qt + d * BQ + ncols, T(0));
   } else {
     std::memset(s.qt, 0, (nrows + N) * D * sizeof(T));
   }
@@ -259,8 +260,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   const std::size_t kr = p.ks[2], vr = p.vs[2];
   // keys this item covers; causal: no row sees beyond max_lim; window: none before min_lo (so
   // a windowed call costs O(T * window), not O(T^2))
-  const std::size_t k_end =
-      std::min<std::size_t>(it.k1, static_cast<std::size_t>(std::max<std::int64_t>(max_lim + 1, 0)));
+  const std::size_t k_end = std::min<std::size_t>(
+      it.k1, static_cast<std::size_t>(std::max<std::int64_t>(max_lim + 1, 0)));
   const std::size_t k_start =
       nrows ? std::max<std::size_t>(it.k0, static_cast<std::size_t>(min_lo)) : it.k0;
   const V vcap(static_cast<T>(p.softcap)), vinv_cap(static_cast<T>(1.0 / p.softcap));
@@ -358,7 +359,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     scores(k0, nk);
     for (std::size_t c = 0; c < ncols; c += N) {
       V mt(neg_inf);
-      for (std::size_t j = 0; j < nk; ++j) mt = xsimd::max(mt, V::load_unaligned(s.st + j * BQ + c));
+      for (std::size_t j = 0; j < nk; ++j)
+        mt = xsimd::max(mt, V::load_unaligned(s.st + j * BQ + c));
       V m_old = V::load_unaligned(s.m + c);
       V m_new = xsimd::max(m_old, mt);
       // rows that have seen no allowed key yet keep m = -inf; subtract 0 instead (no NaN)

@@ -12,8 +12,7 @@ namespace llmk {
 
 // out, x, up: (n,). `stream` is accepted for the common signature; stores are plain.
 template <class Arch, class T>
-void geglu_kernel::operator()(Arch, T* out, const T* x, const T* up, std::size_t n,
-                              bool) const {
+void geglu_kernel::operator()(Arch, T* out, const T* x, const T* up, std::size_t n, bool) const {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   ExactSubnormals exact;  // subnormal x count (no DAZ), whatever the caller's MXCSR

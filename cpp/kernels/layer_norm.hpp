@@ -62,8 +62,7 @@ inline void layer_norm_row_wide(T* o, const T* x, const T* weight, const T* bias
   }
   const L inv = 1.0L / std::sqrt(v / dn + eps);
   for (std::size_t i = 0; i < n; ++i)
-    o[i] = static_cast<T>(((static_cast<L>(x[i]) - hi) - lo) * inv *
-                              (weight ? weight[i] : T(1)) +
+    o[i] = static_cast<T>(((static_cast<L>(x[i]) - hi) - lo) * inv * (weight ? weight[i] : T(1)) +
                           (bias ? bias[i] : T(0)));
 }
 
@@ -73,8 +72,7 @@ inline void layer_norm_row_wide(T* o, const T* x, const T* weight, const T* bias
 //   x, out: (rows, n); weight, bias: (n,) or null
 template <class Arch, class T>
 void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, const T* bias,
-                                   std::size_t rows, std::size_t n, double eps,
-                                   bool stream) const {
+                                   std::size_t rows, std::size_t n, double eps, bool stream) const {
   using B = vec<Arch, T>;
   constexpr std::size_t N = B::size;
   ExactSubnormals exact;  // subnormal x count (no DAZ), whatever the caller's MXCSR

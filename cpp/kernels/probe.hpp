@@ -1,10 +1,10 @@
 // Roofline probes: how fast this core can do FMAs, and how fast it can stream memory.
 #pragma once
 
+#include <utility>
+
 #include "kernels/ops.hpp"
 #include "kernels/simd_common.hpp"
-
-#include <utility>
 
 namespace llmk {
 namespace {
@@ -28,7 +28,8 @@ void fma_probe_kernel::operator()(Arch, std::size_t iterations, double* flops, f
   B a[kChains];
   for (std::size_t c = 0; c < kChains; ++c) a[c] = B(1.0f + 0.01f * static_cast<float>(c));
   const B m(0.999999f), k(1e-7f);
-  for (std::size_t it = 0; it < iterations; ++it) fma_chains(a, m, k, std::make_index_sequence<kChains>{});
+  for (std::size_t it = 0; it < iterations; ++it)
+    fma_chains(a, m, k, std::make_index_sequence<kChains>{});
   B total = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])) +
             ((a[8] + a[9]) + (a[10] + a[11]));
   *sink = xsimd::hadd(total);

@@ -61,12 +61,13 @@ void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std:
     if (weight) {
       for (; i < head; ++i) o[i] = (xr[i] * inv) * weight[i];
       for (; i + N <= n; i += N)
-        store_batch<Arch, T>(o + i, (B::load_unaligned(xr + i) * vinv) * B::load_unaligned(weight + i),
-                             stream);
+        store_batch<Arch, T>(
+            o + i, (B::load_unaligned(xr + i) * vinv) * B::load_unaligned(weight + i), stream);
       for (; i < n; ++i) o[i] = (xr[i] * inv) * weight[i];
     } else {
       for (; i < head; ++i) o[i] = xr[i] * inv;
-      for (; i + N <= n; i += N) store_batch<Arch, T>(o + i, B::load_unaligned(xr + i) * vinv, stream);
+      for (; i + N <= n; i += N)
+        store_batch<Arch, T>(o + i, B::load_unaligned(xr + i) * vinv, stream);
       for (; i < n; ++i) o[i] = xr[i] * inv;
     }
   }

@@ -21,8 +21,8 @@ void rope_kernel::operator()(Arch, T* out, const T* x, const std::int64_t* table
   const std::size_t half = rotary_dim / 2;
   ExactSubnormals exact;  // subnormal x count (no DAZ), whatever the caller's MXCSR
   for (std::size_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * d;                    // (d,)
-    T* o = out + r * d;                         // (d,) -- may alias xr: pairs are loaded first
+    const T* xr = x + r * d;                     // (d,)
+    T* o = out + r * d;                          // (d,) -- may alias xr: pairs are loaded first
     const T* c = cos_tab + table_row[r] * half;  // (half,)
     const T* s = sin_tab + table_row[r] * half;  // (half,)
     if (!interleaved) {

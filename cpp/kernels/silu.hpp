@@ -40,9 +40,9 @@ void silu_body(T* out, const T* x, const T* up, std::size_t n, bool stream) {
   const B one(T(1)), half(T(0.5));
   const B tiny(exp_one_below<T>()), lo(exp_subnormal_below<T>());
   const bool f32 = std::is_same<T, float>::value;
-  const B cutoff(f32 ? T(88.0) : T(709.0));     // exp_wide's cut-off: beyond it, check the block
-  const B ovf(f32 ? T(88.72) : T(709.78));      // -g beyond: exp(-g) overflows, g is "big"
-  const B kk(f32 ? T(44.0) : T(704.0));         // the shift K of the big lanes' exp
+  const B cutoff(f32 ? T(88.0) : T(709.0));  // exp_wide's cut-off: beyond it, check the block
+  const B ovf(f32 ? T(88.72) : T(709.78));   // -g beyond: exp(-g) overflows, g is "big"
+  const B kk(f32 ? T(44.0) : T(704.0));      // the shift K of the big lanes' exp
   const B ck(f32 ? T(7.781132241133797e-20) : T(1.8058627513522668e-306));  // exp(-K)
   const B lnmin(-exp_subnormal_below<T>());  // e = exp(g + mK) is normal while g + mK >= -lnmin
   const unsigned csr_caller = _mm_getcsr();  // restored at the end (its status flags too)
@@ -112,10 +112,13 @@ void silu_body(T* out, const T* x, const T* up, std::size_t n, bool stream) {
   const bool aliased = out == x || (Gated && out == up);
   alignas(64) T buf[kBlock];
   auto put = [&](T* dst, std::size_t k, const B& y) {
-    if (aliased) y.store_aligned(buf + k); else store_batch<Arch, T>(dst + k, y, stream);
+    if (aliased)
+      y.store_aligned(buf + k);
+    else
+      store_batch<Arch, T>(dst + k, y, stream);
   };
 
-  bool careful = false;  // the previous block needed checked()
+  bool careful = false;                                      // the previous block needed checked()
   std::size_t i = stream ? align_head<Arch, T>(out, n) : 0;  // streamed stores need alignment
   if (i > 0) partial(0, i);
   while (i + N <= n) {

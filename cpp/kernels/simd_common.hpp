@@ -2,14 +2,13 @@
 // translation unit gets its own copy, compiled with its own flags — no ODR sharing across ISAs.
 #pragma once
 
-#include <cmath>
-#include <cstdint>
-#include <cstddef>
-#include <limits>
-#include <type_traits>
-
 #include <immintrin.h>
 
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
 #include <xsimd/xsimd.hpp>
 
 #include "common/mxcsr.hpp"

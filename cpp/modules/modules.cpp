@@ -3,9 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -154,8 +154,7 @@ std::vector<Param> LayerNormModule::params() {
 // ---------------------------------------------------------------------------------------------
 // feed-forward
 
-FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias,
-                                     bool gelu_tanh)
+FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh)
     : dim_(dim),
       hidden_(hidden),
       bias_(bias),
@@ -175,7 +174,7 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
   swiglu_rows<float>(act, gu, gu + h, m, h, 2 * h, gelu_tanh_);
   if (residual && residual != out) std::memcpy(out, residual, m * dim_ * sizeof(float));
   project(act, m, h, w_down_.data(), dim_, bias_ ? b_down_.data() : nullptr, out,
-         residual != nullptr);
+          residual != nullptr);
 }
 
 std::vector<Param> FeedForwardModule::params() {
@@ -215,10 +214,9 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
                                                    std::size_t n_kv_heads_, std::size_t head_dim_,
                                                    std::vector<double> inv_freq_,
                                                    double attention_factor_, bool qkv_bias_,
-                                                   bool o_bias_, bool causal_,
-                                                   std::int64_t window_, double softcap_,
-                                                   double scale_, bool sinks_on, bool qk_norm_,
-                                                   double qk_norm_eps_)
+                                                   bool o_bias_, bool causal_, std::int64_t window_,
+                                                   double softcap_, double scale_, bool sinks_on,
+                                                   bool qk_norm_, double qk_norm_eps_)
     : dim(dim_),
       n_heads(n_heads_),
       n_kv_heads(n_kv_heads_),
@@ -285,9 +283,8 @@ std::vector<Param> MultiHeadAttentionModule::params() {
 }
 
 void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
-                                       const std::int64_t* positions,
-                                       const std::uint8_t* key_mask, KVCache* cache, float* out,
-                                       const float* residual,
+                                       const std::int64_t* positions, const std::uint8_t* key_mask,
+                                       KVCache* cache, float* out, const float* residual,
                                        const double* inv_freq_override) const {
   const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
   // partial rotary (HF partial_rotary_factor): the first 2 * len(inv_freq) features of each head
@@ -296,9 +293,9 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   const std::size_t hq = n_heads, hkv = n_kv_heads;
   const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
   ScratchScope scope;
-  float* qkv = scratch(kQKV, m * width);            // (B*T, width)
-  float* rope_tab = scratch(kRope, m * hd);         // (B*T, [cos half | sin half])
-  float* attn = scratch(kAttnOut, m * hq * hd);     // (B*T, Hq*hd)
+  float* qkv = scratch(kQKV, m * width);         // (B*T, width)
+  float* rope_tab = scratch(kRope, m * hd);      // (B*T, [cos half | sin half])
+  float* attn = scratch(kAttnOut, m * hq * hd);  // (B*T, Hq*hd)
   project(x, m, dim, w_qkv_.data(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
 
   // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
@@ -318,9 +315,9 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       // heads of one token share the table row: table_row = 0 with the table at this token
       for (std::size_t h0 = 0; h0 < hq + hkv; h0 += zeros.size()) {
         std::size_t rows = std::min(zeros.size(), hq + hkv - h0);
-        dispatch(rope_kernel{}, q + h0 * hd, static_cast<const float*>(q + h0 * hd),
-                 zeros.data(), static_cast<const float*>(c), static_cast<const float*>(s), rows,
-                 hd, 2 * half, false, false);
+        dispatch(rope_kernel{}, q + h0 * hd, static_cast<const float*>(q + h0 * hd), zeros.data(),
+                 static_cast<const float*>(c), static_cast<const float*>(s), rows, hd, 2 * half,
+                 false, false);
       }
     }
   });
@@ -375,7 +372,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
 
   if (residual && residual != out) std::memcpy(out, residual, m * dim * sizeof(float));
   project(attn, m, hq * hd, w_o_.data(), dim, o_bias ? b_o_.data() : nullptr, out,
-         residual != nullptr);
+          residual != nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -466,8 +463,8 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
     for (std::size_t i = 0; i < m * dim; ++i) x[i] *= sc;
   }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i],
-                       y, inv_freq_override);
+    blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i], y,
+                       inv_freq_override);
     std::swap(x, y);
   }
   const float* head = tie_embeddings ? embed_.data() : lm_head_.data();

@@ -115,10 +115,10 @@ class FeedForwardModule {
  private:
   std::size_t dim_, hidden_;
   bool bias_, gelu_tanh_;
-  WeightBuffer w_gate_up_;                   // (2*hidden, dim)
-  std::vector<float> b_gate_up_;             // (2*hidden,)
-  WeightBuffer w_down_;                      // (dim, hidden)
-  std::vector<float> b_down_;                // (dim,)
+  WeightBuffer w_gate_up_;        // (2*hidden, dim)
+  std::vector<float> b_gate_up_;  // (2*hidden,)
+  WeightBuffer w_down_;           // (dim, hidden)
+  std::vector<float> b_down_;     // (dim,)
 };
 
 // K/V of past tokens for one layer: k, v (B, Hkv, max_len, head_dim), key validity (B, max_len).
@@ -168,11 +168,11 @@ class MultiHeadAttentionModule {
   bool fused_names = false;
 
  private:
-  WeightBuffer w_qkv_;        // ((Hq + 2 Hkv) * hd, dim)
-  std::vector<float> b_qkv_;  // ((Hq + 2 Hkv) * hd,)
-  WeightBuffer w_o_;          // (dim, Hq * hd)
-  std::vector<float> b_o_;    // (dim,)
-  std::vector<float> sinks_;  // (Hq,) when sinks
+  WeightBuffer w_qkv_;                  // ((Hq + 2 Hkv) * hd, dim)
+  std::vector<float> b_qkv_;            // ((Hq + 2 Hkv) * hd,)
+  WeightBuffer w_o_;                    // (dim, Hq * hd)
+  std::vector<float> b_o_;              // (dim,)
+  std::vector<float> sinks_;            // (Hq,) when sinks
   std::vector<float> q_norm_, k_norm_;  // (head_dim,) each, when qk_norm
 };
 
@@ -199,8 +199,8 @@ class TransformerModule {
  public:
   TransformerModule(std::size_t vocab, std::size_t dim,
                     std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
-                    std::shared_ptr<Norm> final_norm, bool tie_embeddings,
-                    double embed_scale = 0.0, double final_softcap = 0.0);
+                    std::shared_ptr<Norm> final_norm, bool tie_embeddings, double embed_scale = 0.0,
+                    double final_softcap = 0.0);
   // logits (B, T or 1, vocab) for ids (B, T); last_only: logits of the last position only
   void forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                const std::int64_t* positions, const std::uint8_t* key_mask,

@@ -56,14 +56,16 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
   // score of key j into *sc; false when the key is not attended (masked, or a -inf score)
   auto score = [&](std::size_t j, double* sc) {
     const std::int64_t mj = mbase + static_cast<std::int64_t>(j) * p.mask_strides[3];
-    if (p.mask_kind == AttnMask::boolean && !static_cast<const std::uint8_t*>(p.mask)[mj]) return false;
+    if (p.mask_kind == AttnMask::boolean && !static_cast<const std::uint8_t*>(p.mask)[mj])
+      return false;
     const T* kr = kb + j * p.ks[2];
     double dot = 0.0;
     for (std::size_t d = 0; d < p.d; ++d)
       dot += static_cast<double>(q[d]) * static_cast<double>(kr[d]);
     double v = dot * p.scale;
     if (p.softcap != 0.0) v = p.softcap * std::tanh(v / p.softcap);
-    if (p.mask_kind == AttnMask::additive) v += static_cast<double>(static_cast<const T*>(p.mask)[mj]);
+    if (p.mask_kind == AttnMask::additive)
+      v += static_cast<double>(static_cast<const T*>(p.mask)[mj]);
     *sc = v;
     return v != -inf;
   };
@@ -90,8 +92,10 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
   }
   if (p.sinks) {  // the sink joins the denominator (no value); a NaN or +inf sink: NaN row
     const double sink = static_cast<double>(p.sinks[h]);
-    if (std::isnan(sink) || sink == inf) nan_row = true;
-    else attn_add_sink(sink, m, l, acc, p.dv);
+    if (std::isnan(sink) || sink == inf)
+      nan_row = true;
+    else
+      attn_add_sink(sink, m, l, acc, p.dv);
   }
   T* lse = p.lse ? p.lse + (b * p.hq + h) * p.tq + i : nullptr;
   if (nan_row) {
@@ -129,10 +133,9 @@ void attention(const attn_params<T>& p) {
   const std::size_t group = p.hq / p.hkv;
   const std::size_t rows_per_group = group * p.tq;
   const std::size_t row_tiles = (rows_per_group + kAttnRowTile - 1) / kAttnRowTile;
-  const std::size_t splits =
-      (p.weights == nullptr && row_tiles == 1 && p.tk > 2 * kKeySplit)
-          ? (p.tk + kKeySplit - 1) / kKeySplit
-          : 1;
+  const std::size_t splits = (p.weights == nullptr && row_tiles == 1 && p.tk > 2 * kKeySplit)
+                                 ? (p.tk + kKeySplit - 1) / kKeySplit
+                                 : 1;
 
   std::vector<attn_item> items;
   items.reserve(p.b * p.hkv * row_tiles * splits);
@@ -156,8 +159,8 @@ void attention(const attn_params<T>& p) {
   std::vector<double> exact_acc(static_cast<std::size_t>(max_threads) * acc_stride);
   auto exact_rows = [&](std::size_t rows, auto row_of) {
     const double cost = static_cast<double>(p.tk) * static_cast<double>(p.d + p.dv + 8);
-    const int threads = static_cast<int>(std::min<double>(
-        max_threads, std::max(1.0, static_cast<double>(rows) * cost / 2e5)));
+    const int threads = static_cast<int>(
+        std::min<double>(max_threads, std::max(1.0, static_cast<double>(rows) * cost / 2e5)));
     std::atomic<std::size_t> next_row{0};
     parallel_for_threads(threads, [&](int chunk, int) {
       ExactSubnormals exact;  // the merge and the exact path run outside the kernels
@@ -218,40 +221,41 @@ void attention(const attn_params<T>& p) {
 
   if (splits > 1) {  // merge the key splits of each tile, in split order
     const std::size_t tiles = items.size() / splits;
-    parallel_for(tiles, 1, static_cast<double>(splits * part_rows * dv_pad),
-                 [&](std::size_t t0, std::size_t t1) {
-      ExactSubnormals exact;  // the merge and the exact path run outside the kernels
-      for (std::size_t t = t0; t < t1; ++t) {
-        const attn_item& it = items[t * splits];
-        for (std::size_t r = 0; r < it.nrows; ++r) {
-          // running max over the splits; a NaN max (NaN scores) must reach the result
-          T m = -std::numeric_limits<T>::infinity();
-          for (std::size_t s = 0; s < splits; ++s) {
-            const T pm = parts[(t * splits + s) * part_stride + r];
-            m = std::isnan(pm) || std::isnan(m) ? std::numeric_limits<T>::quiet_NaN()
-                                                : std::max(m, pm);
+    parallel_for(
+        tiles, 1, static_cast<double>(splits * part_rows * dv_pad),
+        [&](std::size_t t0, std::size_t t1) {
+          ExactSubnormals exact;  // the merge and the exact path run outside the kernels
+          for (std::size_t t = t0; t < t1; ++t) {
+            const attn_item& it = items[t * splits];
+            for (std::size_t r = 0; r < it.nrows; ++r) {
+              // running max over the splits; a NaN max (NaN scores) must reach the result
+              T m = -std::numeric_limits<T>::infinity();
+              for (std::size_t s = 0; s < splits; ++s) {
+                const T pm = parts[(t * splits + s) * part_stride + r];
+                m = std::isnan(pm) || std::isnan(m) ? std::numeric_limits<T>::quiet_NaN()
+                                                    : std::max(m, pm);
+              }
+              const T m_safe = std::isinf(m) && m < 0 ? T(0) : m;
+              T l = 0;
+              const std::size_t h = it.g * group + (it.row0 + r) / p.tq, i = (it.row0 + r) % p.tq;
+              T* orow = p.out + it.b * p.os[0] + h * p.os[1] + i * p.os[2];
+              std::fill(orow, orow + p.dv, T(0));
+              for (std::size_t s = 0; s < splits; ++s) {
+                const T* part = parts + (t * splits + s) * part_stride;
+                if (std::isinf(part[r]) && part[r] < 0) continue;  // split saw no allowed key
+                const T w = std::exp(part[r] - m_safe);            // NaN/Inf propagate from here
+                l += part[part_rows + r] * w;
+                const T* o = part + 2 * part_rows + r * dv_pad;
+                for (std::size_t d = 0; d < p.dv; ++d) orow[d] += o[d] * w;
+              }
+              T m_row = std::isinf(m) && m < 0 ? m : m_safe;  // the state (m, l, orow) of the row
+              if (p.sinks) attn_add_sink(p.sinks[h], m_row, l, orow, p.dv);
+              const T inv = l > T(0) ? T(1) / l : (std::isnan(l) ? l : T(0));
+              for (std::size_t d = 0; d < p.dv; ++d) orow[d] *= inv;
+              if (p.lse) p.lse[(it.b * p.hq + h) * p.tq + i] = attn_lse(m_row, l);
+            }
           }
-          const T m_safe = std::isinf(m) && m < 0 ? T(0) : m;
-          T l = 0;
-          const std::size_t h = it.g * group + (it.row0 + r) / p.tq, i = (it.row0 + r) % p.tq;
-          T* orow = p.out + it.b * p.os[0] + h * p.os[1] + i * p.os[2];
-          std::fill(orow, orow + p.dv, T(0));
-          for (std::size_t s = 0; s < splits; ++s) {
-            const T* part = parts + (t * splits + s) * part_stride;
-            if (std::isinf(part[r]) && part[r] < 0) continue;  // split saw no allowed key
-            const T w = std::exp(part[r] - m_safe);  // NaN/Inf propagate from here
-            l += part[part_rows + r] * w;
-            const T* o = part + 2 * part_rows + r * dv_pad;
-            for (std::size_t d = 0; d < p.dv; ++d) orow[d] += o[d] * w;
-          }
-          T m_row = std::isinf(m) && m < 0 ? m : m_safe;  // the state (m, l, orow) of the row
-          if (p.sinks) attn_add_sink(p.sinks[h], m_row, l, orow, p.dv);
-          const T inv = l > T(0) ? T(1) / l : (std::isnan(l) ? l : T(0));
-          for (std::size_t d = 0; d < p.dv; ++d) orow[d] *= inv;
-          if (p.lse) p.lse[(it.b * p.hq + h) * p.tq + i] = attn_lse(m_row, l);
-        }
-      }
-    });
+        });
   }
 
   // Rows whose scores left T's range: recomputed exactly. A row is suspect when a score was
@@ -284,7 +288,6 @@ void attention(const attn_params<T>& p) {
 
 template void attention<float>(const attn_params<float>&);
 template void attention<double>(const attn_params<double>&);
-
 
 // ---------------------------------------------------------------------------------------------
 // the Python-facing entries
@@ -336,7 +339,10 @@ void run_attention(const py::array& q, const py::array& k, const py::array& v, d
     py::gil_scoped_release nogil;
     llmk::attention<T>(p);
   };
-  if (is_f32(q)) run(float{}); else run(double{});
+  if (is_f32(q))
+    run(float{});
+  else
+    run(double{});
 }
 
 }  // namespace
@@ -410,7 +416,6 @@ void attention(py::array q, py::array k, py::array v, double scale, bool causal,
                 weights ? &*weights : nullptr, f);
 }
 
-
 // attention's common case (no mask, no weights; see common.hpp), or None. q, k, v: plain
 // arrays of one kind, 3-D or 4-D; out must not overlap any of them (out rows are written while
 // q/k/v are still read).
@@ -458,7 +463,8 @@ py::object fast_attention(py::handle q_h, py::handle k_h, py::handle v_h, py::ha
   };
   py::array q4 = as4(q), k4 = as4(k), v4 = as4(v), o4 = as4(out);
   const std::int64_t strides[4] = {0, 0, 0, 0};
-  run_attention(q4, k4, v4, scale, causal_h.ptr() == Py_True, AttnMask::none, nullptr, strides, o4, nullptr);
+  run_attention(q4, k4, v4, scale, causal_h.ptr() == Py_True, AttnMask::none, nullptr, strides, o4,
+                nullptr);
   return std::move(out);
 }
 

@@ -16,8 +16,8 @@ double public_eps(const char* fn, py::handle h) {
     fail(fn, "eps must be finite (got an integer beyond float range)");
   }
   if (!(v >= 0.0) || !std::isfinite(v))
-    fail(fn, "eps must be a finite number >= 0, got " +
-                 py::repr(py::float_(v)).cast<std::string>());
+    fail(fn,
+         "eps must be a finite number >= 0, got " + py::repr(py::float_(v)).cast<std::string>());
   return v;
 }
 

@@ -8,8 +8,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "common/thread_pool.hpp"
-
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -17,6 +15,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "common/thread_pool.hpp"
 
 namespace llmk::ops {
 
@@ -64,14 +64,14 @@ inline void check_same_shape(const char* fn, const char* name, const py::array& 
                              const py::array& ref) {
   bool same = a.ndim() == ref.ndim();
   for (py::ssize_t i = 0; same && i < a.ndim(); ++i) same = a.shape(i) == ref.shape(i);
-  if (!same) fail(fn, std::string(name) + " must have shape " + shape_str(ref) + ", got " +
-                          shape_str(a));
+  if (!same)
+    fail(fn, std::string(name) + " must have shape " + shape_str(ref) + ", got " + shape_str(a));
 }
 
 inline void check_vector(const char* fn, const char* name, const py::array& a, py::ssize_t n) {
   if (a.ndim() != 1 || a.shape(0) != n)
-    fail(fn, std::string(name) + " must have shape (" + std::to_string(n) + ",), got " +
-                 shape_str(a));
+    fail(fn,
+         std::string(name) + " must have shape (" + std::to_string(n) + ",), got " + shape_str(a));
 }
 
 // (rows, n) view of an array of shape (..., n); a 0-d array is one row of one element.
@@ -159,7 +159,10 @@ inline std::vector<py::ssize_t> shape_of(const py::array& a) {
 // f(T{}) for x's float type (float32 or float64): an op's code written once for both
 template <class F>
 void with_dtype(const py::array& x, F&& f) {
-  if (is_f32(x)) f(float{}); else f(double{});
+  if (is_f32(x))
+    f(float{});
+  else
+    f(double{});
 }
 
 // parallel_for (common/thread_pool.hpp) with the GIL released: take every pointer first

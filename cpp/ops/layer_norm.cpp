@@ -8,8 +8,8 @@ namespace llmk::ops {
 
 py::object layer_norm(py::handle x, py::handle weight, py::handle bias, py::handle eps,
                       py::handle out, Entry entry) {
-  return norm_entry<2>("layer_norm", layer_norm_kernel{}, x,
-                       {{{"weight", weight}, {"bias", bias}}}, eps, out, entry, 2.0);
+  return norm_entry<2>("layer_norm", layer_norm_kernel{}, x, {{{"weight", weight}, {"bias", bias}}},
+                       eps, out, entry, 2.0);
 }
 
 }  // namespace llmk::ops

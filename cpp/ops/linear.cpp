@@ -23,8 +23,8 @@ constexpr std::size_t kColBlock = 256;  // output features per task otherwise (t
 // functional API) always go to the BLAS.
 constexpr std::size_t kGemvMaxRows = 8;
 
-void gemm(bool trans_w, std::size_t m, std::size_t n, std::size_t k, const float* x,
-          const float* w, std::size_t ldw, float beta, float* y, std::size_t ldy) {
+void gemm(bool trans_w, std::size_t m, std::size_t n, std::size_t k, const float* x, const float* w,
+          std::size_t ldw, float beta, float* y, std::size_t ldy) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_w ? CblasTrans : CblasNoTrans, (int)m, (int)n,
               (int)k, 1.f, x, (int)k, w, (int)ldw, beta, y, (int)ldy);
 }
@@ -37,8 +37,8 @@ void gemm(bool trans_w, std::size_t m, std::size_t n, std::size_t k, const doubl
 // y[r, c0:c1] for rows [r0, r1) before a BLAS block adds x . W with beta: returns beta (0 when
 // y is simply overwritten; 1 when it holds the bias, or the previous y plus the bias)
 template <class T>
-T init_block(T* y, std::size_t ldy, std::size_t r0, std::size_t r1, std::size_t c0,
-             std::size_t c1, const T* bias, bool accumulate) {
+T init_block(T* y, std::size_t ldy, std::size_t r0, std::size_t r1, std::size_t c0, std::size_t c1,
+             const T* bias, bool accumulate) {
   if (!bias) return accumulate ? T(1) : T(0);
   for (std::size_t r = r0; r < r1; ++r) {
     T* row = y + r * ldy;
@@ -108,8 +108,8 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
     const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
       const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
-      dispatch(gemm_xt_kernel{}, y + c0, n, static_cast<const T*>(xt), m, w + c0 * k,
-               c1 - c0, k, accumulate, bias ? bias + c0 : bias);
+      dispatch(gemm_xt_kernel{}, y + c0, n, static_cast<const T*>(xt), m, w + c0 * k, c1 - c0, k,
+               accumulate, bias ? bias + c0 : bias);
     });
   } else {  // decode: matrix-vector products, bound by reading the weights
     const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
@@ -139,10 +139,12 @@ void gated_rows(K kernel, T* act, const T* gate, const T* up, std::size_t m, std
 }  // namespace
 
 template <class T>
-void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
-                 std::size_t ld, bool gelu_tanh) {
-  if (gelu_tanh) gated_rows(geglu_kernel{}, act, gate, up, m, h, ld);
-  else gated_rows(swiglu_kernel{}, act, gate, up, m, h, ld);
+void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h, std::size_t ld,
+                 bool gelu_tanh) {
+  if (gelu_tanh)
+    gated_rows(geglu_kernel{}, act, gate, up, m, h, ld);
+  else
+    gated_rows(swiglu_kernel{}, act, gate, up, m, h, ld);
 }
 
 template <class T>
@@ -155,14 +157,13 @@ void swiglu_ffn(const T* x, std::size_t m, std::size_t k, const T* w_gate, const
   if (w_down) linear<T>(gate, m, h, w_down, WeightLayout::in_out, n, b_down, out, false);
 }
 
-#define LLMK_LINEAR_INSTANTIATE(T)                                                             \
-  template void linear<T>(const T*, std::size_t, std::size_t, const T*, WeightLayout,          \
-                          std::size_t, const T*, T*, bool);                                    \
-  template void swiglu_rows<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t, \
-                               bool);                                                          \
-  template void swiglu_ffn<T>(const T*, std::size_t, std::size_t, const T*, const T*,          \
-                              std::size_t, const T*, std::size_t, const T*, const T*, const T*, \
-                              T*, T*, T*);
+#define LLMK_LINEAR_INSTANTIATE(T)                                                                 \
+  template void linear<T>(const T*, std::size_t, std::size_t, const T*, WeightLayout, std::size_t, \
+                          const T*, T*, bool);                                                     \
+  template void swiglu_rows<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t,      \
+                               bool);                                                              \
+  template void swiglu_ffn<T>(const T*, std::size_t, std::size_t, const T*, const T*, std::size_t, \
+                              const T*, std::size_t, const T*, const T*, const T*, T*, T*, T*);
 LLMK_LINEAR_INSTANTIATE(float)
 LLMK_LINEAR_INSTANTIATE(double)
 

@@ -33,7 +33,7 @@ void swiglu_ffn(const T* x, std::size_t m, std::size_t k, const T* w_gate, const
 // gate and up with row stride ld (act: stride h); act may be gate when ld == h. The activation
 // step of both feed-forwards.
 template <class T>
-void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
-                 std::size_t ld, bool gelu_tanh = false);
+void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h, std::size_t ld,
+                 bool gelu_tanh = false);
 
 }  // namespace llmk

@@ -49,9 +49,9 @@ py::object norm_entry(const char* fn, const Kernel& kernel, py::handle x_h,
     T* op = ptr<T>(out);
     const bool stream = use_stream(out);
     parallel_nogil(rows, 1, cost * static_cast<double>(n), [&](std::size_t b, std::size_t e) {
-      std::apply([&](auto... v) {
-        dispatch(kernel, op + b * n, xp + b * n, v..., e - b, n, eps, stream);
-      }, vp);
+      std::apply(
+          [&](auto... v) { dispatch(kernel, op + b * n, xp + b * n, v..., e - b, n, eps, stream); },
+          vp);
     });
   });
   return std::move(out);

@@ -41,7 +41,8 @@ py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, std::optiona
                      std::optional<py::array> b_gate, std::optional<py::array> b_up,
                      std::optional<py::array> b_down);
 
-// ops/runtime.cpp: the checked setters of the thread count and the SIMD path; roofline probes (GFLOP/s of FMA, GB/s of a STREAM triad)
+// ops/runtime.cpp: the checked setters of the thread count and the SIMD path; roofline probes
+// (GFLOP/s of FMA, GB/s of a STREAM triad)
 void set_threads(long long n);
 void set_simd_arch(const std::string& name);
 double probe_fma_gflops(int threads, std::size_t iterations);

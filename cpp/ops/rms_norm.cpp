@@ -5,8 +5,7 @@
 
 namespace llmk::ops {
 
-py::object rms_norm(py::handle x, py::handle weight, py::handle eps, py::handle out,
-                    Entry entry) {
+py::object rms_norm(py::handle x, py::handle weight, py::handle eps, py::handle out, Entry entry) {
   return norm_entry<1>("rms_norm", rms_norm_kernel{}, x, {{{"weight", weight}}}, eps, out, entry,
                        1.0);
 }

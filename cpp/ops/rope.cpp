@@ -14,8 +14,7 @@ namespace {
 
 // rows of x (..., d) rotated with table row table_row[r] for row r
 void run_rope(const py::array& x, const std::int64_t* tr, const py::array& cos_tab,
-              const py::array& sin_tab, std::size_t rotary_dim, bool interleaved,
-              py::array& out) {
+              const py::array& sin_tab, std::size_t rotary_dim, bool interleaved, py::array& out) {
   std::size_t rows, d;
   rows_cols(x, &rows, &d);
   auto run = [&](auto tag) {
@@ -34,7 +33,10 @@ void run_rope(const py::array& x, const std::int64_t* tr, const py::array& cos_t
                interleaved, stream);
     });
   };
-  if (is_f32(x)) run(float{}); else run(double{});
+  if (is_f32(x))
+    run(float{});
+  else
+    run(double{});
 }
 
 }  // namespace

@@ -22,8 +22,8 @@ void check_probe_threads(int threads) {
 
 void set_threads(long long n) {
   if (n < 1 || n > kMaxThreads)
-    fail("set_num_threads", "n must be between 1 and " + std::to_string(kMaxThreads) + ", got " +
-                                std::to_string(n));
+    fail("set_num_threads",
+         "n must be between 1 and " + std::to_string(kMaxThreads) + ", got " + std::to_string(n));
   py::gil_scoped_release nogil;  // starting (or stopping) the workers can take a while
   set_num_threads(static_cast<int>(n));
 }
@@ -51,9 +51,8 @@ double probe_fma_gflops(int threads, std::size_t iterations) {
   std::vector<double> flops(threads, 0.0);
   std::vector<float> sink(threads, 0.f);
   auto t0 = clock_type::now();
-  parallel_for_threads(threads, [&](int k, int) {
-    dispatch(fma_probe_kernel{}, iterations, &flops[k], &sink[k]);
-  });
+  parallel_for_threads(
+      threads, [&](int k, int) { dispatch(fma_probe_kernel{}, iterations, &flops[k], &sink[k]); });
   double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
   double total = 0;
   for (double f : flops) total += f;

@@ -10,7 +10,7 @@ namespace {
 
 // chunk boundaries on multiples of 64 elements
 template <class Kernel>
-void run(const Kernel& kernel, const py::array& x, const py::array* up, py::array& out) {
+void run(const py::array& x, const py::array* up, py::array& out) {
   with_dtype(x, [&](auto tag) {
     using T = decltype(tag);
     const T* xp = cptr<T>(x);
@@ -18,7 +18,7 @@ void run(const Kernel& kernel, const py::array& x, const py::array* up, py::arra
     T* op = ptr<T>(out);
     const bool stream = use_stream(out);
     parallel_nogil(static_cast<std::size_t>(x.size()), 64, 4.0, [&](std::size_t b, std::size_t e) {
-      dispatch(kernel, op + b, xp + b, up_p ? up_p + b : nullptr, e - b, stream);
+      dispatch(Kernel{}, op + b, xp + b, up_p ? up_p + b : nullptr, e - b, stream);
     });
   });
 }
@@ -45,12 +45,11 @@ py::object elementwise(Elementwise op, py::handle x_h, py::handle up_h, py::hand
     return not_plain(fn, entry);
   if (!x.size()) return std::move(out);
   const py::array* u = up ? &*up : nullptr;
-  switch (op) {
-    case Elementwise::silu: run(silu_kernel{}, x, u, out); break;
-    case Elementwise::swiglu: run(swiglu_kernel{}, x, u, out); break;
-    case Elementwise::exp: run(exp_kernel{}, x, u, out); break;
-    case Elementwise::sigmoid: run(sigmoid_kernel{}, x, u, out); break;
-  }
+  // the kernel of each Elementwise value, in its order
+  using Runner = void (*)(const py::array&, const py::array*, py::array&);
+  static constexpr Runner runners[] = {&run<silu_kernel>, &run<swiglu_kernel>, &run<exp_kernel>,
+                                       &run<sigmoid_kernel>};
+  runners[static_cast<int>(op)](x, u, out);
   return std::move(out);
 }
 

@@ -26,15 +26,13 @@ py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, std::optiona
   if (x.ndim() < 1) fail(fn, "x must have shape (..., in), got a 0-d array");
   const py::ssize_t k = x.shape(x.ndim() - 1);
   if (w_gate.ndim() != 2 || w_gate.shape(0) != k)
-    fail(fn, "w_gate must have shape (" + std::to_string(k) + ", hidden), got " +
-                 shape_str(w_gate));
+    fail(fn,
+         "w_gate must have shape (" + std::to_string(k) + ", hidden), got " + shape_str(w_gate));
   const py::ssize_t h = w_gate.shape(1);
   if (!same_shape(w_up, w_gate))
-    fail(fn, "w_up must have shape " + shape_str(w_gate) + " like w_gate, got " +
-                 shape_str(w_up));
+    fail(fn, "w_up must have shape " + shape_str(w_gate) + " like w_gate, got " + shape_str(w_up));
   if (w_down && (w_down->ndim() != 2 || w_down->shape(0) != h))
-    fail(fn, "w_down must have shape (" + std::to_string(h) + ", out), got " +
-                 shape_str(*w_down));
+    fail(fn, "w_down must have shape (" + std::to_string(h) + ", out), got " + shape_str(*w_down));
   if (b_gate) check_vector(fn, "b_gate", *b_gate, h);
   if (b_up) check_vector(fn, "b_up", *b_up, h);
   const py::ssize_t n = w_down ? w_down->shape(1) : 0;
