@@ -243,7 +243,8 @@ CASES = [
         "rope_positions_shape",
         lambda o: lk.rope(X, np.arange(5), out=o),
         ValueError,
-        r"^\[rope\] positions must have shape \(T,\) or be broadcastable to x.shape\[:-1\] = \(4,\)",
+        r"^\[rope\] positions must have shape \(T,\) or be broadcastable to "
+        r"x.shape\[:-1\] = \(4,\)",
     ),
     (
         "rope_positions_float",

@@ -19,10 +19,13 @@ class NormImpl:
     def kind(self) -> str:
         ...
 class RMSNormImpl(NormImpl):
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, eps: typing.SupportsFloat | typing.SupportsIndex) -> None:
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, eps: typing.SupportsFloat | typing.SupportsIndex, unit_offset: bool = False) -> None:
         ...
     @property
     def eps(self) -> float:
+        ...
+    @property
+    def unit_offset(self) -> bool:
         ...
 class LayerNormImpl(NormImpl):
     def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, eps: typing.SupportsFloat | typing.SupportsIndex, bias: bool) -> None:
@@ -34,7 +37,8 @@ class LayerNormImpl(NormImpl):
     def has_bias(self) -> bool:
         ...
 class FeedForwardImpl:
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, hidden: typing.SupportsInt | typing.SupportsIndex, bias: bool) -> None:
+    fused_names: bool
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, hidden: typing.SupportsInt | typing.SupportsIndex, bias: bool, gelu_tanh: bool = False) -> None:
         ...
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -42,6 +46,9 @@ class FeedForwardImpl:
         ...
     @property
     def dim(self) -> int:
+        ...
+    @property
+    def gelu_tanh(self) -> bool:
         ...
     @property
     def has_bias(self) -> bool:
@@ -74,7 +81,8 @@ class KVCacheImpl:
     def n_kv_heads(self) -> int:
         ...
 class MultiHeadAttentionImpl:
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool) -> None:
+    fused_names: bool
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: bool = False, qk_norm: bool = False, qk_norm_eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06) -> None:
         ...
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, cache: KVCacheImpl, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -105,10 +113,28 @@ class MultiHeadAttentionImpl:
     def o_bias(self) -> bool:
         ...
     @property
+    def qk_norm(self) -> bool:
+        ...
+    @property
+    def qk_norm_eps(self) -> float:
+        ...
+    @property
     def qkv_bias(self) -> bool:
         ...
+    @property
+    def scale(self) -> float:
+        ...
+    @property
+    def sinks(self) -> bool:
+        ...
+    @property
+    def softcap(self) -> float:
+        ...
+    @property
+    def window(self) -> int:
+        ...
 class TransformerBlockImpl:
-    def __init__(self, attention: MultiHeadAttentionImpl, feed_forward: FeedForwardImpl, attention_norm: NormImpl, ffn_norm: NormImpl, pre_norm: bool) -> None:
+    def __init__(self, attention: MultiHeadAttentionImpl, feed_forward: FeedForwardImpl, attention_norm: NormImpl, ffn_norm: NormImpl, pre_norm: bool, post_attention_norm: NormImpl = None, post_ffn_norm: NormImpl = None) -> None:
         ...
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, cache: KVCacheImpl, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -128,7 +154,7 @@ class TransformerBlockImpl:
     def pre_norm(self) -> bool:
         ...
 class TransformerImpl:
-    def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool) -> None:
+    def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool, embed_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, final_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
         ...
     def forward(self, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, caches: collections.abc.Sequence[KVCacheImpl], last_only: bool, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -185,9 +211,9 @@ def _sigmoid(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
     The vectorized sigmoid the kernels use.
     """
-def attention(q: numpy.ndarray, k: numpy.ndarray, v: numpy.ndarray, scale: typing.SupportsFloat | typing.SupportsIndex, causal: bool, mask: numpy.ndarray | None, out: numpy.ndarray, weights: numpy.ndarray | None) -> None:
+def attention(q: numpy.ndarray, k: numpy.ndarray, v: numpy.ndarray, scale: typing.SupportsFloat | typing.SupportsIndex, causal: bool, mask: numpy.ndarray | None, out: numpy.ndarray, weights: numpy.ndarray | None, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: numpy.ndarray | None = None, lse: numpy.ndarray | None = None) -> None:
     """
-    Fused streaming attention on C-contiguous 4-D operands (see llmkernels.attention).
+    Fused streaming attention on C-contiguous 4-D operands (see llmkernels.attention); window 0 and softcap 0 mean none, sinks (Hq,), lse (B, Hq, Tq) output.
     """
 def best_simd_arch() -> str:
     """
