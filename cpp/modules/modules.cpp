@@ -115,7 +115,7 @@ void project(const float* x, std::size_t m, std::size_t k, const float* w, std::
 // norms
 
 RMSNormModule::RMSNormModule(std::size_t dim, double eps, bool unit_offset)
-    : dim_(dim), eps_(eps), unit_offset_(unit_offset), weight_(dim, unit_offset ? 0.f : 1.f) {}
+    : Norm(dim, eps, unit_offset ? 0.f : 1.f), unit_offset_(unit_offset) {}
 
 void RMSNormModule::forward(const float* x, float* out, std::size_t rows) const {
   const std::size_t n = dim_;
@@ -134,7 +134,7 @@ void RMSNormModule::forward(const float* x, float* out, std::size_t rows) const 
 std::vector<Param> RMSNormModule::params() { return {{"weight", {dim_}, weight_.data()}}; }
 
 LayerNormModule::LayerNormModule(std::size_t dim, double eps, bool bias)
-    : dim_(dim), eps_(eps), has_bias_(bias), weight_(dim, 1.f), bias_(bias ? dim : 0, 0.f) {}
+    : Norm(dim, eps, 1.f), has_bias_(bias), bias_(bias ? dim : 0, 0.f) {}
 
 void LayerNormModule::forward(const float* x, float* out, std::size_t rows) const {
   const std::size_t n = dim_;
@@ -252,27 +252,21 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
 
 std::vector<Param> MultiHeadAttentionModule::params() {
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
-  if (fused_names) {
-    std::vector<Param> p{{"qkv_proj.weight", {q + 2 * kv, dim}, w_qkv_.data()},
-                         {"o_proj.weight", {dim, q}, w_o_.data()}};
+  std::vector<Param> p;
+  if (fused_names) {  // Phi-3: [q; k; v] is one tensor, as it is stored
+    p.push_back({"qkv_proj.weight", {q + 2 * kv, dim}, w_qkv_.data()});
     if (qkv_bias) p.push_back({"qkv_proj.bias", {q + 2 * kv}, b_qkv_.data()});
-    if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
-    if (sinks) p.push_back({"sinks", {n_heads}, sinks_.data()});
-    if (qk_norm) {
-      p.push_back({"q_norm.weight", {head_dim}, q_norm_.data()});
-      p.push_back({"k_norm.weight", {head_dim}, k_norm_.data()});
-    }
-    return p;
+  } else {
+    const char* names[3] = {"q_proj", "k_proj", "v_proj"};
+    const std::size_t rows[3] = {q, kv, kv}, first[3] = {0, q, q + kv};
+    for (int i = 0; i < 3; ++i)
+      p.push_back(
+          {std::string(names[i]) + ".weight", {rows[i], dim}, w_qkv_.data() + first[i] * dim});
+    p.push_back({"o_proj.weight", {dim, q}, w_o_.data()});
+    for (int i = 0; qkv_bias && i < 3; ++i)
+      p.push_back({std::string(names[i]) + ".bias", {rows[i]}, b_qkv_.data() + first[i]});
   }
-  std::vector<Param> p{{"q_proj.weight", {q, dim}, w_qkv_.data()},
-                       {"k_proj.weight", {kv, dim}, w_qkv_.data() + q * dim},
-                       {"v_proj.weight", {kv, dim}, w_qkv_.data() + (q + kv) * dim},
-                       {"o_proj.weight", {dim, q}, w_o_.data()}};
-  if (qkv_bias) {
-    p.push_back({"q_proj.bias", {q}, b_qkv_.data()});
-    p.push_back({"k_proj.bias", {kv}, b_qkv_.data() + q});
-    p.push_back({"v_proj.bias", {kv}, b_qkv_.data() + q + kv});
-  }
+  if (fused_names) p.push_back({"o_proj.weight", {dim, q}, w_o_.data()});
   if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
   if (sinks) p.push_back({"sinks", {n_heads}, sinks_.data()});
   if (qk_norm) {

@@ -52,12 +52,19 @@ class WeightBuffer {
 
 class Norm {
  public:
+  Norm(std::size_t dim, double eps, float weight0) : dim_(dim), eps_(eps), weight_(dim, weight0) {}
   virtual ~Norm() = default;
   // out (rows, dim) = norm(x (rows, dim)); out may be x
   virtual void forward(const float* x, float* out, std::size_t rows) const = 0;
   virtual std::vector<Param> params() = 0;
-  virtual std::size_t dim() const = 0;
   virtual std::string kind() const = 0;
+  std::size_t dim() const { return dim_; }
+  double eps() const { return eps_; }
+
+ protected:
+  std::size_t dim_;
+  double eps_;
+  std::vector<float> weight_;  // (dim,)
 };
 
 class RMSNormModule : public Norm {
@@ -66,16 +73,11 @@ class RMSNormModule : public Norm {
   RMSNormModule(std::size_t dim, double eps, bool unit_offset = false);
   void forward(const float* x, float* out, std::size_t rows) const override;
   std::vector<Param> params() override;
-  std::size_t dim() const override { return dim_; }
   std::string kind() const override { return "rms"; }
-  double eps() const { return eps_; }
   bool unit_offset() const { return unit_offset_; }
 
  private:
-  std::size_t dim_;
-  double eps_;
   bool unit_offset_;
-  std::vector<float> weight_;  // (dim,)
 };
 
 class LayerNormModule : public Norm {
@@ -83,16 +85,12 @@ class LayerNormModule : public Norm {
   LayerNormModule(std::size_t dim, double eps, bool bias);
   void forward(const float* x, float* out, std::size_t rows) const override;
   std::vector<Param> params() override;
-  std::size_t dim() const override { return dim_; }
   std::string kind() const override { return "layer"; }
-  double eps() const { return eps_; }
   bool has_bias() const { return has_bias_; }
 
  private:
-  std::size_t dim_;
-  double eps_;
   bool has_bias_;
-  std::vector<float> weight_, bias_;  // (dim,)
+  std::vector<float> bias_;  // (dim,) when has_bias
 };
 
 // SwiGLU MLP: down(silu(gate(x)) * up(x)). gate and up are stored as one (2*hidden, dim)
