@@ -42,6 +42,15 @@ SMALL = {
 }
 
 
+# Gemma configs: special tokens inside the small vocabulary, transformers' eager attention
+GEMMA_TOKENS = {
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "bos_token_id": 2,
+    "attn_implementation": "eager",
+}
+
+
 def save(model: torch.nn.Module, directory: Path) -> Path:
     model.save_pretrained(directory, safe_serialization=True)
     return directory
@@ -189,14 +198,7 @@ def test_qwen3_qk_norms_match_transformers(tmp_path: Path) -> None:
 
 def test_gemma_matches_transformers(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    cfg = GemmaConfig(
-        **{**SMALL, "num_key_value_heads": 1},
-        head_dim=32,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-        attn_implementation="eager",
-    )
+    cfg = GemmaConfig(**{**SMALL, "num_key_value_heads": 1}, head_dim=32, **GEMMA_TOKENS)
     hf = GemmaForCausalLM(cfg).eval()
     with torch.no_grad():  # non-zero norm weights (HF initialises them to 0: 1 + 0)
         for name, p in hf.named_parameters():
@@ -223,10 +225,7 @@ def test_gemma2_matches_transformers(tmp_path: Path) -> None:
         attn_logit_softcapping=0.5,  # scores of O(1): the cap clips
         final_logit_softcapping=0.3,
         query_pre_attn_scalar=24,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-        attn_implementation="eager",
+        **GEMMA_TOKENS,
     )
     hf = Gemma2ForCausalLM(cfg).eval()
     with torch.no_grad():
