@@ -4,6 +4,7 @@
 #include "modules/modules.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "bindings/bindings.hpp"
 
@@ -69,11 +70,15 @@ void check_bt(const char* fn, const i64_array& positions, const std::optional<u8
 }
 
 void check_cache(const char* fn, const KVCache* cache, std::size_t b, std::size_t t,
-                 std::size_t hkv, std::size_t hd) {
+                 const MultiHeadAttentionModule& attn) {
   if (!cache) return;
   expect(cache->batch == b, fn, "cache batch size differs from the input's");
-  expect(cache->n_kv_heads == hkv && cache->head_dim == hd, fn,
+  expect(cache->n_kv_heads == attn.n_kv_heads && cache->head_dim == attn.head_dim, fn,
          "cache was made for another attention shape");
+  // a rolling cache keeps only `window` positions: right only for a layer with that window
+  expect(cache->window == 0 || static_cast<std::int64_t>(cache->window) == attn.window, fn,
+         "cache is a rolling buffer for window " + std::to_string(cache->window) +
+             ", the layer's window is " + std::to_string(attn.window));
   expect(cache->length + t <= cache->max_len, fn,
          "KV cache is full: " + std::to_string(cache->length) + " + " + std::to_string(t) +
              " tokens > max_seq_len " + std::to_string(cache->max_len));
@@ -141,7 +146,7 @@ f32_array attention_forward(const char* fn, const MultiHeadAttentionModule& attn
          "x must have shape (B, T, dim)");
   check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
   const std::size_t b = x.shape(0), t = x.shape(1);
-  check_cache(fn, cache, b, t, attn.n_kv_heads, attn.head_dim);
+  check_cache(fn, cache, b, t, attn);
   f32_array out({x.shape(0), x.shape(1), x.shape(2)});
   const float* xp = x.data();
   const std::int64_t* pp = positions.data();
@@ -155,12 +160,34 @@ f32_array attention_forward(const char* fn, const MultiHeadAttentionModule& attn
   return out;
 }
 
-// view of the first `length` tokens of a cache array; `owner` keeps the cache alive
+// f() with the cache's mutex held (taken without the GIL, as a forward holds the mutex without
+// it), so that a forward in another thread does not append while the cache is read
+template <class F>
+auto locked(KVCache& c, F f) {
+  std::unique_lock<std::mutex> lk(c.mutex, std::defer_lock);
+  {
+    py::gil_scoped_release nogil;
+    lk.lock();
+  }
+  return f();
+}
+
+// (B, Hkv, n, hd) keys or values of the cache in position order, n = min(length, slots): a view
+// (`owner` keeps the cache alive), or a copy once a rolling buffer has wrapped
 py::array_t<float> cache_view(py::object owner, const KVCache& c, const std::vector<float>& a) {
-  return py::array_t<float>({c.batch, c.n_kv_heads, c.length.load(), c.head_dim},
-                            {c.n_kv_heads * c.max_len * c.head_dim * 4, c.max_len * c.head_dim * 4,
-                             c.head_dim * 4, std::size_t(4)},
-                            a.data(), owner);
+  const std::size_t len = c.length.load(), C = c.slots, hd = c.head_dim;
+  if (len <= C)
+    return py::array_t<float>({c.batch, c.n_kv_heads, len, hd},
+                              {c.n_kv_heads * C * hd * 4, C * hd * 4, hd * 4, std::size_t(4)},
+                              a.data(), owner);
+  py::array_t<float> out({c.batch, c.n_kv_heads, C, hd});
+  float* o = out.mutable_data();
+  // (called with the cache's mutex held: see "keys" below)
+  for (std::size_t bg = 0; bg < c.batch * c.n_kv_heads; ++bg)
+    for (std::size_t j = 0; j < C; ++j)  // position len - C + j
+      std::memcpy(o + (bg * C + j) * hd, a.data() + (bg * C + (len - C + j) % C) * hd,
+                  hd * sizeof(float));
+  return out;
 }
 
 }  // namespace
@@ -207,12 +234,14 @@ void bind_modules(py::module_& m) {
       .def_readwrite("fused_names", &FeedForwardModule::fused_names);
 
   py::class_<KVCache, std::shared_ptr<KVCache>>(m, "KVCacheImpl")
-      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t>(), "batch"_a, "max_len"_a,
-           "n_kv_heads"_a, "head_dim"_a)
+      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t, std::size_t>(), "batch"_a,
+           "max_len"_a, "n_kv_heads"_a, "head_dim"_a, "window"_a = 0)
       .def_readonly("batch", &KVCache::batch)
       .def_readonly("max_len", &KVCache::max_len)
       .def_readonly("n_kv_heads", &KVCache::n_kv_heads)
       .def_readonly("head_dim", &KVCache::head_dim)
+      .def_readonly("window", &KVCache::window)
+      .def_readonly("slots", &KVCache::slots)
       .def_property_readonly("length", [](const KVCache& c) { return c.length.load(); })
       .def("reset",
            [](KVCache& c) {
@@ -221,13 +250,13 @@ void bind_modules(py::module_& m) {
              c.reset();
            })
       .def("keys",
-           [](py::object self) {  // (B, Hkv, length, hd) view
+           [](py::object self) {  // (B, Hkv, min(length, slots), hd)
              auto& c = self.cast<KVCache&>();
-             return cache_view(self, c, c.k);
+             return locked(c, [&] { return cache_view(self, c, c.k); });
            })
       .def("values", [](py::object self) {
         auto& c = self.cast<KVCache&>();
-        return cache_view(self, c, c.v);
+        return locked(c, [&] { return cache_view(self, c, c.v); });
       });
 
   py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>>(
@@ -319,8 +348,7 @@ void bind_modules(py::module_& m) {
                 expect(caches[j] != caches[i], fn,
                        "caches " + std::to_string(j) + " and " + std::to_string(i) +
                            " are the same KVCache: each block needs its own");
-              check_cache(fn, caches[i], b, t, self.blocks[i]->attention->n_kv_heads,
-                          self.blocks[i]->attention->head_dim);
+              check_cache(fn, caches[i], b, t, *self.blocks[i]->attention);
             }
             const std::int64_t* ip = ids.data();
             for (std::size_t r = 0; r < b * t; ++r)

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include "common/isa.hpp"
@@ -201,14 +202,16 @@ std::vector<Param> FeedForwardModule::params() {
 // ---------------------------------------------------------------------------------------------
 // attention
 
-KVCache::KVCache(std::size_t b, std::size_t l, std::size_t hkv, std::size_t hd)
+KVCache::KVCache(std::size_t b, std::size_t l, std::size_t hkv, std::size_t hd, std::size_t w)
     : batch(b),
       max_len(l),
       n_kv_heads(hkv),
       head_dim(hd),
-      k(b * hkv * l * hd, 0.f),
-      v(b * hkv * l * hd, 0.f),
-      valid(b * l, 0) {}
+      window(w),
+      slots(w > 0 && w < l ? w : l),
+      k(b * hkv * slots * hd, 0.f),
+      v(b * hkv * slots * hd, 0.f),
+      valid(b * slots, 0) {}
 
 MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t n_heads_,
                                                    std::size_t n_kv_heads_, std::size_t head_dim_,
@@ -327,29 +330,78 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   p.window = window;
   p.softcap = softcap;
   p.sinks = sinks ? sinks_.data() : nullptr;
+  std::optional<ScratchLease> window_lease;  // the K/V a chunk sees past a rolling cache's end
   if (cache) {
-    const std::size_t L = cache->max_len, len = cache->length.load();
-    // append the new (rotated) keys and values
-    parallel_for(m, 1, 2.0 * hkv * hd, [&](std::size_t b0, std::size_t b1) {
-      for (std::size_t r = b0; r < b1; ++r) {
-        const std::size_t b = r / seq, t = r % seq;
-        const float* kr = qkv + r * width + hq * hd;
-        const float* vr = kr + hkv * hd;
-        for (std::size_t g = 0; g < hkv; ++g) {
-          std::size_t off = ((b * hkv + g) * L + len + t) * hd;
-          std::memcpy(cache->k.data() + off, kr + g * hd, hd * sizeof(float));
-          std::memcpy(cache->v.data() + off, vr + g * hd, hd * sizeof(float));
+    const std::size_t C = cache->slots, len = cache->length.load();
+    // write the new (rotated) keys and values of tokens [t0, seq) at their slots, (len + t) % C
+    auto append = [&](std::size_t t0) {
+      parallel_for(batch * (seq - t0), 1, 2.0 * hkv * hd, [&](std::size_t b0, std::size_t b1) {
+        for (std::size_t i = b0; i < b1; ++i) {
+          const std::size_t b = i / (seq - t0), t = t0 + i % (seq - t0), r = b * seq + t;
+          const std::size_t slot = (len + t) % C;
+          const float* kr = qkv + r * width + hq * hd;
+          const float* vr = kr + hkv * hd;
+          for (std::size_t g = 0; g < hkv; ++g) {
+            std::size_t off = ((b * hkv + g) * C + slot) * hd;
+            std::memcpy(cache->k.data() + off, kr + g * hd, hd * sizeof(float));
+            std::memcpy(cache->v.data() + off, vr + g * hd, hd * sizeof(float));
+          }
+          cache->valid[b * C + slot] = key_mask ? (key_mask[r] ? 1 : 0) : 1;
         }
-        cache->valid[b * L + len + t] = key_mask ? (key_mask[r] ? 1 : 0) : 1;
-      }
-    });
-    p.tk = len + seq;
-    p.k = cache->k.data();
-    p.v = cache->v.data();
-    p.ks[0] = p.vs[0] = hkv * L * hd, p.ks[1] = p.vs[1] = L * hd, p.ks[2] = p.vs[2] = hd;
+      });
+    };
     p.mask_kind = AttnMask::boolean;
-    p.mask = cache->valid.data();
-    p.mask_strides[0] = static_cast<std::int64_t>(L), p.mask_strides[3] = 1;
+    if (len + seq <= C || seq == 1) {
+      // In place. Either nothing wraps (slot = position), or one token is decoded past a
+      // rolling buffer's end: its C slots then hold exactly the last C = window positions, all
+      // of which the new token sees, so the order of the slots does not matter (softmax is a
+      // sum over keys) and attention covers all of them.
+      append(0);
+      const std::size_t tk = std::min(len + seq, C);
+      p.tk = tk;
+      p.k = cache->k.data();
+      p.v = cache->v.data();
+      p.ks[0] = p.vs[0] = hkv * C * hd, p.ks[1] = p.vs[1] = C * hd, p.ks[2] = p.vs[2] = hd;
+      p.mask = cache->valid.data();
+      p.mask_strides[0] = static_cast<std::int64_t>(C), p.mask_strides[3] = 1;
+    } else {
+      // Several tokens past a rolling buffer's end: the first of them still sees the
+      // window - 1 positions before it, which the later ones push out of the ring. Attention runs
+      // over a copy of those P cached positions in order followed by the new tokens (the window
+      // and causal masks then apply as without a cache), and the ring takes the new tokens after.
+      const std::size_t P = std::min(len, C - 1), tk = P + seq;
+      window_lease.emplace(batch * tk * (2 * hkv * hd * sizeof(float) + 1));
+      float* kw = window_lease->as<float>();                                   // (B, Hkv, tk, hd)
+      float* vw = kw + batch * hkv * tk * hd;                                  // (B, Hkv, tk, hd)
+      auto* mw = reinterpret_cast<std::uint8_t*>(vw + batch * hkv * tk * hd);  // (B, tk)
+      parallel_for(batch * tk, 1, 2.0 * hkv * hd, [&](std::size_t b0, std::size_t b1) {
+        for (std::size_t i = b0; i < b1; ++i) {
+          const std::size_t b = i / tk, j = i % tk;
+          for (std::size_t g = 0; g < hkv; ++g) {
+            float* kd = kw + ((b * hkv + g) * tk + j) * hd;
+            float* vd = vw + ((b * hkv + g) * tk + j) * hd;
+            if (j < P) {  // cached position len - P + j
+              const std::size_t off = ((b * hkv + g) * C + (len - P + j) % C) * hd;
+              std::memcpy(kd, cache->k.data() + off, hd * sizeof(float));
+              std::memcpy(vd, cache->v.data() + off, hd * sizeof(float));
+            } else {  // new token j - P
+              const float* kr = qkv + (b * seq + j - P) * width + hq * hd;
+              std::memcpy(kd, kr + g * hd, hd * sizeof(float));
+              std::memcpy(vd, kr + (hkv + g) * hd, hd * sizeof(float));
+            }
+          }
+          mw[b * tk + j] = j < P ? cache->valid[b * C + (len - P + j) % C]
+                                 : (key_mask ? (key_mask[b * seq + j - P] ? 1 : 0) : 1);
+        }
+      });
+      append(seq > C ? seq - C : 0);  // only the last C tokens stay
+      p.tk = tk;
+      p.k = kw;
+      p.v = vw;
+      p.ks[0] = p.vs[0] = hkv * tk * hd, p.ks[1] = p.vs[1] = tk * hd, p.ks[2] = p.vs[2] = hd;
+      p.mask = mw;
+      p.mask_strides[0] = static_cast<std::int64_t>(tk), p.mask_strides[3] = 1;
+    }
   } else {
     p.tk = seq;
     p.k = qkv + hq * hd;

@@ -119,18 +119,26 @@ class FeedForwardModule {
   std::vector<float> b_down_;     // (dim,)
 };
 
-// K/V of past tokens for one layer: k, v (B, Hkv, max_len, head_dim), key validity (B, max_len).
+// K/V of past tokens for one layer: k, v (B, Hkv, slots, head_dim), key validity (B, slots).
+// `length` tokens have been appended (at most max_len). A cache of a sliding-window layer is a
+// rolling buffer: slots = min(max_len, window), and the token at position p sits in slot
+// p % slots -- memory O(window) however long the sequence grows (the attention of such a layer
+// never looks further back). Otherwise slots = max_len and token p sits in slot p.
 // `mutex` is held by whoever appends to or reads the cache in a forward (and by reset);
 // `length` is atomic so that it can be read (Python's cache.length) while a forward runs.
 class KVCache {
  public:
-  KVCache(std::size_t batch, std::size_t max_len, std::size_t n_kv_heads, std::size_t head_dim);
+  KVCache(std::size_t batch, std::size_t max_len, std::size_t n_kv_heads, std::size_t head_dim,
+          std::size_t window = 0);
   std::size_t batch, max_len, n_kv_heads, head_dim;
+  std::size_t window;  // 0: not a rolling buffer
+  std::size_t slots;   // token slots per sequence and head
   std::atomic<std::size_t> length{0};
   std::vector<float> k, v;
   std::vector<std::uint8_t> valid;
   std::mutex mutex;
   void reset() { length = 0; }  // call with `mutex` held
+  bool wrapped() const { return length.load() > slots; }
 };
 
 class MultiHeadAttentionModule {

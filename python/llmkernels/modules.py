@@ -331,6 +331,11 @@ class KVCache:
     position the next token of each sequence gets (it only advances on real tokens, so
     left-padded batches keep per-sequence positions).
 
+    ``window`` (a sliding-window layer's, as its ``new_cache`` passes it): the cache is a
+    rolling buffer of ``min(window, max_seq_len)`` slots -- memory O(window) for any length,
+    since the layer never looks further back -- and only a layer with that window may use it.
+    ``keys()`` / ``values()`` then hold the last ``window`` tokens once more were appended.
+
     Threads: calls that use the same cache from several threads are serialised (each one sees
     the tokens the previous one appended, or raises "KV cache is full"); a cache is never
     appended to by two calls at once.
@@ -343,12 +348,18 @@ class KVCache:
         3
     """
 
-    def __init__(self, batch: int, max_seq_len: int, n_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self, batch: int, max_seq_len: int, n_kv_heads: int, head_dim: int, window: int = 0
+    ) -> None:
         for name, v in (("batch", batch), ("max_seq_len", max_seq_len)):
             _positive_int("KVCache", name, v)
-        if batch * max_seq_len * n_kv_heads * head_dim > 1 << 33:
+        if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 0:
+            raise ValueError(f"[KVCache] window must be an int >= 0 (0: none), got {window!r}")
+        window = int(window)
+        slots = min(window, max_seq_len) if window else max_seq_len
+        if batch * slots * n_kv_heads * head_dim > 1 << 33:
             raise ValueError("[KVCache] batch * max_seq_len * heads * head_dim is too large")
-        self._impl = _core.KVCacheImpl(batch, max_seq_len, n_kv_heads, head_dim)
+        self._impl = _core.KVCacheImpl(batch, max_seq_len, n_kv_heads, head_dim, window)
         self.next_positions = np.zeros(batch, np.int64)
         # held from reading next_positions to updating them (the C++ call in between holds the
         # cache's own mutex, which also guards direct _core use)
@@ -357,6 +368,7 @@ class KVCache:
     batch = _from_impl("batch")
     max_seq_len = _from_impl("max_len")
     length = _from_impl("length")
+    window = _from_impl("window")
 
     def keys(self) -> np.ndarray:
         """``(B, Hkv, length, head_dim)`` view of the cached (rotated) keys."""
@@ -624,8 +636,9 @@ class MultiHeadAttention(_Module):
     head_dim = _from_impl("head_dim")
 
     def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
-        """An empty KV cache for ``batch`` sequences of up to ``max_seq_len`` tokens."""
-        return KVCache(batch, max_seq_len, self.n_kv_heads, self.head_dim)
+        """An empty KV cache for ``batch`` sequences of up to ``max_seq_len`` tokens (a rolling
+        buffer of ``window`` slots for a sliding-window layer: see :class:`KVCache`)."""
+        return KVCache(batch, max_seq_len, self.n_kv_heads, self.head_dim, self._impl.window)
 
     def __call__(
         self,
