@@ -1,0 +1,272 @@
+#!/usr/bin/env python
+"""Each supported architecture against transformers' eager model on the same weights.
+
+Usage::
+
+    python benchmarks/bench_families.py [--quick] [--out benchmarks/results] [--families a,b]
+
+What it does (issue 14 item 6; the protocol is ``harness.py``'s: interleaved rounds, medians):
+
+1. For each family (llama, mistral, qwen2, qwen3, phi3, gemma, gemma2) a random-weight model
+   at a small shape (dim 512, 4 layers, 8 query / 4 KV heads, hidden 1408, vocab 32000;
+   windows of 64 tokens where the family has them, so the 128-token prompt passes them and the
+   rolling caches are used) is made by transformers, saved, and loaded by
+   ``Transformer.from_pretrained``. The last-position logits of a prompt are compared first.
+2. Prefill: one forward of T = 256 tokens into a fresh KV cache, logits of the last position
+   (transformers: ``use_cache=True, logits_to_keep=1``).
+3. Decode: 32 greedy steps, one token each, after a 128-token prompt (prefilled untimed).
+4. 1 and 2 threads (torch and llmkernels set alike). The table gives tokens/s and the ratio
+   llmkernels / transformers (above 1: llmkernels is faster).
+
+Writes ``<out>/families.md`` and ``<out>/families.json``. ``--quick`` (tiny shapes, one round)
+is the smoke test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import harness as h
+import llmkernels as lk
+import numpy as np
+from harness import LK, fmt, md_table, peers
+
+HF = "transformers eager"
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(h.Timing):
+    dim: int
+    layers: int
+    heads: int
+    kv_heads: int
+    hidden: int
+    vocab: int
+    window: int
+    prefill_len: int
+    decode_prompt: int
+    decode_steps: int
+
+
+FULL, QUICK = h.full_and_quick(
+    Config,
+    {
+        "dim": (512, 64),
+        "layers": (4, 2),
+        "heads": (8, 4),
+        "kv_heads": (4, 2),
+        "hidden": (1408, 128),
+        "vocab": (32000, 300),
+        "window": (64, 8),
+        "prefill_len": (256, 16),
+        "decode_prompt": (128, 12),
+        "decode_steps": (32, 4),
+    },
+    ({**h.FULL_TIMING, "rounds": 3, "repeats": 6}, {**h.QUICK_TIMING, "repeats": 1}),
+)
+
+
+def hf_model(family: str, cfg: Config) -> Any:
+    """transformers' eager model of ``family`` at ``cfg``'s shape, random weights (biases
+    too), in float32."""
+    import torch
+    import transformers as tf
+
+    common = {
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.hidden,
+        "num_hidden_layers": cfg.layers,
+        "num_attention_heads": cfg.heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "vocab_size": cfg.vocab,
+        "max_position_embeddings": 4096,
+        "attn_implementation": "eager",
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    kinds = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {"sliding_window": cfg.window}),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {"use_sliding_window": False}),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, {"use_sliding_window": False}),
+        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {"sliding_window": None}),
+        "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, {"head_dim": cfg.dim // cfg.heads}),
+        "gemma2": (
+            tf.Gemma2Config,
+            tf.Gemma2ForCausalLM,
+            {"head_dim": cfg.dim // cfg.heads, "sliding_window": cfg.window},
+        ),
+    }
+    config_cls, model_cls, extra = kinds[family]
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**common, **extra)).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+def bench_family(family: str, cfg: Config, run: h.Run, tmp: Path) -> dict[str, Any]:
+    torch = peers.torch
+    hf = hf_model(family, cfg)
+    hf.save_pretrained(tmp / family, safe_serialization=True)
+    ours = lk.Transformer.from_pretrained(tmp / family, progress=False)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, cfg.vocab, (1, cfg.prefill_len))
+    short = rng.integers(3, cfg.vocab, (1, cfg.decode_prompt))
+
+    with torch.inference_mode():
+        want = hf(torch.from_numpy(prompt), logits_to_keep=1).logits.numpy()
+    got = ours(prompt, last_only=True)
+    diff = float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+    h.check_outputs(f"{family} last logits", {LK: 0.0, HF: diff}, limit=1e-3)
+
+    total = cfg.decode_prompt + cfg.decode_steps + 1
+
+    def lk_prefill() -> None:
+        ours(prompt, cache=ours.new_cache(1, cfg.prefill_len), last_only=True)
+
+    def hf_prefill() -> None:
+        hf(torch.from_numpy(prompt), use_cache=True, logits_to_keep=1)
+
+    # decode: the prompt is prefilled in the untimed setup, the timed call is the greedy steps
+    state: dict[str, Any] = {}
+
+    def lk_setup() -> None:
+        cache = ours.new_cache(1, total)
+        logits = ours(short, cache=cache, last_only=True)
+        state["lk"] = (cache, int(np.argmax(logits[0, -1])))
+
+    def lk_decode() -> None:
+        cache, token = state["lk"]
+        for _ in range(cfg.decode_steps):
+            logits = ours(np.array([[token]]), cache=cache, last_only=True)
+            token = int(np.argmax(logits[0, -1]))
+
+    def hf_setup() -> None:
+        out = hf(torch.from_numpy(short), use_cache=True, logits_to_keep=1)
+        state["hf"] = (out.past_key_values, int(out.logits[0, -1].argmax()))
+
+    def hf_decode() -> None:
+        past, token = state["hf"]
+        for _ in range(cfg.decode_steps):
+            out = hf(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, int(out.logits[0, -1].argmax())
+
+    result: dict[str, Any] = {"family": family, "max_rel_diff_last_logits": diff}
+    per_round = max(1, cfg.repeats // cfg.rounds)
+    for t in cfg.threads:
+        h.set_threads(t)
+        pre, load_pre = h.measure_quietly(
+            {LK: lk_prefill, HF: hf_prefill},
+            cfg.rounds,
+            per_round,
+            warmup=cfg.warmup,
+            quiet_wait=cfg.quiet_wait,
+            torch_inference=True,
+        )
+        dec, load_dec = h.measure_quietly(
+            {LK: lk_decode, HF: hf_decode},
+            cfg.rounds,
+            per_round,
+            warmup=cfg.warmup,
+            quiet_wait=cfg.quiet_wait,
+            setup={LK: lk_setup, HF: hf_setup},
+            torch_inference=True,
+        )
+        entry = {}
+        for name in (LK, HF):
+            p, d = statistics.median(pre[name]), statistics.median(dec[name])
+            entry[name] = {
+                "prefill_s": p,
+                "prefill_tok_s": cfg.prefill_len / p,
+                "decode_s": d,
+                "decode_tok_s": cfg.decode_steps / d,
+            }
+        entry["prefill_ratio"] = entry[HF]["prefill_s"] / entry[LK]["prefill_s"]
+        entry["decode_ratio"] = entry[HF]["decode_s"] / entry[LK]["decode_s"]
+        entry["other_processes_cpus"] = {"prefill": load_pre, "decode": load_dec}
+        result[str(t)] = entry
+        run.log(
+            f"{family} {t} thread(s): prefill x{entry['prefill_ratio']:.2f}, "
+            f"decode x{entry['decode_ratio']:.2f}"
+        )
+    return result
+
+
+def render(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    lines = ["# Families: llmkernels vs transformers eager, same weights", ""]
+    lines += h.machine_lines(report["machine"])
+    lines += [
+        "",
+        f"dim {cfg['dim']}, {cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads, "
+        f"hidden {cfg['hidden']}, vocab {cfg['vocab']}, window {cfg['window']} (mistral, "
+        f"gemma2); prefill T = {cfg['prefill_len']}; decode {cfg['decode_steps']} tokens after "
+        f"{cfg['decode_prompt']}. Ratio: transformers time / llmkernels time (above 1: "
+        "llmkernels is faster); medians of interleaved rounds.",
+        "",
+    ]
+    rows = []
+    for fam in report["families"]:
+        for t in cfg["threads"]:
+            e = fam[str(t)]
+            rows.append(
+                [
+                    fam["family"],
+                    str(t),
+                    fmt(e[LK]["prefill_tok_s"], 0),
+                    fmt(e[HF]["prefill_tok_s"], 0),
+                    fmt(e["prefill_ratio"]),
+                    fmt(e[LK]["decode_tok_s"], 1),
+                    fmt(e[HF]["decode_tok_s"], 1),
+                    fmt(e["decode_ratio"]),
+                    f"{fam['max_rel_diff_last_logits']:.1e}",
+                ]
+            )
+    lines += md_table(
+        [
+            "family",
+            "threads",
+            "prefill tok/s (lk)",
+            "prefill tok/s (HF)",
+            "prefill x",
+            "decode tok/s (lk)",
+            "decode tok/s (HF)",
+            "decode x",
+            "max rel diff",
+        ],
+        rows,
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = h.arg_parser(__doc__, "60")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated list")
+    args = parser.parse_args(argv)
+    cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait)
+    if peers.torch is None or peers.hf is None:
+        print("bench_families needs torch and transformers (extra `bench`)", file=sys.stderr)
+        return 1
+    families = [f for f in args.families.split(",") if f]
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        parser.error(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
+    report = h.new_report(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        report["families"] = [bench_family(f, cfg, run, Path(tmp)) for f in families]
+    return run.report(report, render, args.out, "families")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

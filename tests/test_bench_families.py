@@ -1,0 +1,26 @@
+"""benchmarks/bench_families.py: every family against transformers eager (issue 14 item 6)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_families_quick(tmp_path: Path) -> None:
+    """The smoke run: every family loads, its logits are checked against transformers' before
+    timing, and the table has a row per family and thread count (no figure is asserted)."""
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_families.py"), "--quick", "--out",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = (tmp_path / "families.md").read_text()
+    rows = [r for r in table.splitlines() if r.startswith("| ")][2:]  # after header, rule
+    families = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"]
+    assert sorted({r.split("|")[1].strip() for r in rows}) == sorted(families)
