@@ -29,7 +29,10 @@ SAN_ENV := LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) 
 # quarantine, every allocation gets redzones and shadow memory. `make test` runs them. (The
 # tests of tests/test_reliability_threads.py that need RLIMIT_AS or measure the resident set skip
 # themselves when libasan is preloaded.)
-SAN_SKIP := --deselect tests/test_reliability.py::test_no_leak_ops \
+# Nor the notebooks and the benchmark scripts' smoke runs (Python driving the same kernels the
+# suite tests directly; they take minutes under ASan).
+SAN_SKIP := --ignore=tests/test_notebooks.py --ignore-glob='tests/test_bench*.py' \
+	--deselect tests/test_reliability.py::test_no_leak_ops \
 	--deselect tests/test_reliability.py::test_no_leak_transformer_block \
 	--deselect tests/test_reliability.py::test_no_leak_modules_and_model \
 	--deselect tests/ops/test_attention.py::test_memory_is_streaming
@@ -45,11 +48,11 @@ test: $(VENV)/.installed-test
 # The whole suite again on each lower SIMD path (the default run, `make test`, is the best path
 # with all threads; the kernel tests there already sweep every path in-process), one of them with
 # one thread. Two pytest workers (pytest-xdist) share the 2 cores (the suite holds no wall-clock
-# assertion: it passes on a busy machine); the notebooks and the bench CLI smoke tests run once,
-# in `make test` (they call the same kernels).
+# assertion: it passes on a busy machine); the notebooks and the benchmark smoke tests run
+# once, in `make test` (they call the same kernels).
 PAR := -n 2 -p no:cacheprovider
 MATRIX_SKIP := --ignore=tests/test_notebooks.py --deselect tests/test_plot.py \
-	--deselect tests/test_bench.py
+	--ignore-glob='tests/test_bench*.py'
 # (On an AVX2-only CPU avx2 is the best path, which `make test` has just run: not run twice.)
 test-matrix: $(VENV)/.installed-test
 	LLMKERNELS_ARCH=sse2 LLMKERNELS_NUM_THREADS=1 $(PY) -m pytest -q $(PAR) $(MATRIX_SKIP)
