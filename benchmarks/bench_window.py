@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import sys
+import time
 from typing import Any
 
 import harness as h
@@ -95,10 +96,19 @@ def main(argv: list[str] | None = None) -> int:
             impls, cfg.rounds, per_round, warmup=cfg.warmup, quiet_wait=cfg.quiet_wait
         )
         med = {name: statistics.median(s) for name, s in samples.items()}
+        # CPU seconds of one call (every thread of this process): on a shared machine the wall
+        # time includes waiting for a core, the CPU time only this call's work
+        cpu = {}
+        for name, fn in impls.items():
+            c0 = time.process_time()
+            fn()
+            cpu[name] = time.process_time() - c0
         entry: dict[str, Any] = {
             "median_s": med,
             "samples_s": samples,
             "window_vs_full_causal": med[LK] / med[FULL_CAUSAL],
+            "cpu_s": cpu,
+            "cpu_window_vs_full_causal": cpu[LK] / cpu[FULL_CAUSAL],
             "other_processes_cpus": load,
         }
         if TORCH in med:
@@ -124,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                     h.fmt_time(m[LK]),
                     h.fmt_time(m[FULL_CAUSAL]),
                     h.fmt_time(m.get(TORCH)),
-                    f"{fmt(e['window_vs_full_causal'])} (work {work_ratio:.2f})",
+                    f"{fmt(e['window_vs_full_causal'])} (CPU time "
+                    f"{fmt(e['cpu_window_vs_full_causal'])}, work {work_ratio:.2f})",
                     fmt(e.get("torch_vs_llmkernels")),
                 ]
             )
