@@ -8,7 +8,8 @@ Usage::
 What it does (issue 14 item 6; the protocol is ``harness.py``'s: interleaved rounds, medians):
 
 1. For each family (llama, mistral, qwen2, qwen3, phi3, gemma, gemma2) a random-weight model
-   at a small shape (dim 512, 4 layers, 8 query / 4 KV heads, hidden 1408, vocab 32000;
+   at a small shape (dim 512, 8 layers, 8 query / 4 KV heads, hidden 1408, vocab 32000 -- the
+   8-layer model of ``bench_blocks.py``;
    windows of 64 tokens where the family has them, so the 128-token prompt passes them and the
    rolling caches are used) is made by transformers, saved, and loaded by
    ``Transformer.from_pretrained``. The last-position logits of a prompt are compared first.
@@ -16,7 +17,10 @@ What it does (issue 14 item 6; the protocol is ``harness.py``'s: interleaved rou
    (transformers: ``use_cache=True, logits_to_keep=1``).
 3. Decode: 32 greedy steps, one token each, after a 128-token prompt (prefilled untimed).
 4. 1 and 2 threads (torch and llmkernels set alike). The table gives tokens/s and the ratio
-   llmkernels / transformers (above 1: llmkernels is faster).
+   llmkernels / transformers (above 1: llmkernels is faster), and each side's place against
+   the machine's limits measured in the same run (the roofline probe): prefill GFLOP/s over
+   the FMA peak (the projections' 2 FLOPs per weight and token plus causal attention's
+   scores), decode GB/s of weights read per token over the triad bandwidth.
 
 Writes ``<out>/families.md`` and ``<out>/families.json``. ``--quick`` (tiny shapes, one round)
 is the smoke test.
@@ -58,7 +62,7 @@ FULL, QUICK = h.full_and_quick(
     Config,
     {
         "dim": (512, 64),
-        "layers": (4, 2),
+        "layers": (8, 2),
         "heads": (8, 4),
         "kv_heads": (4, 2),
         "hidden": (1408, 128),
@@ -115,9 +119,25 @@ def hf_model(family: str, cfg: Config) -> Any:
     return model
 
 
-def bench_family(family: str, cfg: Config, run: h.Run, tmp: Path) -> dict[str, Any]:
+def work(hf: Any, cfg: Config) -> tuple[float, float]:
+    """(FLOPs of one prefill, bytes of weights one decode step reads), from the HF model."""
+    emb = hf.get_input_embeddings().weight
+    head = hf.get_output_embeddings().weight
+    layer_params = sum(p.numel() for n, p in hf.named_parameters() if ".layers." in n)
+    t, heads = cfg.prefill_len, cfg.heads
+    head_dim = hf.config.head_dim if getattr(hf.config, "head_dim", None) else cfg.dim // heads
+    attn_flops = cfg.layers * 2 * 2 * heads * head_dim * t * (t + 1) / 2  # QK^T and PV, causal
+    flops = 2 * t * layer_params + attn_flops + 2 * head.numel()  # head: the last row only
+    decode_bytes = 4 * (layer_params + head.numel()) + 4 * emb.shape[1]  # + one embedding row
+    return float(flops), float(decode_bytes)
+
+
+def bench_family(
+    family: str, cfg: Config, run: h.Run, tmp: Path, probe: dict[str, Any]
+) -> dict[str, Any]:
     torch = peers.torch
     hf = hf_model(family, cfg)
+    flops, decode_bytes = work(hf, cfg)
     hf.save_pretrained(tmp / family, safe_serialization=True)
     ours = lk.Transformer.from_pretrained(tmp / family, progress=False)
     rng = np.random.default_rng(0)
@@ -162,7 +182,12 @@ def bench_family(family: str, cfg: Config, run: h.Run, tmp: Path) -> dict[str, A
             out = hf(torch.tensor([[token]]), past_key_values=past, use_cache=True)
             past, token = out.past_key_values, int(out.logits[0, -1].argmax())
 
-    result: dict[str, Any] = {"family": family, "max_rel_diff_last_logits": diff}
+    result: dict[str, Any] = {
+        "family": family,
+        "max_rel_diff_last_logits": diff,
+        "prefill_flops": flops,
+        "decode_weight_bytes": decode_bytes,
+    }
     per_round = max(1, cfg.repeats // cfg.rounds)
     for t in cfg.threads:
         h.set_threads(t)
@@ -191,6 +216,12 @@ def bench_family(family: str, cfg: Config, run: h.Run, tmp: Path) -> dict[str, A
                 "prefill_tok_s": cfg.prefill_len / p,
                 "decode_s": d,
                 "decode_tok_s": cfg.decode_steps / d,
+                "prefill_fraction_of_fma_peak": flops / p / 1e9 / h.roof(probe, "GFLOP/s", t),
+                "decode_fraction_of_triad": decode_bytes
+                * cfg.decode_steps
+                / d
+                / 1e9
+                / h.roof(probe, "GB/s", t),
             }
         entry["prefill_ratio"] = entry[HF]["prefill_s"] / entry[LK]["prefill_s"]
         entry["decode_ratio"] = entry[HF]["decode_s"] / entry[LK]["decode_s"]
@@ -203,10 +234,15 @@ def bench_family(family: str, cfg: Config, run: h.Run, tmp: Path) -> dict[str, A
     return result
 
 
+def pct(entry: dict[str, Any], key: str) -> str:
+    return f"{entry[LK][key]:.0%} / {entry[HF][key]:.0%}"
+
+
 def render(report: dict[str, Any]) -> str:
     cfg = report["config"]
     lines = ["# Families: llmkernels vs transformers eager, same weights", ""]
     lines += h.machine_lines(report["machine"])
+    lines += [""] + h.probe_section(report["probe"], cfg["threads"])
     lines += [
         "",
         f"dim {cfg['dim']}, {cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads, "
@@ -227,9 +263,11 @@ def render(report: dict[str, Any]) -> str:
                     fmt(e[LK]["prefill_tok_s"], 0),
                     fmt(e[HF]["prefill_tok_s"], 0),
                     fmt(e["prefill_ratio"]),
+                    pct(e, "prefill_fraction_of_fma_peak"),
                     fmt(e[LK]["decode_tok_s"], 1),
                     fmt(e[HF]["decode_tok_s"], 1),
                     fmt(e["decode_ratio"]),
+                    pct(e, "decode_fraction_of_triad"),
                     f"{fam['max_rel_diff_last_logits']:.1e}",
                 ]
             )
@@ -240,9 +278,11 @@ def render(report: dict[str, Any]) -> str:
             "prefill tok/s (lk)",
             "prefill tok/s (HF)",
             "prefill x",
+            "of FMA peak (lk / HF)",
             "decode tok/s (lk)",
             "decode tok/s (HF)",
             "decode x",
+            "of triad (lk / HF)",
             "max rel diff",
         ],
         rows,
@@ -263,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
     report = h.new_report(cfg)
+    report["probe"] = probe = run.probe(cfg)
     with tempfile.TemporaryDirectory() as tmp:
-        report["families"] = [bench_family(f, cfg, run, Path(tmp)) for f in families]
+        report["families"] = [bench_family(f, cfg, run, Path(tmp), probe) for f in families]
     return run.report(report, render, args.out, "families")
 
 
