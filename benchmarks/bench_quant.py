@@ -77,7 +77,7 @@ def peers_for(k: int, rows: int, m: int, rng: np.random.Generator) -> tuple[dict
     outs = {name: fn() for name, fn in impls.items()}
     for name, y in outs.items():  # a sanity check: quantization error only
         rel = np.abs(y - ref).max() / np.abs(ref).max()
-        limit = 0.02 if "int8" in name else 0.2
+        limit = 0.02 if name.startswith(("int8", "f32")) else 0.2
         if not rel < limit:
             raise SystemExit(f"{name}: max rel error {rel:.3g} vs float64 (limit {limit})")
     return impls, nbytes, outs

@@ -11,7 +11,7 @@ void bind_quant(py::module_& m) {
   m.def("dequantize", &ops::dequantize, "q"_a, "scales"_a, "bits"_a, "group_size"_a,
         "The float32 (rows, k) matrix of quantize's (q, scales) (see llmkernels.dequantize).");
   m.def("quantized_linear", &ops::quantized_linear, "x"_a, "q"_a, "scales"_a, "bits"_a,
-        "group_size"_a, "bias"_a = py::none(), "activations"_a = "float32",
+        "group_size"_a, "bias"_a = py::none(), "activations"_a = "int8",
         "x (m, k) float32 times the quantized W (rows, k) transposed, plus bias: (m, rows) "
         "float32; activations 'float32' or 'int8' (per token, blocks of 32) for m <= 8 (see "
         "llmkernels.quantized_linear).");

@@ -48,13 +48,31 @@ inline float qhalf_to_float(std::uint16_t h) {
   const std::uint32_t em = h & 0x7fffu;
   float mag;
   if (em >= 0x0400u) {
-    std::uint32_t bits = (em << 13) + (std::uint32_t(127 - 15) << 23);
-    if (em >= 0x7c00u) bits = (em << 13) | 0x7f800000u;  // Inf / NaN (not made by quantize)
-    std::memcpy(&mag, &bits, sizeof mag);
+    std::uint32_t b = (em << 13) + (std::uint32_t(127 - 15) << 23);
+    if (em >= 0x7c00u) b = (em << 13) | 0x7f800000u;  // Inf / NaN (not made by quantize)
+    std::memcpy(&mag, &b, sizeof mag);
   } else {
     mag = static_cast<float>(em) * 0x1p-24f;
   }
-  return (h & 0x8000u) ? -mag : mag;
+  // the sign by a bit operation: int4 scales are negative half the time, and a branch on it
+  // mispredicted often enough to triple the time of an int4 GEMV
+  std::uint32_t bits;
+  std::memcpy(&bits, &mag, sizeof bits);
+  bits |= static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::memcpy(&mag, &bits, sizeof mag);
+  return mag;
+}
+
+inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n);
+
+// The row functions convert the float16 scales of R rows kScaleChunk groups at a time into
+// sc[R][kScaleChunk] (on the stack): sc[r][j] = the scale of row r0 + r, group g0 + j.
+constexpr std::size_t kScaleChunk = 64;
+template <int R>
+inline void load_scales(const qweights& w, std::size_t r0, std::size_t g0,
+                        float (*sc)[kScaleChunk]) {
+  const std::size_t ng = w.k / w.group, n = std::min(kScaleChunk, ng - g0);
+  for (int r = 0; r < R; ++r) scales_to_float(w.scales + (r0 + r) * ng + g0, sc[r], n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -66,6 +84,28 @@ inline float hsum_avx2(__m256 v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
   return _mm_cvtss_f32(s);
+}
+
+// n float16 scales -> float32, 8 at a time (qhalf_to_float's cases as lane selects): a scalar
+// conversion per (row, group) cost as much as the dot product of a 32-element group
+inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i v =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
+    const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7fff));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x8000)), 16);
+    const __m256i shifted = _mm256_slli_epi32(em, 13);
+    __m256i normal = _mm256_add_epi32(shifted, _mm256_set1_epi32((127 - 15) << 23));
+    normal = _mm256_blendv_epi8(normal, _mm256_or_si256(shifted, _mm256_set1_epi32(0x7f800000)),
+                                _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff)));
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-24f));
+    const __m256 mag =
+        _mm256_blendv_ps(sub, _mm256_castsi256_ps(normal),
+                         _mm256_castsi256_ps(_mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x3ff))));
+    _mm256_storeu_ps(out + i, _mm256_or_ps(mag, _mm256_castsi256_ps(sign)));
+  }
+  for (; i < n; ++i) out[i] = qhalf_to_float(h[i]);
 }
 
 // the 32 codes of block b of a row (int8, in element order)
@@ -108,9 +148,11 @@ inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
   for (int i = 0; i < A; ++i)
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < M; ++t) acc[i][r][t] = _mm256_setzero_ps();
+  alignas(32) float sc[R][kScaleChunk];
   for (std::size_t g = 0; g < ng; ++g) {
     __m256 s[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm256_set1_ps(qhalf_to_float(a.w.scales[(r0 + r) * ng + g]));
+    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
+    for (int r = 0; r < R; ++r) s[r] = _mm256_set1_ps(sc[r][g % kScaleChunk]);
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
       for (int r = 0; r < R; ++r) {
         __m256 f[4];
@@ -136,19 +178,28 @@ inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
 }
 
 // rows [r0, r0 + R) against M tokens, int8 activations: per block and (row, token) one integer
-// dot product (sign trick: maddubs multiplies unsigned by signed bytes, so |x| times
-// sign(x) * w; |code| <= 127 keeps the pair sums within int16) and one FMA by s_w * s_x
+// dot product and one FMA by s_w * s_x. maddubs multiplies unsigned by signed bytes: int8
+// weights use the sign trick (|x| times sign(x) * w; |code| <= 127 keeps the pair sums within
+// int16); int4 weights give their nibbles (code + 8, in [0, 15]) as the unsigned operand, and
+// the 8 * sum of x that this adds is subtracted once per group (qacts::c8): two instructions
+// fewer per block than unpacking to signed codes.
 template <int Bits, int R, int M>
 inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
   const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock, nb = k / kQBlock;
   const std::size_t row_bytes = Bits == 8 ? k : k / 2;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][M];
+  float corr[R][M];  // int4: sum over groups of s_w * 8 * sum(s_x * x codes)
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < M; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      corr[r][t] = 0.f;
+    }
+  alignas(32) float sc[R][kScaleChunk];
   for (std::size_t g = 0; g < ng; ++g) {
     float s[R];
-    for (int r = 0; r < R; ++r) s[r] = qhalf_to_float(a.w.scales[(r0 + r) * ng + g]);
+    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
+    for (int r = 0; r < R; ++r) s[r] = sc[r][g % kScaleChunk];
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
       __m256i xq[M], xa[M];
       float xs[M];
@@ -158,18 +209,30 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
         xs[t] = a.act.s[t * nb + b];
       }
       for (int r = 0; r < R; ++r) {
-        const __m256i w = qblock_avx2<Bits>(a.w.q + (r0 + r) * row_bytes, b);
+        __m256i p16[M];
+        if constexpr (Bits == 8) {
+          const __m256i w = qblock_avx2<8>(a.w.q + (r0 + r) * row_bytes, b);
+          for (int t = 0; t < M; ++t) p16[t] = _mm256_maddubs_epi16(xa[t], _mm256_sign_epi8(w, xq[t]));
+        } else {  // the nibbles (code + 8, unsigned) times x; the 8 * sum(x) comes off at the end
+          const __m128i pk = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * kQBlock / 2));
+          const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk),
+                                             _mm256_set1_epi8(0x0f));
+          for (int t = 0; t < M; ++t) p16[t] = _mm256_maddubs_epi16(n, xq[t]);
+        }
         for (int t = 0; t < M; ++t) {
-          const __m256i p16 = _mm256_maddubs_epi16(xa[t], _mm256_sign_epi8(w, xq[t]));
-          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16[t], ones));
           acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(s[r] * xs[t]), acc[r][t]);
         }
       }
     }
+    if constexpr (Bits == 4)
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < M; ++t) corr[r][t] += s[r] * a.act.c8[t * ng + g];
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) {
-      const float sum = hsum_avx2(acc[r][t]);
+      const float sum = hsum_avx2(acc[r][t]) - corr[r][t];
       float& dst = a.y[t * a.ldy + r0 + r];
       dst = a.accumulate ? dst + sum : sum;
       if (a.bias) dst += a.bias[r0 + r];
@@ -186,7 +249,7 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
   for (std::size_t r = 0; r < n; ++r) {
     const std::uint8_t* row = w.q + (r0 + r) * row_bytes;
     for (std::size_t b = c0 / kQBlock; b < (c0 + kc) / kQBlock; ++b) {
-      const __m256 s = _mm256_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));
+      const __m256 s = _mm256_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
       __m256 f[4];
       qblock_float_avx2<Bits>(row, b, f);
       float* dst = tile + r * kc + (b * kQBlock - c0);
@@ -201,6 +264,30 @@ inline float hsum_sse2(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
   return _mm_cvtss_f32(s);
+}
+
+// n float16 scales -> float32, 4 at a time (see the AVX2 version)
+inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
+  std::size_t i = 0;
+  const __m128i zero = _mm_setzero_si128();
+  for (; i + 4 <= n; i += 4) {
+    const __m128i v =
+        _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h + i)), zero);
+    const __m128i em = _mm_and_si128(v, _mm_set1_epi32(0x7fff));
+    const __m128i sign = _mm_slli_epi32(_mm_and_si128(v, _mm_set1_epi32(0x8000)), 16);
+    const __m128i shifted = _mm_slli_epi32(em, 13);
+    const __m128i special = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7bff));
+    const __m128i normal = _mm_or_si128(
+        _mm_andnot_si128(special, _mm_add_epi32(shifted, _mm_set1_epi32((127 - 15) << 23))),
+        _mm_and_si128(special, _mm_or_si128(shifted, _mm_set1_epi32(0x7f800000))));
+    const __m128i is_normal = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x3ff));
+    const __m128i sub =
+        _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(em), _mm_set1_ps(0x1p-24f)));
+    const __m128i mag =
+        _mm_or_si128(_mm_and_si128(is_normal, normal), _mm_andnot_si128(is_normal, sub));
+    _mm_storeu_ps(out + i, _mm_castsi128_ps(_mm_or_si128(mag, sign)));
+  }
+  for (; i < n; ++i) out[i] = qhalf_to_float(h[i]);
 }
 
 // the 32 codes of block b of a row: v[0] elements 0-15, v[1] 16-31
@@ -247,9 +334,11 @@ inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
   for (int i = 0; i < A; ++i)
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < M; ++t) acc[i][r][t] = _mm_setzero_ps();
+  alignas(32) float sc[R][kScaleChunk];
   for (std::size_t g = 0; g < ng; ++g) {
     __m128 s[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm_set1_ps(qhalf_to_float(a.w.scales[(r0 + r) * ng + g]));
+    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
+    for (int r = 0; r < R; ++r) s[r] = _mm_set1_ps(sc[r][g % kScaleChunk]);
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
       for (int r = 0; r < R; ++r) {
         __m128 f[8];
@@ -283,9 +372,11 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
   __m128 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) acc[r][t] = _mm_setzero_ps();
+  alignas(32) float sc[R][kScaleChunk];
   for (std::size_t g = 0; g < ng; ++g) {
     float s[R];
-    for (int r = 0; r < R; ++r) s[r] = qhalf_to_float(a.w.scales[(r0 + r) * ng + g]);
+    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
+    for (int r = 0; r < R; ++r) s[r] = sc[r][g % kScaleChunk];
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
       for (int r = 0; r < R; ++r) {
         __m128i v[2], w16[4];
@@ -321,7 +412,7 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
   for (std::size_t r = 0; r < n; ++r) {
     const std::uint8_t* row = w.q + (r0 + r) * row_bytes;
     for (std::size_t b = c0 / kQBlock; b < (c0 + kc) / kQBlock; ++b) {
-      const __m128 s = _mm_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));
+      const __m128 s = _mm_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
       __m128 f[8];
       qblock_float_sse2<Bits>(row, b, f);
       float* dst = tile + r * kc + (b * kQBlock - c0);
@@ -365,6 +456,7 @@ inline void qgemv_run(const qgemv_args& args) {
       a.act.a = args.act.a + t * a.w.k;
       a.act.q16 = args.act.q16 + t * a.w.k;
       a.act.s = args.act.s + t * nb;
+      a.act.c8 = args.act.c8 + t * (a.w.k / a.w.group);
     }
     switch (std::min(P, args.m - t)) {
       case 1:

@@ -28,6 +28,9 @@ struct qacts {
   const std::uint8_t* a;    // (m, k) |q| (the unsigned operand of AVX2's maddubs)
   const std::int16_t* q16;  // (m, k) q widened (the operand of SSE2's madd)
   const float* s;           // (m, k / kQBlock)
+  // (m, k / group): 8 * sum over the group's blocks of s * sum(q), the term the AVX2 int4
+  // kernel subtracts (it multiplies x by code + 8)
+  const float* c8;
 };
 
 // One call of gemv_q8_kernel / gemv_q4_kernel / gemm_q_kernel:

@@ -28,7 +28,7 @@ __all__ = ["dequantize", "quantize", "quantized_linear"]
 
 BLOCK = 32  # int4 packing block and per-token activation block
 # The activations of quantized_linear's decode path (m <= 8) by default: see docs/quantization.md
-DEFAULT_ACTIVATIONS = "float32"
+DEFAULT_ACTIVATIONS = "int8"
 
 
 def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
@@ -84,18 +84,27 @@ def quantized_linear(
     """``x @ dequantize(q, scales).T + bias`` without a dequantized copy of the matrix.
 
     ``x`` (..., k) float32 (converted if needed); returns (..., rows) float32. Up to 8 tokens the
-    product is a matrix-vector kernel reading the codes in place; ``activations="int8"`` there
-    quantizes each token in blocks of 32 (llama.cpp's q8_0) and uses integer dot products
-    (:func:`ref_quantized_linear` with ``activations="int8"`` is its formula). More tokens: the
-    weights are dequantized per small tile and multiplied in float32.
+    product is a matrix-vector kernel reading the codes in place. There ``activations="int8"``
+    (the default: the faster, see docs/quantization.md) quantizes each token in blocks of 32
+    (llama.cpp's q8_0) and uses integer dot products (:func:`ref_quantized_linear` with
+    ``activations="int8"`` is its formula); ``activations="float32"`` keeps x in float32 and
+    dequantizes the weights in registers (the float64 product of the dequantized weights within
+    float32 rounding). More tokens: the weights are dequantized per small tile and multiplied
+    in float32 (float activations whatever ``activations`` says).
 
     Example:
         >>> import numpy as np, llmkernels as lk
-        >>> w = np.eye(32, dtype=np.float32)
-        >>> q, s = lk.quantize(w, bits=8, group_size=32)
-        >>> x = np.arange(32, dtype=np.float32)[None]
-        >>> lk.quantized_linear(x, q, s, bits=8, group_size=32)[0, :4]
-        array([0., 1., 2., 3.], dtype=float32)
+        >>> rng = np.random.default_rng(0)
+        >>> w = rng.standard_normal((64, 128)).astype(np.float32)
+        >>> q, s = lk.quantize(w, bits=4, group_size=32)
+        >>> x = rng.standard_normal((1, 128)).astype(np.float32)
+        >>> y = lk.quantized_linear(x, q, s, bits=4, group_size=32)
+        >>> y.shape, y.dtype
+        ((1, 64), dtype('float32'))
+        >>> exact = x @ lk.dequantize(q, s, bits=4, group_size=32).T
+        >>> bool(np.allclose(lk.quantized_linear(x, q, s, 4, 32, activations="float32"), exact,
+        ...                  rtol=1e-5, atol=1e-4))
+        True
     """
     if np.ndim(x) < 1:
         raise ValueError("[quantized_linear] x must have shape (..., k), got a 0-d array")
