@@ -68,9 +68,9 @@ inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n);
 // The row functions convert the float16 scales of R rows kScaleChunk groups at a time into
 // sc[R][kScaleChunk] (on the stack): sc[r][j] = the scale of row r0 + r, group g0 + j.
 constexpr std::size_t kScaleChunk = 64;
-template <int R>
-inline void load_scales(const qweights& w, std::size_t r0, std::size_t g0,
-                        float (*sc)[kScaleChunk]) {
+template <int R, std::size_t C>
+inline void load_scales(const qweights& w, std::size_t r0, std::size_t g0, float (*sc)[C]) {
+  static_assert(C >= kScaleChunk, "a row of sc holds a chunk");
   const std::size_t ng = w.k / w.group, n = std::min(kScaleChunk, ng - g0);
   for (int r = 0; r < R; ++r) scales_to_float(w.scales + (r0 + r) * ng + g0, sc[r], n);
 }
@@ -258,6 +258,89 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
   }
 }
 
+// int4 weights x int8 activations, two blocks per step: one 32-byte load holds the nibbles of
+// blocks b and b + 1; a mask gives [b elements 0-15 | b+1 elements 0-15] and a shift + mask
+// [b 16-31 | b+1 16-31], which meet the activations stored in that order (qacts::q4). Per 64
+// weights: 2 maddubs, one int16 add, one madd, one FMA -- half the instructions of one block at a
+// time. An odd last block takes the one-block path.
+template <int R, int M>
+inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock, nb = k / kQBlock;
+  const std::size_t row_bytes = k / 2, np = nb / 2;
+  const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
+  // the (row) scale of each block of the pair, 4 lanes each
+  const __m256i idx = bpg == 1 ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setzero_si256();
+  __m256 acc[R][M];
+  float corr[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      corr[r][t] = 0.f;
+    }
+  alignas(32) float sc[R][kScaleChunk + 8];  // + 8: the 8-float load at the last groups
+  auto group_done = [&](std::size_t bb) {  // block bb ends its group: the 8 * sum(x) term
+    if ((bb + 1) % bpg != 0) return;
+    const std::size_t g = bb / bpg;
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) corr[r][t] += sc[r][g % kScaleChunk] * a.act.c8[t * ng + g];
+  };
+  auto scales_for = [&](std::size_t bb) {
+    if (bb % bpg == 0 && (bb / bpg) % kScaleChunk == 0)
+      load_scales<R>(a.w, r0, bb / bpg, sc);
+  };
+  for (std::size_t p = 0; p < np; ++p) {
+    const std::size_t b = 2 * p, j = (b / bpg) % kScaleChunk;
+    scales_for(b);
+    __m256i xlo[M], xhi[M];
+    __m256 sx[M];
+    for (int t = 0; t < M; ++t) {
+      const std::int8_t* xp = a.act.q4 + t * k + b * kQBlock;
+      xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
+      xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32));
+      sx[t] = _mm256_loadu_ps(a.act.s4 + t * np * 8 + p * 8);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i pk =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
+      const __m256i lo = _mm256_and_si256(pk, mask);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
+      const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(&sc[r][j]), idx);
+      for (int t = 0; t < M; ++t) {
+        const __m256i p16 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]), _mm256_maddubs_epi16(hi, xhi[t]));
+        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc[r][t] = _mm256_fmadd_ps(pf, _mm256_mul_ps(sw, sx[t]), acc[r][t]);
+      }
+    }
+    group_done(b);
+    group_done(b + 1);
+  }
+  if (nb % 2) {  // the last block on its own (stored in natural order in q4)
+    const std::size_t b = nb - 1, j = (b / bpg) % kScaleChunk;
+    scales_for(b);
+    for (int r = 0; r < R; ++r) {
+      const __m128i pk = _mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
+      const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
+      for (int t = 0; t < M; ++t) {
+        const __m256i xq =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q4 + t * k + b * kQBlock));
+        const __m256 pf =
+            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(n, xq), ones));
+        acc[r][t] = _mm256_fmadd_ps(pf, _mm256_set1_ps(sc[r][j] * a.act.s[t * nb + b]), acc[r][t]);
+      }
+    }
+    group_done(b);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      const float sum = hsum_avx2(acc[r][t]) - corr[r][t];
+      float& dst = a.y[t * a.ldy + r0 + r];
+      dst = a.accumulate ? dst + sum : sum;
+      if (a.bias) dst += a.bias[r0 + r];
+    }
+}
+
 #else  // SSE2 (128-bit): a block of 32 codes is two __m128i of int8.
 
 inline float hsum_sse2(__m128 s) {
@@ -423,6 +506,18 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
 
 #endif
 
+// int8 activations: int4 weights on AVX2 two blocks a step (qgemv_rows_int4_pairs)
+template <int Bits, int R, int M>
+inline void qgemv_rows_int8_any(const qgemv_args& a, std::size_t r0) {
+#if defined(__AVX2__)
+  if constexpr (Bits == 4) {
+    qgemv_rows_int4_pairs<R, M>(a, r0);
+    return;
+  }
+#endif
+  qgemv_rows_int8<Bits, R, M>(a, r0);
+}
+
 // Every row against M tokens: R-row blocks, then single rows (same arithmetic per row).
 template <int Bits, bool Int8Acts, int M>
 inline void qgemv_tokens(const qgemv_args& a) {
@@ -430,13 +525,13 @@ inline void qgemv_tokens(const qgemv_args& a) {
   std::size_t r = 0;
   for (; r + R <= a.w.rows; r += R) {
     if constexpr (Int8Acts)
-      qgemv_rows_int8<Bits, R, M>(a, r);
+      qgemv_rows_int8_any<Bits, R, M>(a, r);
     else
       qgemv_rows_float<Bits, R, M>(a, r);
   }
   for (; r < a.w.rows; ++r) {
     if constexpr (Int8Acts)
-      qgemv_rows_int8<Bits, 1, M>(a, r);
+      qgemv_rows_int8_any<Bits, 1, M>(a, r);
     else
       qgemv_rows_float<Bits, 1, M>(a, r);
   }
@@ -457,6 +552,10 @@ inline void qgemv_run(const qgemv_args& args) {
       a.act.q16 = args.act.q16 + t * a.w.k;
       a.act.s = args.act.s + t * nb;
       a.act.c8 = args.act.c8 + t * (a.w.k / a.w.group);
+      if (args.act.q4) {
+        a.act.q4 = args.act.q4 + t * a.w.k;
+        a.act.s4 = args.act.s4 + t * (nb / 2) * 8;
+      }
     }
     switch (std::min(P, args.m - t)) {
       case 1:

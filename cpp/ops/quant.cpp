@@ -313,8 +313,9 @@ py::array quantized_linear(py::array x, py::array q, py::array scales, long long
     // packed tokens of the GEMM
     const std::size_t nb = w.k / kQBlock;
     const std::size_t ng = w.k / group;
+    const std::size_t np = nb / 2;
     const std::size_t act_bytes =
-        int8_acts ? m * w.k * 4 + (m * nb + m * ng) * sizeof(float) + 256 : 0;
+        int8_acts ? m * w.k * 5 + (m * nb + m * ng + m * np * 8) * sizeof(float) + 256 : 0;
     const std::size_t panel_floats = gemv ? 0 : (m + kQPanel - 1) / kQPanel * kQPanel * w.k;
     ScratchLease lease(std::max<std::size_t>(act_bytes + panel_floats * sizeof(float), 64));
     auto* base = lease.as<std::uint8_t>();
@@ -322,13 +323,33 @@ py::array quantized_linear(py::array x, py::array q, py::array scales, long long
       auto* q16 = reinterpret_cast<std::int16_t*>(base);  // (m, k), 2 bytes each
       auto* sc = reinterpret_cast<float*>(base + m * w.k * 2);
       auto* c8 = sc + m * nb;
-      auto* xq = reinterpret_cast<std::int8_t*>(c8 + m * ng);
+      auto* s4 = c8 + m * ng;
+      auto* xq = reinterpret_cast<std::int8_t*>(s4 + m * np * 8);
       auto* xa = reinterpret_cast<std::uint8_t*>(xq + m * w.k);
+      auto* q4 = reinterpret_cast<std::int8_t*>(xa + m * w.k);
       {
         ExactSubnormals exact;
         quantize_acts(a.x, m, w.k, group, xq, xa, q16, sc, c8);
       }
-      a.act = qacts{xq, xa, q16, sc, c8};
+      a.act = qacts{xq, xa, q16, sc, c8, nullptr, nullptr};
+      if (bits == 4) {  // the pair order of the AVX2 int4 kernel
+        for (std::size_t t = 0; t < m; ++t) {
+          const std::int8_t* src = xq + t * w.k;
+          std::int8_t* dst = q4 + t * w.k;
+          for (std::size_t p = 0; p < np; ++p) {
+            const std::int8_t* b0 = src + 2 * p * kQBlock;
+            std::int8_t* d = dst + 2 * p * kQBlock;
+            std::memcpy(d, b0, 16);
+            std::memcpy(d + 16, b0 + kQBlock, 16);
+            std::memcpy(d + 32, b0 + 16, 16);
+            std::memcpy(d + 48, b0 + kQBlock + 16, 16);
+            for (int i = 0; i < 8; ++i) s4[(t * np + p) * 8 + i] = sc[t * nb + 2 * p + i / 4];
+          }
+          if (nb % 2) std::memcpy(dst + (nb - 1) * kQBlock, src + (nb - 1) * kQBlock, kQBlock);
+        }
+        a.act.q4 = q4;
+        a.act.s4 = s4;
+      }
     }
     if (!gemv) {
       float* xt = reinterpret_cast<float*>(base + act_bytes);
