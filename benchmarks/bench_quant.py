@@ -27,7 +27,6 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import harness as h
@@ -65,10 +64,8 @@ def peers_for(k: int, rows: int, m: int, rng: np.random.Generator) -> tuple[dict
         q, s = lk.quantize(w, bits, GROUP)
         for acts, label in (("float32", "float-acts"), ("int8", "int8-acts")):
             name = f"int{bits} {label}"
-            impls[name] = (
-                lambda q=q, s=s, bits=bits, acts=acts: lk.quantized_linear(
-                    x, q, s, bits, GROUP, activations=acts
-                )
+            impls[name] = lambda q=q, s=s, bits=bits, acts=acts: lk.quantized_linear(
+                x, q, s, bits, GROUP, activations=acts
             )
             nbytes[name] = q.nbytes + s.nbytes
     impls["f32 NumPy"] = lambda: x @ w.T

@@ -212,12 +212,13 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
         __m256i p16[M];
         if constexpr (Bits == 8) {
           const __m256i w = qblock_avx2<8>(a.w.q + (r0 + r) * row_bytes, b);
-          for (int t = 0; t < M; ++t) p16[t] = _mm256_maddubs_epi16(xa[t], _mm256_sign_epi8(w, xq[t]));
+          for (int t = 0; t < M; ++t)
+            p16[t] = _mm256_maddubs_epi16(xa[t], _mm256_sign_epi8(w, xq[t]));
         } else {  // the nibbles (code + 8, unsigned) times x; the 8 * sum(x) comes off at the end
           const __m128i pk = _mm_loadu_si128(
               reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * kQBlock / 2));
-          const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk),
-                                             _mm256_set1_epi8(0x0f));
+          const __m256i n =
+              _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), _mm256_set1_epi8(0x0f));
           for (int t = 0; t < M; ++t) p16[t] = _mm256_maddubs_epi16(n, xq[t]);
         }
         for (int t = 0; t < M; ++t) {
@@ -249,7 +250,8 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
   for (std::size_t r = 0; r < n; ++r) {
     const std::uint8_t* row = w.q + (r0 + r) * row_bytes;
     for (std::size_t b = c0 / kQBlock; b < (c0 + kc) / kQBlock; ++b) {
-      const __m256 s = _mm256_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
+      const __m256 s =
+          _mm256_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
       __m256 f[4];
       qblock_float_avx2<Bits>(row, b, f);
       float* dst = tile + r * kc + (b * kQBlock - c0);
@@ -278,15 +280,14 @@ inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
       corr[r][t] = 0.f;
     }
   alignas(32) float sc[R][kScaleChunk + 8];  // + 8: the 8-float load at the last groups
-  auto group_done = [&](std::size_t bb) {  // block bb ends its group: the 8 * sum(x) term
+  auto group_done = [&](std::size_t bb) {    // block bb ends its group: the 8 * sum(x) term
     if ((bb + 1) % bpg != 0) return;
     const std::size_t g = bb / bpg;
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < M; ++t) corr[r][t] += sc[r][g % kScaleChunk] * a.act.c8[t * ng + g];
   };
   auto scales_for = [&](std::size_t bb) {
-    if (bb % bpg == 0 && (bb / bpg) % kScaleChunk == 0)
-      load_scales<R>(a.w, r0, bb / bpg, sc);
+    if (bb % bpg == 0 && (bb / bpg) % kScaleChunk == 0) load_scales<R>(a.w, r0, bb / bpg, sc);
   };
   for (std::size_t p = 0; p < np; ++p) {
     const std::size_t b = 2 * p, j = (b / bpg) % kScaleChunk;
@@ -300,8 +301,8 @@ inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
       sx[t] = _mm256_loadu_ps(a.act.s4 + t * np * 8 + p * 8);
     }
     for (int r = 0; r < R; ++r) {
-      const __m256i pk =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
+      const __m256i pk = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
       const __m256i lo = _mm256_and_si256(pk, mask);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
       const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(&sc[r][j]), idx);
@@ -319,14 +320,13 @@ inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
     const std::size_t b = nb - 1, j = (b / bpg) % kScaleChunk;
     scales_for(b);
     for (int r = 0; r < R; ++r) {
-      const __m128i pk = _mm_loadu_si128(
-          reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
+      const __m128i pk =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
       const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
       for (int t = 0; t < M; ++t) {
         const __m256i xq =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q4 + t * k + b * kQBlock));
-        const __m256 pf =
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(n, xq), ones));
+        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(n, xq), ones));
         acc[r][t] = _mm256_fmadd_ps(pf, _mm256_set1_ps(sc[r][j] * a.act.s[t * nb + b]), acc[r][t]);
       }
     }
@@ -364,8 +364,7 @@ inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
         _mm_andnot_si128(special, _mm_add_epi32(shifted, _mm_set1_epi32((127 - 15) << 23))),
         _mm_and_si128(special, _mm_or_si128(shifted, _mm_set1_epi32(0x7f800000))));
     const __m128i is_normal = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x3ff));
-    const __m128i sub =
-        _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(em), _mm_set1_ps(0x1p-24f)));
+    const __m128i sub = _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(em), _mm_set1_ps(0x1p-24f)));
     const __m128i mag =
         _mm_or_si128(_mm_and_si128(is_normal, normal), _mm_andnot_si128(is_normal, sub));
     _mm_storeu_ps(out + i, _mm_castsi128_ps(_mm_or_si128(mag, sign)));
@@ -429,9 +428,9 @@ inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
         for (int j = 0; j < 8; ++j) {
           const __m128 wv = _mm_mul_ps(f[j], s[r]);
           for (int t = 0; t < M; ++t)
-            acc[j % A][r][t] = _mm_add_ps(
-                acc[j % A][r][t],
-                _mm_mul_ps(wv, _mm_loadu_ps(a.x + t * a.ldx + b * kQBlock + 4 * j)));
+            acc[j % A][r][t] =
+                _mm_add_ps(acc[j % A][r][t],
+                           _mm_mul_ps(wv, _mm_loadu_ps(a.x + t * a.ldx + b * kQBlock + 4 * j)));
         }
       }
     }
@@ -470,10 +469,11 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
           const std::int16_t* xp = a.act.q16 + t * k + b * kQBlock;
           __m128i p = _mm_madd_epi16(w16[0], _mm_loadu_si128(reinterpret_cast<const __m128i*>(xp)));
           for (int j = 1; j < 4; ++j)
-            p = _mm_add_epi32(p, _mm_madd_epi16(w16[j], _mm_loadu_si128(
-                                                            reinterpret_cast<const __m128i*>(xp + 8 * j))));
-          acc[r][t] = _mm_add_ps(acc[r][t], _mm_mul_ps(_mm_cvtepi32_ps(p),
-                                                       _mm_set1_ps(s[r] * a.act.s[t * nb + b])));
+            p = _mm_add_epi32(
+                p, _mm_madd_epi16(w16[j],
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(xp + 8 * j))));
+          acc[r][t] = _mm_add_ps(
+              acc[r][t], _mm_mul_ps(_mm_cvtepi32_ps(p), _mm_set1_ps(s[r] * a.act.s[t * nb + b])));
         }
       }
     }
@@ -495,7 +495,8 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
   for (std::size_t r = 0; r < n; ++r) {
     const std::uint8_t* row = w.q + (r0 + r) * row_bytes;
     for (std::size_t b = c0 / kQBlock; b < (c0 + kc) / kQBlock; ++b) {
-      const __m128 s = _mm_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
+      const __m128 s =
+          _mm_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
       __m128 f[8];
       qblock_float_sse2<Bits>(row, b, f);
       float* dst = tile + r * kc + (b * kQBlock - c0);
@@ -608,9 +609,8 @@ constexpr int qgemm_features(int token_vectors) {
 
 // y[t, f] (+)= sum_i xt[i, t] * w[f * ldw + i] (+ bias[f]) for f < RN, t < min(valid, TV*N)
 template <class Arch, int RN, int TV>
-inline void qgemm_block(float* y, std::size_t ldy, const float* xt, const float* w,
-                        std::size_t ldw, std::size_t kc, std::size_t valid, bool accumulate,
-                        const float* bias) {
+inline void qgemm_block(float* y, std::size_t ldy, const float* xt, const float* w, std::size_t ldw,
+                        std::size_t kc, std::size_t valid, bool accumulate, const float* bias) {
   using V = vec<Arch, float>;
   constexpr std::size_t N = V::size;
   V acc[RN][TV];

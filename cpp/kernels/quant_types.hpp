@@ -15,9 +15,9 @@ constexpr std::size_t kQBlock = 32;
 
 // A group-wise quantized weight matrix W (rows, k), rows = output features.
 struct qweights {
-  const std::uint8_t* q;          // bits 8: (rows, k) int8 codes; bits 4: (rows, k / 2) nibbles
-  const std::uint16_t* scales;    // (rows, k / group) float16 bit patterns
-  std::size_t rows, k, group;     // group in {32, 64, 128}, k % group == 0
+  const std::uint8_t* q;        // bits 8: (rows, k) int8 codes; bits 4: (rows, k / 2) nibbles
+  const std::uint16_t* scales;  // (rows, k / group) float16 bit patterns
+  std::size_t rows, k, group;   // group in {32, 64, 128}, k % group == 0
 };
 
 // Activations quantized per token to int8 in blocks of kQBlock (llama.cpp's q8_0, float32

@@ -19,7 +19,7 @@
 namespace llmk::ops {
 namespace {
 
-constexpr std::size_t kRowBlock = 256;  // rows per task of the thread split (fixed by the shape)
+constexpr std::size_t kRowBlock = 256;     // rows per task of the thread split (fixed by the shape)
 constexpr std::size_t kGemvMaxTokens = 8;  // above: the tile GEMM
 
 float half_bits_to_float(std::uint16_t h) {
@@ -84,8 +84,9 @@ qweights check_qweights(const char* fn, const py::array& q, const py::array& sca
   else
     check_dtype(fn, "q", q, py::dtype::of<std::uint8_t>(), "uint8 (bits=4: two codes a byte)");
   check_dtype(fn, "scales", scales, float16_dtype(), "float16");
-  if (q.ndim() != 2) fail(fn, "q must have shape (rows, " + std::string(bits == 8 ? "k" : "k / 2") +
-                                  "), got " + shape_str(q));
+  if (q.ndim() != 2)
+    fail(fn, "q must have shape (rows, " + std::string(bits == 8 ? "k" : "k / 2") + "), got " +
+                 shape_str(q));
   const std::size_t rows = static_cast<std::size_t>(q.shape(0));
   const std::size_t k = static_cast<std::size_t>(q.shape(1)) * (bits == 8 ? 1 : 2);
   if (k % group != 0)
@@ -94,8 +95,8 @@ qweights check_qweights(const char* fn, const py::array& q, const py::array& sca
   if (scales.ndim() != 2 || static_cast<std::size_t>(scales.shape(0)) != rows ||
       static_cast<std::size_t>(scales.shape(1)) != k / group)
     fail(fn, "scales must have shape (" + std::to_string(rows) + ", " + std::to_string(k / group) +
-                 ") for q " + shape_str(q) + " and group_size " + std::to_string(group) +
-                 ", got " + shape_str(scales));
+                 ") for q " + shape_str(q) + " and group_size " + std::to_string(group) + ", got " +
+                 shape_str(scales));
   return qweights{static_cast<const std::uint8_t*>(q.data()),
                   static_cast<const std::uint16_t*>(scales.data()), rows, k, group};
 }
@@ -107,8 +108,8 @@ struct RowStatus {
   float amax = 0.f;
 };
 
-RowStatus quantize_row(const float* w, std::size_t k, std::size_t group, int bits,
-                       std::uint8_t* q, std::uint16_t* scales) {
+RowStatus quantize_row(const float* w, std::size_t k, std::size_t group, int bits, std::uint8_t* q,
+                       std::uint16_t* scales) {
   RowStatus st;
   for (std::size_t i = 0; i < k; ++i)
     if (!std::isfinite(w[i])) {
@@ -157,8 +158,8 @@ RowStatus quantize_row(const float* w, std::size_t k, std::size_t group, int bit
 
 // Per token, per block of 32: s = max|x| / 127 (float32), q = rint(x / s) (0 when s == 0);
 // a block holding NaN or Inf gets s = NaN (its products are NaN, as in float arithmetic).
-void quantize_acts(const float* x, std::size_t m, std::size_t k, std::size_t group,
-                   std::int8_t* q, std::uint8_t* a, std::int16_t* q16, float* s, float* c8) {
+void quantize_acts(const float* x, std::size_t m, std::size_t k, std::size_t group, std::int8_t* q,
+                   std::uint8_t* a, std::int16_t* q16, float* s, float* c8) {
   const std::size_t nb = k / kQBlock, bpg = group / kQBlock;
   for (std::size_t t = 0; t < m; ++t)
     for (std::size_t b = 0; b < nb; ++b) {
@@ -197,8 +198,7 @@ void pack_panels(const float* x, std::size_t m, std::size_t k, float* xt) {
         const std::size_t k1 = std::min(k, k0 + kTile);
         for (std::size_t i = i0; i < i0 + kTile; ++i) {
           const std::size_t t = p0 + i;
-          for (std::size_t kk = k0; kk < k1; ++kk)
-            panel[kk * P + i] = t < m ? x[t * k + kk] : 0.f;
+          for (std::size_t kk = k0; kk < k1; ++kk) panel[kk * P + i] = t < m ? x[t * k + kk] : 0.f;
         }
       }
   }
@@ -220,7 +220,7 @@ py::tuple quantize(py::array w, long long bits_arg, long long group_arg) {
   py::array q = bits == 8 ? py::array(py::array_t<std::int8_t>({rows, k}))
                           : py::array(py::array_t<std::uint8_t>({rows, k / 2}));
   py::array scales(float16_dtype(), std::vector<py::ssize_t>{static_cast<py::ssize_t>(rows),
-                                                            static_cast<py::ssize_t>(k / group)});
+                                                             static_cast<py::ssize_t>(k / group)});
   const float* wp = static_cast<const float*>(w.data());
   auto* qp = static_cast<std::uint8_t*>(q.mutable_data());
   auto* sp = static_cast<std::uint16_t*>(scales.mutable_data());
@@ -231,8 +231,8 @@ py::tuple quantize(py::array w, long long bits_arg, long long group_arg) {
     parallel_for(rows, 1, 4.0 * static_cast<double>(k), [&](std::size_t r0, std::size_t r1) {
       ExactSubnormals exact;  // float16 rounding of tiny scales must not see DAZ
       for (std::size_t r = r0; r < r1; ++r)
-        status[r] = quantize_row(wp + r * k, k, group, bits, qp + r * row_bytes,
-                                 sp + r * (k / group));
+        status[r] =
+            quantize_row(wp + r * k, k, group, bits, qp + r * row_bytes, sp + r * (k / group));
     });
   }
   for (std::size_t r = 0; r < rows; ++r) {
@@ -287,8 +287,8 @@ py::array quantized_linear(py::array x, py::array q, py::array scales, long long
     fail(fn, "activations must be 'float32' or 'int8', got '" + activations + "'");
   check_dtype(fn, "x", x, py::dtype::of<float>(), "float32");
   if (x.ndim() != 2 || static_cast<std::size_t>(x.shape(1)) != w.k)
-    fail(fn, "x must have shape (m, " + std::to_string(w.k) + ") for q " + shape_str(q) +
-                 ", got " + shape_str(x));
+    fail(fn, "x must have shape (m, " + std::to_string(w.k) + ") for q " + shape_str(q) + ", got " +
+                 shape_str(x));
   if (bias) {
     check_dtype(fn, "bias", *bias, py::dtype::of<float>(), "float32");
     check_vector(fn, "bias", *bias, static_cast<py::ssize_t>(w.rows));

@@ -33,8 +33,8 @@ from . import inspect as inspect  # noqa: E402  (lk.inspect: attention weights, 
 from . import modules as _modules  # noqa: E402
 from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn  # noqa: E402
 from ._rope_scaling import rope_attention_factor, rope_inv_freq  # noqa: E402
-from .quant import dequantize, quantize, quantized_linear  # noqa: E402
 from .modules import *  # noqa: E402, F403  (the module classes: modules.__all__)
+from .quant import dequantize, quantize, quantized_linear  # noqa: E402
 from .text import ChatSession, GenerationResponse, generate, load, stream_generate  # noqa: E402
 from .tokenizer import Tokenizer  # noqa: E402
 

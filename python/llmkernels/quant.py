@@ -58,7 +58,9 @@ def quantize(w: Any, bits: int = 8, group_size: int = 32) -> tuple[np.ndarray, n
     return _core.quantize(_as_f32("w", "quantize", w), bits, group_size)
 
 
-def dequantize(q: np.ndarray, scales: np.ndarray, bits: int = 8, group_size: int = 32) -> np.ndarray:
+def dequantize(
+    q: np.ndarray, scales: np.ndarray, bits: int = 8, group_size: int = 32
+) -> np.ndarray:
     """The float32 (rows, k) matrix ``code * scale`` of :func:`quantize`'s ``(q, scales)``.
 
     Example:
