@@ -108,6 +108,16 @@ inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
   for (; i < n; ++i) out[i] = qhalf_to_float(h[i]);
 }
 
+// Software prefetch of the same bytes one block of R rows further on. The rows of a block are
+// consecutive, so this runs the reads ahead as one sequential stream: with rows of 1-2 KiB
+// (int4 / int8 at k = 2048) the hardware prefetchers, which stop at 4 KiB pages and track a few
+// streams, left a DRAM-resident matrix (the 2048 -> 32000 output projection) at half the
+// bandwidth of an fp32 sgemv.
+template <int R>
+inline void prefetch_next_rows(const std::uint8_t* p, std::size_t row_bytes) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes), _MM_HINT_T0);
+}
+
 // the 32 codes of block b of a row (int8, in element order)
 template <int Bits>
 inline __m256i qblock_avx2(const std::uint8_t* row, std::size_t b) {
@@ -156,6 +166,7 @@ inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
       for (int r = 0; r < R; ++r) {
         __m256 f[4];
+        prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock * Bits / 8, row_bytes);
         qblock_float_avx2<Bits>(a.w.q + (r0 + r) * row_bytes, b, f);
         for (int j = 0; j < 4; ++j) {
           const __m256 wv = _mm256_mul_ps(f[j], s[r]);  // the dequantized weights, exact
@@ -211,6 +222,7 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
       for (int r = 0; r < R; ++r) {
         __m256i p16[M];
         if constexpr (Bits == 8) {
+          prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock, row_bytes);
           const __m256i w = qblock_avx2<8>(a.w.q + (r0 + r) * row_bytes, b);
           for (int t = 0; t < M; ++t)
             p16[t] = _mm256_maddubs_epi16(xa[t], _mm256_sign_epi8(w, xq[t]));
@@ -301,6 +313,7 @@ inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
       sx[t] = _mm256_loadu_ps(a.act.s4 + t * np * 8 + p * 8);
     }
     for (int r = 0; r < R; ++r) {
+      prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * 16, row_bytes);
       const __m256i pk = _mm256_loadu_si256(
           reinterpret_cast<const __m256i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
       const __m256i lo = _mm256_and_si256(pk, mask);
