@@ -16,13 +16,16 @@
 //         shift give the 32 codes in order).
 // rint rounds half to even. float16 scales read as llama.cpp's (2 bytes per group).
 //
-// Two activation strategies (ops/quant.cpp chooses; see docs/quantization.md for the figures):
+// Two activation strategies (the caller's choice, int8 the default of llmkernels.quantized_linear
+// for m <= 8 as the faster; see docs/quantization.md for the figures):
 //   float: x stays float32; each code is widened int8 -> int32 -> float, multiplied by its scale
 //          (the exact dequantized weight) and FMA'd into the accumulators -- the float64
 //          reference of the dequantized weights within float32 accumulation error.
 //   int8:  x quantized per token in blocks of 32 (qacts, llama.cpp's q8_0 with float32 scales);
-//          integer dot products per block (AVX2: _mm256_maddubs_epi16 on |x| and sign(w, x),
-//          then _mm256_madd_epi16; SSE2: _mm_madd_epi16 on int16), scaled by s_w * s_x.
+//          integer dot products per block (AVX2: _mm256_maddubs_epi16 on |x| and sign(w, x) for
+//          int8 weights, on the unsigned nibbles and x for int4 -- two blocks per 32-byte load,
+//          8 * sum(x) subtracted per group -- then _mm256_madd_epi16; SSE2: _mm_madd_epi16 on
+//          int16), scaled by s_w * s_x.
 // ISA paths: the code below is written with SSE2 intrinsics and with AVX2 ones; each per-ISA
 // translation unit compiles the one its flags allow (#if __AVX2__: the avx2 and avx512 units
 // run the 256-bit code; AVX-512 has no cheaper int8 dot product without VNNI), and the float
