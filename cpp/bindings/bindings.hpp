@@ -16,5 +16,6 @@ void bind_attention(py::module_& m);
 void bind_swiglu_ffn(py::module_& m);
 void bind_runtime(py::module_& m);
 void bind_modules(py::module_& m);
+void bind_quant(py::module_& m);
 
 }  // namespace llmk::bind

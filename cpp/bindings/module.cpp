@@ -26,4 +26,5 @@ PYBIND11_MODULE(_core, m) {
   llmk::bind::bind_swiglu_ffn(m);
   llmk::bind::bind_runtime(m);
   llmk::bind::bind_modules(m);
+  llmk::bind::bind_quant(m);
 }

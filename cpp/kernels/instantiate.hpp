@@ -10,6 +10,7 @@
 #include "kernels/kernel_list.hpp"
 #include "kernels/layer_norm.hpp"
 #include "kernels/probe.hpp"
+#include "kernels/quant.hpp"
 #include "kernels/rms_norm.hpp"
 #include "kernels/rope.hpp"
 #include "kernels/silu.hpp"

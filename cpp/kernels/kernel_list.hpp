@@ -12,6 +12,8 @@
 // and every row start are aligned to the vector size (the op's driver checks).
 #pragma once
 
+#include "kernels/quant_types.hpp"
+
 #define LLMK_KERNELS(X, T)                                                                   \
   X(rms_norm_kernel, (T* out, const T* x, const T* weight, std::size_t rows, std::size_t n, \
                       double eps, bool stream))                                              \
@@ -33,10 +35,13 @@
   X(gemm_xt_kernel, (T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,         \
                      std::size_t n, std::size_t k, bool accumulate, const T* bias))
 
-// Kernels of float only (the roofline probes): X(functor, (parameters)), operator() a template
-// over the architecture tag alone.
+// Kernels of float only (the roofline probes; the quantized-weight products of quant.hpp):
+// X(functor, (parameters)), operator() a template over the architecture tag alone.
 #define LLMK_FLOAT_KERNELS(X)                                                                 \
   X(fma_probe_kernel, (std::size_t iterations, double* flops, float* sink))                  \
-  X(triad_kernel, (float* a, const float* b, const float* c, float s, std::size_t n))
+  X(triad_kernel, (float* a, const float* b, const float* c, float s, std::size_t n))       \
+  X(gemv_q8_kernel, (const qgemv_args& a))                                                   \
+  X(gemv_q4_kernel, (const qgemv_args& a))                                                   \
+  X(gemm_q_kernel, (const qgemv_args& a, int bits))
 
 #define LLMK_UNPAREN(...) __VA_ARGS__

@@ -48,4 +48,11 @@ void set_simd_arch(const std::string& name);
 double probe_fma_gflops(int threads, std::size_t iterations);
 double probe_triad_gbs(int threads, std::size_t n, int repeats);
 
+// ops/quant.cpp: group-wise int8 / int4 weights (format: kernels/quant.hpp)
+py::tuple quantize(py::array w, long long bits, long long group_size);
+py::array dequantize(py::array q, py::array scales, long long bits, long long group_size);
+py::array quantized_linear(py::array x, py::array q, py::array scales, long long bits,
+                           long long group_size, std::optional<py::array> bias,
+                           const std::string& activations);
+
 }  // namespace llmk::ops

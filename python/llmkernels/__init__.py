@@ -6,6 +6,8 @@ Ops (float32 and float64, any leading shape, any strides):
 - :func:`silu`, :func:`swiglu`, :func:`swiglu_ffn` — SwiGLU activations and feed-forward
 - :func:`rope`, :func:`rope_inv_freq`, :func:`rope_attention_factor` — rotary embeddings
   with HF's scaling types (linear, dynamic, yarn, llama3, longrope) and p-RoPE
+- :func:`quantize`, :func:`dequantize`, :func:`quantized_linear` — group-wise int8 / int4
+  weights (docs/quantization.md)
 - :func:`attention` — fused streaming (flash-style) scaled dot-product attention with GQA,
   bottom-right causal masking for KV caches, boolean/additive masks and optional weights
 
@@ -32,6 +34,7 @@ from . import modules as _modules  # noqa: E402
 from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn  # noqa: E402
 from ._rope_scaling import rope_attention_factor, rope_inv_freq  # noqa: E402
 from .modules import *  # noqa: E402, F403  (the module classes: modules.__all__)
+from .quant import dequantize, quantize, quantized_linear  # noqa: E402
 from .text import ChatSession, GenerationResponse, generate, load, stream_generate  # noqa: E402
 from .tokenizer import Tokenizer  # noqa: E402
 
@@ -47,8 +50,11 @@ __all__ = [
     "__version__",
     "attention",
     "build_info",
+    "dequantize",
     "get_num_threads",
     "layer_norm",
+    "quantize",
+    "quantized_linear",
     "rms_norm",
     "rope",
     "rope_attention_factor",

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'get_num_threads', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'dequantize', 'get_num_threads', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -225,6 +225,10 @@ def best_simd_arch() -> str:
     """
     The best SIMD path this CPU supports.
     """
+def dequantize(q: numpy.ndarray, scales: numpy.ndarray, bits: typing.SupportsInt | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex) -> numpy.ndarray:
+    """
+    The float32 (rows, k) matrix of quantize's (q, scales) (see llmkernels.dequantize).
+    """
 def get_num_threads() -> int:
     """
     Number of threads the kernels use.
@@ -235,6 +239,14 @@ def layer_norm(x: numpy.ndarray, weight: numpy.ndarray | None, bias: numpy.ndarr
     """
 def openblas_config() -> str:
     ...
+def quantize(w: numpy.ndarray, bits: typing.SupportsInt | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex) -> tuple:
+    """
+    Group-wise quantization of w (rows, k) float32: (q, scales float16 (rows, k / group_size)); q int8 (rows, k) for bits=8, uint8 (rows, k / 2) for bits=4 (see llmkernels.quantize).
+    """
+def quantized_linear(x: numpy.ndarray, q: numpy.ndarray, scales: numpy.ndarray, bits: typing.SupportsInt | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex, bias: numpy.ndarray | None = None, activations: str = 'int8') -> numpy.ndarray:
+    """
+    x (m, k) float32 times the quantized W (rows, k) transposed, plus bias: (m, rows) float32; activations 'float32' or 'int8' (per token, blocks of 32) for m <= 8 (see llmkernels.quantized_linear).
+    """
 def rms_norm(x: numpy.ndarray, weight: numpy.ndarray | None, eps: typing.SupportsFloat | typing.SupportsIndex, out: numpy.ndarray) -> None:
     """
     RMSNorm over the last axis into `out` (C-contiguous operands of one float dtype).

@@ -1,0 +1,733 @@
+// Group-wise quantized weights (int8, int4): matrix-vector products for decode and a matrix
+// product for prefill, the weights converted in registers (GEMV) or in a small cache-resident
+// tile (GEMM) -- never a dequantized copy of the matrix.
+//
+// Format (docs/quantization.md): W (rows, k), rows = output features, quantized along k in
+// groups of G in {32, 64, 128} elements, one float16 scale s per (row, group); the weight is
+// W_deq[r, i] = code[r, i] * s[r, i / G], a product that is exact in float32 (a code has at most
+// 8 significant bits, a float16 scale 11).
+//   int8: symmetric, s = the smallest float16 >= max|w| / 127, code = rint(w / s) in [-127, 127],
+//         stored as int8 (rows, k).
+//   int4: symmetric as llama.cpp's Q4_0: m = the element of largest magnitude (the first one on
+//         ties), s = m / -8 rounded away from zero to float16, code = rint(w / s) clamped to
+//         [-8, 7] (m itself maps to -8: 16 levels used), stored as code + 8 in a nibble, two per
+//         byte (rows, k / 2): in each block of 32 elements, element i in the low nibble of byte
+//         i and element i + 16 in the high nibble (Q4_0's order: one 16-byte load, a mask and a
+//         shift give the 32 codes in order).
+// rint rounds half to even. float16 scales read as llama.cpp's (2 bytes per group).
+//
+// Two activation strategies (the caller's choice, int8 the default of llmkernels.quantized_linear
+// for m <= 8 as the faster; see docs/quantization.md for the figures):
+//   float: x stays float32; each code is widened int8 -> int32 -> float, multiplied by its scale
+//          (the exact dequantized weight) and FMA'd into the accumulators -- the float64
+//          reference of the dequantized weights within float32 accumulation error.
+//   int8:  x quantized per token in blocks of 32 (qacts, llama.cpp's q8_0 with float32 scales);
+//          integer dot products per block (AVX2: _mm256_maddubs_epi16 on |x| and sign(w, x) for
+//          int8 weights, on the unsigned nibbles and x for int4 -- two blocks per 32-byte load,
+//          8 * sum(x) subtracted per group -- then _mm256_madd_epi16; SSE2: _mm_madd_epi16 on
+//          int16), scaled by s_w * s_x.
+// ISA paths: the code below is written with SSE2 intrinsics and with AVX2 ones; each per-ISA
+// translation unit compiles the one its flags allow (#if __AVX2__: the avx2 and avx512 units
+// run the 256-bit code; AVX-512 has no cheaper int8 dot product without VNNI), and the float
+// GEMM tile product is plain xsimd on the unit's own batch type.
+//
+// Every row goes through the same arithmetic whatever block of rows it is computed in, so
+// results do not depend on how rows are split across threads.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/ops.hpp"
+#include "kernels/quant_types.hpp"
+#include "kernels/simd_common.hpp"
+
+namespace llmk {
+namespace {
+
+// float16 bit pattern -> float32, exact for every value (subnormal halves through an int ->
+// float conversion, so no subnormal float32 is formed and DAZ cannot change the answer)
+inline float qhalf_to_float(std::uint16_t h) {
+  const std::uint32_t em = h & 0x7fffu;
+  float mag;
+  if (em >= 0x0400u) {
+    std::uint32_t b = (em << 13) + (std::uint32_t(127 - 15) << 23);
+    if (em >= 0x7c00u) b = (em << 13) | 0x7f800000u;  // Inf / NaN (not made by quantize)
+    std::memcpy(&mag, &b, sizeof mag);
+  } else {
+    mag = static_cast<float>(em) * 0x1p-24f;
+  }
+  // the sign by a bit operation: int4 scales are negative half the time, and a branch on it
+  // mispredicted often enough to triple the time of an int4 GEMV
+  std::uint32_t bits;
+  std::memcpy(&bits, &mag, sizeof bits);
+  bits |= static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::memcpy(&mag, &bits, sizeof mag);
+  return mag;
+}
+
+inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n);
+
+// The row functions convert the float16 scales of R rows kScaleChunk groups at a time into
+// sc[R][kScaleChunk] (on the stack): sc[r][j] = the scale of row r0 + r, group g0 + j.
+constexpr std::size_t kScaleChunk = 64;
+template <int R, std::size_t C>
+inline void load_scales(const qweights& w, std::size_t r0, std::size_t g0, float (*sc)[C]) {
+  static_assert(C >= kScaleChunk, "a row of sc holds a chunk");
+  const std::size_t ng = w.k / w.group, n = std::min(kScaleChunk, ng - g0);
+  for (int r = 0; r < R; ++r) scales_to_float(w.scales + (r0 + r) * ng + g0, sc[r], n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 (256-bit): a block of 32 codes is one __m256i of int8.
+#if defined(__AVX2__)
+
+inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+  return _mm_cvtss_f32(s);
+}
+
+// n float16 scales -> float32, 8 at a time (qhalf_to_float's cases as lane selects): a scalar
+// conversion per (row, group) cost as much as the dot product of a 32-element group
+inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i v =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
+    const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7fff));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x8000)), 16);
+    const __m256i shifted = _mm256_slli_epi32(em, 13);
+    __m256i normal = _mm256_add_epi32(shifted, _mm256_set1_epi32((127 - 15) << 23));
+    normal = _mm256_blendv_epi8(normal, _mm256_or_si256(shifted, _mm256_set1_epi32(0x7f800000)),
+                                _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff)));
+    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-24f));
+    const __m256 mag =
+        _mm256_blendv_ps(sub, _mm256_castsi256_ps(normal),
+                         _mm256_castsi256_ps(_mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x3ff))));
+    _mm256_storeu_ps(out + i, _mm256_or_ps(mag, _mm256_castsi256_ps(sign)));
+  }
+  for (; i < n; ++i) out[i] = qhalf_to_float(h[i]);
+}
+
+// Software prefetch of the same bytes one block of R rows further on. The rows of a block are
+// consecutive, so this runs the reads ahead as one sequential stream: with rows of 1-2 KiB
+// (int4 / int8 at k = 2048) the hardware prefetchers, which stop at 4 KiB pages and track a few
+// streams, left a DRAM-resident matrix (the 2048 -> 32000 output projection) at half the
+// bandwidth of an fp32 sgemv.
+template <int R>
+inline void prefetch_next_rows(const std::uint8_t* p, std::size_t row_bytes) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes), _MM_HINT_T0);
+}
+
+// the 32 codes of block b of a row (int8, in element order)
+template <int Bits>
+inline __m256i qblock_avx2(const std::uint8_t* row, std::size_t b) {
+  if constexpr (Bits == 8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + b * kQBlock));
+  } else {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kQBlock / 2));
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(p, 4), p);  // low nibbles, then high
+    return _mm256_sub_epi8(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
+  }
+}
+
+// the codes of block b as 4 float vectors (elements 8j .. 8j + 7)
+template <int Bits>
+inline void qblock_float_avx2(const std::uint8_t* row, std::size_t b, __m256 f[4]) {
+  if constexpr (Bits == 8) {  // widened straight from memory, 8 codes a load
+    const std::uint8_t* p = row + b * kQBlock;
+    for (int j = 0; j < 4; ++j)
+      f[j] = _mm256_cvtepi32_ps(
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * j))));
+  } else {
+    const __m256i v = qblock_avx2<4>(row, b);
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    f[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    f[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+  }
+}
+
+// rows [r0, r0 + R) against M tokens, float activations
+template <int Bits, int R, int M>
+inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock;
+  const std::size_t row_bytes = Bits == 8 ? k : k / 2;
+  constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token): cover the FMA latency
+  __m256 acc[A][R][M];
+  for (int i = 0; i < A; ++i)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) acc[i][r][t] = _mm256_setzero_ps();
+  alignas(32) float sc[R][kScaleChunk];
+  for (std::size_t g = 0; g < ng; ++g) {
+    __m256 s[R];
+    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
+    for (int r = 0; r < R; ++r) s[r] = _mm256_set1_ps(sc[r][g % kScaleChunk]);
+    for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+      for (int r = 0; r < R; ++r) {
+        __m256 f[4];
+        prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock * Bits / 8, row_bytes);
+        qblock_float_avx2<Bits>(a.w.q + (r0 + r) * row_bytes, b, f);
+        for (int j = 0; j < 4; ++j) {
+          const __m256 wv = _mm256_mul_ps(f[j], s[r]);  // the dequantized weights, exact
+          for (int t = 0; t < M; ++t)
+            acc[j % A][r][t] = _mm256_fmadd_ps(
+                wv, _mm256_loadu_ps(a.x + t * a.ldx + b * kQBlock + 8 * j), acc[j % A][r][t]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      __m256 v = acc[0][r][t];
+      for (int i = 1; i < A; ++i) v = _mm256_add_ps(v, acc[i][r][t]);
+      const float sum = hsum_avx2(v);
+      float& dst = a.y[t * a.ldy + r0 + r];
+      dst = a.accumulate ? dst + sum : sum;
+      if (a.bias) dst += a.bias[r0 + r];
+    }
+}
+
+// rows [r0, r0 + R) against M tokens, int8 activations: per block and (row, token) one integer
+// dot product and one FMA by s_w * s_x. maddubs multiplies unsigned by signed bytes: int8
+// weights use the sign trick (|x| times sign(x) * w; |code| <= 127 keeps the pair sums within
+// int16); int4 weights give their nibbles (code + 8, in [0, 15]) as the unsigned operand, and
+// the 8 * sum of x that this adds is subtracted once per group (qacts::c8): two instructions
+// fewer per block than unpacking to signed codes.
+template <int Bits, int R, int M>
+inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock, nb = k / kQBlock;
+  const std::size_t row_bytes = Bits == 8 ? k : k / 2;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R][M];
+  float corr[R][M];  // int4: sum over groups of s_w * 8 * sum(s_x * x codes)
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      corr[r][t] = 0.f;
+    }
+  alignas(32) float sc[R][kScaleChunk];
+  for (std::size_t g = 0; g < ng; ++g) {
+    float s[R];
+    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
+    for (int r = 0; r < R; ++r) s[r] = sc[r][g % kScaleChunk];
+    for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+      __m256i xq[M], xa[M];
+      float xs[M];
+      for (int t = 0; t < M; ++t) {
+        xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q + t * k + b * kQBlock));
+        xa[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.a + t * k + b * kQBlock));
+        xs[t] = a.act.s[t * nb + b];
+      }
+      for (int r = 0; r < R; ++r) {
+        __m256i p16[M];
+        if constexpr (Bits == 8) {
+          prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock, row_bytes);
+          const __m256i w = qblock_avx2<8>(a.w.q + (r0 + r) * row_bytes, b);
+          for (int t = 0; t < M; ++t)
+            p16[t] = _mm256_maddubs_epi16(xa[t], _mm256_sign_epi8(w, xq[t]));
+        } else {  // the nibbles (code + 8, unsigned) times x; the 8 * sum(x) comes off at the end
+          const __m128i pk = _mm_loadu_si128(
+              reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * kQBlock / 2));
+          const __m256i n =
+              _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), _mm256_set1_epi8(0x0f));
+          for (int t = 0; t < M; ++t) p16[t] = _mm256_maddubs_epi16(n, xq[t]);
+        }
+        for (int t = 0; t < M; ++t) {
+          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16[t], ones));
+          acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(s[r] * xs[t]), acc[r][t]);
+        }
+      }
+    }
+    if constexpr (Bits == 4)
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < M; ++t) corr[r][t] += s[r] * a.act.c8[t * ng + g];
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      const float sum = hsum_avx2(acc[r][t]) - corr[r][t];
+      float& dst = a.y[t * a.ldy + r0 + r];
+      dst = a.accumulate ? dst + sum : sum;
+      if (a.bias) dst += a.bias[r0 + r];
+    }
+}
+
+// rows [r0, r0 + n) of the matrix, columns [c0, c0 + kc) (whole groups), dequantized into
+// tile (n, kc)
+template <int Bits>
+inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std::size_t c0,
+                          std::size_t kc, float* tile) {
+  const std::size_t ng = w.k / w.group, bpg = w.group / kQBlock;
+  const std::size_t row_bytes = Bits == 8 ? w.k : w.k / 2;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::uint8_t* row = w.q + (r0 + r) * row_bytes;
+    for (std::size_t b = c0 / kQBlock; b < (c0 + kc) / kQBlock; ++b) {
+      const __m256 s =
+          _mm256_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
+      __m256 f[4];
+      qblock_float_avx2<Bits>(row, b, f);
+      float* dst = tile + r * kc + (b * kQBlock - c0);
+      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(dst + 8 * j, _mm256_mul_ps(f[j], s));
+    }
+  }
+}
+
+// int4 weights x int8 activations, two blocks per step: one 32-byte load holds the nibbles of
+// blocks b and b + 1; a mask gives [b elements 0-15 | b+1 elements 0-15] and a shift + mask
+// [b 16-31 | b+1 16-31], which meet the activations stored in that order (qacts::q4). Per 64
+// weights: 2 maddubs, one int16 add, one madd, one FMA -- half the instructions of one block at a
+// time. An odd last block takes the one-block path.
+template <int R, int M>
+inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock, nb = k / kQBlock;
+  const std::size_t row_bytes = k / 2, np = nb / 2;
+  const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
+  // the (row) scale of each block of the pair, 4 lanes each
+  const __m256i idx = bpg == 1 ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setzero_si256();
+  __m256 acc[R][M];
+  float corr[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      corr[r][t] = 0.f;
+    }
+  alignas(32) float sc[R][kScaleChunk + 8];  // + 8: the 8-float load at the last groups
+  auto group_done = [&](std::size_t bb) {    // block bb ends its group: the 8 * sum(x) term
+    if ((bb + 1) % bpg != 0) return;
+    const std::size_t g = bb / bpg;
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) corr[r][t] += sc[r][g % kScaleChunk] * a.act.c8[t * ng + g];
+  };
+  auto scales_for = [&](std::size_t bb) {
+    if (bb % bpg == 0 && (bb / bpg) % kScaleChunk == 0) load_scales<R>(a.w, r0, bb / bpg, sc);
+  };
+  for (std::size_t p = 0; p < np; ++p) {
+    const std::size_t b = 2 * p, j = (b / bpg) % kScaleChunk;
+    scales_for(b);
+    __m256i xlo[M], xhi[M];
+    __m256 sx[M];
+    for (int t = 0; t < M; ++t) {
+      const std::int8_t* xp = a.act.q4 + t * k + b * kQBlock;
+      xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
+      xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32));
+      sx[t] = _mm256_loadu_ps(a.act.s4 + t * np * 8 + p * 8);
+    }
+    for (int r = 0; r < R; ++r) {
+      prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * 16, row_bytes);
+      const __m256i pk = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
+      const __m256i lo = _mm256_and_si256(pk, mask);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
+      const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(&sc[r][j]), idx);
+      for (int t = 0; t < M; ++t) {
+        const __m256i p16 =
+            _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]), _mm256_maddubs_epi16(hi, xhi[t]));
+        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        acc[r][t] = _mm256_fmadd_ps(pf, _mm256_mul_ps(sw, sx[t]), acc[r][t]);
+      }
+    }
+    group_done(b);
+    group_done(b + 1);
+  }
+  if (nb % 2) {  // the last block on its own (stored in natural order in q4)
+    const std::size_t b = nb - 1, j = (b / bpg) % kScaleChunk;
+    scales_for(b);
+    for (int r = 0; r < R; ++r) {
+      const __m128i pk =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
+      const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
+      for (int t = 0; t < M; ++t) {
+        const __m256i xq =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q4 + t * k + b * kQBlock));
+        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(n, xq), ones));
+        acc[r][t] = _mm256_fmadd_ps(pf, _mm256_set1_ps(sc[r][j] * a.act.s[t * nb + b]), acc[r][t]);
+      }
+    }
+    group_done(b);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      const float sum = hsum_avx2(acc[r][t]) - corr[r][t];
+      float& dst = a.y[t * a.ldy + r0 + r];
+      dst = a.accumulate ? dst + sum : sum;
+      if (a.bias) dst += a.bias[r0 + r];
+    }
+}
+
+#else  // SSE2 (128-bit): a block of 32 codes is two __m128i of int8.
+
+inline float hsum_sse2(__m128 s) {
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
+  return _mm_cvtss_f32(s);
+}
+
+// n float16 scales -> float32, 4 at a time (see the AVX2 version)
+inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
+  std::size_t i = 0;
+  const __m128i zero = _mm_setzero_si128();
+  for (; i + 4 <= n; i += 4) {
+    const __m128i v =
+        _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(h + i)), zero);
+    const __m128i em = _mm_and_si128(v, _mm_set1_epi32(0x7fff));
+    const __m128i sign = _mm_slli_epi32(_mm_and_si128(v, _mm_set1_epi32(0x8000)), 16);
+    const __m128i shifted = _mm_slli_epi32(em, 13);
+    const __m128i special = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x7bff));
+    const __m128i normal = _mm_or_si128(
+        _mm_andnot_si128(special, _mm_add_epi32(shifted, _mm_set1_epi32((127 - 15) << 23))),
+        _mm_and_si128(special, _mm_or_si128(shifted, _mm_set1_epi32(0x7f800000))));
+    const __m128i is_normal = _mm_cmpgt_epi32(em, _mm_set1_epi32(0x3ff));
+    const __m128i sub = _mm_castps_si128(_mm_mul_ps(_mm_cvtepi32_ps(em), _mm_set1_ps(0x1p-24f)));
+    const __m128i mag =
+        _mm_or_si128(_mm_and_si128(is_normal, normal), _mm_andnot_si128(is_normal, sub));
+    _mm_storeu_ps(out + i, _mm_castsi128_ps(_mm_or_si128(mag, sign)));
+  }
+  for (; i < n; ++i) out[i] = qhalf_to_float(h[i]);
+}
+
+// the 32 codes of block b of a row: v[0] elements 0-15, v[1] 16-31
+template <int Bits>
+inline void qblock_sse2(const std::uint8_t* row, std::size_t b, __m128i v[2]) {
+  if constexpr (Bits == 8) {
+    v[0] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kQBlock));
+    v[1] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kQBlock + 16));
+  } else {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * kQBlock / 2));
+    const __m128i mask = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    v[0] = _mm_sub_epi8(_mm_and_si128(p, mask), eight);
+    v[1] = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(p, 4), mask), eight);
+  }
+}
+
+// int8 x 16 -> int16 x 8 twice (sign-extended: each byte duplicated, then shifted down)
+inline void widen_i8_sse2(__m128i v, __m128i h[2]) {
+  h[0] = _mm_srai_epi16(_mm_unpacklo_epi8(v, v), 8);
+  h[1] = _mm_srai_epi16(_mm_unpackhi_epi8(v, v), 8);
+}
+
+// the codes of block b as 8 float vectors (elements 4j .. 4j + 3)
+template <int Bits>
+inline void qblock_float_sse2(const std::uint8_t* row, std::size_t b, __m128 f[8]) {
+  __m128i v[2];
+  qblock_sse2<Bits>(row, b, v);
+  for (int i = 0; i < 2; ++i) {
+    __m128i h[2];
+    widen_i8_sse2(v[i], h);
+    for (int j = 0; j < 2; ++j) {
+      f[4 * i + 2 * j] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpacklo_epi16(h[j], h[j]), 16));
+      f[4 * i + 2 * j + 1] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(h[j], h[j]), 16));
+    }
+  }
+}
+
+template <int Bits, int R, int M>
+inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock;
+  const std::size_t row_bytes = Bits == 8 ? k : k / 2;
+  constexpr int A = M == 1 ? 2 : 1;
+  __m128 acc[A][R][M];
+  for (int i = 0; i < A; ++i)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) acc[i][r][t] = _mm_setzero_ps();
+  alignas(32) float sc[R][kScaleChunk];
+  for (std::size_t g = 0; g < ng; ++g) {
+    __m128 s[R];
+    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
+    for (int r = 0; r < R; ++r) s[r] = _mm_set1_ps(sc[r][g % kScaleChunk]);
+    for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+      for (int r = 0; r < R; ++r) {
+        __m128 f[8];
+        qblock_float_sse2<Bits>(a.w.q + (r0 + r) * row_bytes, b, f);
+        for (int j = 0; j < 8; ++j) {
+          const __m128 wv = _mm_mul_ps(f[j], s[r]);
+          for (int t = 0; t < M; ++t)
+            acc[j % A][r][t] =
+                _mm_add_ps(acc[j % A][r][t],
+                           _mm_mul_ps(wv, _mm_loadu_ps(a.x + t * a.ldx + b * kQBlock + 4 * j)));
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      __m128 v = acc[0][r][t];
+      for (int i = 1; i < A; ++i) v = _mm_add_ps(v, acc[i][r][t]);
+      const float sum = hsum_sse2(v);
+      float& dst = a.y[t * a.ldy + r0 + r];
+      dst = a.accumulate ? dst + sum : sum;
+      if (a.bias) dst += a.bias[r0 + r];
+    }
+}
+
+// int8 activations: _mm_madd_epi16 on the codes widened to int16 (SSE2 has no maddubs)
+template <int Bits, int R, int M>
+inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock, nb = k / kQBlock;
+  const std::size_t row_bytes = Bits == 8 ? k : k / 2;
+  __m128 acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) acc[r][t] = _mm_setzero_ps();
+  alignas(32) float sc[R][kScaleChunk];
+  for (std::size_t g = 0; g < ng; ++g) {
+    float s[R];
+    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
+    for (int r = 0; r < R; ++r) s[r] = sc[r][g % kScaleChunk];
+    for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+      for (int r = 0; r < R; ++r) {
+        __m128i v[2], w16[4];
+        qblock_sse2<Bits>(a.w.q + (r0 + r) * row_bytes, b, v);
+        widen_i8_sse2(v[0], w16);
+        widen_i8_sse2(v[1], w16 + 2);
+        for (int t = 0; t < M; ++t) {
+          const std::int16_t* xp = a.act.q16 + t * k + b * kQBlock;
+          __m128i p = _mm_madd_epi16(w16[0], _mm_loadu_si128(reinterpret_cast<const __m128i*>(xp)));
+          for (int j = 1; j < 4; ++j)
+            p = _mm_add_epi32(
+                p, _mm_madd_epi16(w16[j],
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(xp + 8 * j))));
+          acc[r][t] = _mm_add_ps(
+              acc[r][t], _mm_mul_ps(_mm_cvtepi32_ps(p), _mm_set1_ps(s[r] * a.act.s[t * nb + b])));
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) {
+      const float sum = hsum_sse2(acc[r][t]);
+      float& dst = a.y[t * a.ldy + r0 + r];
+      dst = a.accumulate ? dst + sum : sum;
+      if (a.bias) dst += a.bias[r0 + r];
+    }
+}
+
+template <int Bits>
+inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std::size_t c0,
+                          std::size_t kc, float* tile) {
+  const std::size_t ng = w.k / w.group, bpg = w.group / kQBlock;
+  const std::size_t row_bytes = Bits == 8 ? w.k : w.k / 2;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::uint8_t* row = w.q + (r0 + r) * row_bytes;
+    for (std::size_t b = c0 / kQBlock; b < (c0 + kc) / kQBlock; ++b) {
+      const __m128 s =
+          _mm_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
+      __m128 f[8];
+      qblock_float_sse2<Bits>(row, b, f);
+      float* dst = tile + r * kc + (b * kQBlock - c0);
+      for (int j = 0; j < 8; ++j) _mm_storeu_ps(dst + 4 * j, _mm_mul_ps(f[j], s));
+    }
+  }
+}
+
+#endif
+
+// int8 activations: int4 weights on AVX2 two blocks a step (qgemv_rows_int4_pairs)
+template <int Bits, int R, int M>
+inline void qgemv_rows_int8_any(const qgemv_args& a, std::size_t r0) {
+#if defined(__AVX2__)
+  if constexpr (Bits == 4) {
+    qgemv_rows_int4_pairs<R, M>(a, r0);
+    return;
+  }
+#endif
+  qgemv_rows_int8<Bits, R, M>(a, r0);
+}
+
+// Every row against M tokens: R-row blocks, then single rows (same arithmetic per row).
+template <int Bits, bool Int8Acts, int M>
+inline void qgemv_tokens(const qgemv_args& a) {
+  constexpr int R = M <= 2 ? 4 : 2;  // R x M (x 2 for one token) accumulators in 16 registers
+  std::size_t r = 0;
+  for (; r + R <= a.w.rows; r += R) {
+    if constexpr (Int8Acts)
+      qgemv_rows_int8_any<Bits, R, M>(a, r);
+    else
+      qgemv_rows_float<Bits, R, M>(a, r);
+  }
+  for (; r < a.w.rows; ++r) {
+    if constexpr (Int8Acts)
+      qgemv_rows_int8_any<Bits, 1, M>(a, r);
+    else
+      qgemv_rows_float<Bits, 1, M>(a, r);
+  }
+}
+
+// Tokens in passes of 4 (the weights read once per pass), then the 1-3 left.
+template <int Bits, bool Int8Acts>
+inline void qgemv_run(const qgemv_args& args) {
+  constexpr std::size_t P = 4;
+  qgemv_args a = args;
+  const std::size_t nb = a.w.k / kQBlock;
+  for (std::size_t t = 0; t < args.m; t += P) {
+    a.y = args.y + t * args.ldy;
+    a.x = args.x + t * args.ldx;
+    if (Int8Acts) {
+      a.act.q = args.act.q + t * a.w.k;
+      a.act.a = args.act.a + t * a.w.k;
+      a.act.q16 = args.act.q16 + t * a.w.k;
+      a.act.s = args.act.s + t * nb;
+      a.act.c8 = args.act.c8 + t * (a.w.k / a.w.group);
+      if (args.act.q4) {
+        a.act.q4 = args.act.q4 + t * a.w.k;
+        a.act.s4 = args.act.s4 + t * (nb / 2) * 8;
+      }
+    }
+    switch (std::min(P, args.m - t)) {
+      case 1:
+        qgemv_tokens<Bits, Int8Acts, 1>(a);
+        break;
+      case 2:
+        qgemv_tokens<Bits, Int8Acts, 2>(a);
+        break;
+      case 3:
+        qgemv_tokens<Bits, Int8Acts, 3>(a);
+        break;
+      default:
+        qgemv_tokens<Bits, Int8Acts, 4>(a);
+        break;
+    }
+  }
+}
+
+template <int Bits>
+inline void qgemv(const qgemv_args& a) {
+  if (a.act.q)
+    qgemv_run<Bits, true>(a);
+  else
+    qgemv_run<Bits, false>(a);
+}
+
+// --- GEMM (prefill) ----------------------------------------------------------------------------
+// The weights of kQTileRows rows x kQTileK columns are dequantized into a tile (32 KiB, stays
+// in L1/L2) and multiplied by every token of the call before the next tile: each weight is
+// converted once per call. The tile product is gemm.hpp's scheme on the unit's batch type: x
+// packed transposed in panels (tokens contiguous), TV token vectors x RN broadcast weights of
+// accumulators, no horizontal sums.
+constexpr std::size_t kQTileRows = 16;
+constexpr std::size_t kQTileK = 512;  // a multiple of every group size
+
+template <class Arch>
+constexpr int qgemm_features(int token_vectors) {
+  constexpr bool wide = std::is_base_of<xsimd::avx512f, Arch>::value;
+  switch (token_vectors) {
+    case 1:
+      return wide ? 12 : 6;
+    case 2:
+      return wide ? 10 : 4;
+    case 3:
+      return wide ? 8 : 3;
+    default:
+      return wide ? 6 : 2;
+  }
+}
+
+// y[t, f] (+)= sum_i xt[i, t] * w[f * ldw + i] (+ bias[f]) for f < RN, t < min(valid, TV*N)
+template <class Arch, int RN, int TV>
+inline void qgemm_block(float* y, std::size_t ldy, const float* xt, const float* w, std::size_t ldw,
+                        std::size_t kc, std::size_t valid, bool accumulate, const float* bias) {
+  using V = vec<Arch, float>;
+  constexpr std::size_t N = V::size;
+  V acc[RN][TV];
+  for (int f = 0; f < RN; ++f)
+    for (int j = 0; j < TV; ++j) acc[f][j] = V(0.f);
+  for (std::size_t i = 0; i < kc; ++i) {
+    V xv[TV];
+    for (int j = 0; j < TV; ++j) xv[j] = V::load_unaligned(xt + i * kQPanel + j * N);
+    for (int f = 0; f < RN; ++f) {
+      const V wv(w[f * ldw + i]);
+      for (int j = 0; j < TV; ++j) acc[f][j] = xsimd::fma(wv, xv[j], acc[f][j]);
+    }
+  }
+  alignas(64) float tile[RN][TV * N];
+  for (int f = 0; f < RN; ++f)
+    for (int j = 0; j < TV; ++j) acc[f][j].store_aligned(&tile[f][j * N]);
+  const std::size_t rows = std::min(valid, TV * N);
+  for (std::size_t t = 0; t < rows; ++t) {
+    float* dst = y + t * ldy;
+    for (int f = 0; f < RN; ++f) {
+      dst[f] = accumulate ? dst[f] + tile[f][t] : tile[f][t];
+      if (bias) dst[f] += bias[f];
+    }
+  }
+}
+
+template <class Arch, int TV>
+inline void qgemm_tokens(float* y, std::size_t ldy, const float* xt, std::size_t valid,
+                         const float* w, std::size_t n, std::size_t kc, bool accumulate,
+                         const float* bias) {
+  constexpr int RN = qgemm_features<Arch>(TV);
+  std::size_t f = 0;
+  for (; f + RN <= n; f += RN)
+    qgemm_block<Arch, RN, TV>(y + f, ldy, xt, w + f * kc, kc, kc, valid, accumulate,
+                              bias ? bias + f : bias);
+  for (; f < n; ++f)
+    qgemm_block<Arch, 1, TV>(y + f, ldy, xt, w + f * kc, kc, kc, valid, accumulate,
+                             bias ? bias + f : bias);
+}
+
+template <class Arch, int Bits>
+inline void qgemm(const qgemv_args& a) {
+  constexpr std::size_t N = vec<Arch, float>::size;
+  constexpr std::size_t chunk = 4 * N;  // tokens per block (4 vectors)
+  static_assert(kQPanel % chunk == 0, "a token chunk must not straddle two panels");
+  alignas(64) float tile[kQTileRows * kQTileK];  // (rows of the tile, kc)
+  const std::size_t k = a.w.k, m = a.m;
+  for (std::size_t r0 = 0; r0 < a.w.rows; r0 += kQTileRows) {
+    const std::size_t nr = std::min(kQTileRows, a.w.rows - r0);
+    for (std::size_t k0 = 0; k0 < k; k0 += kQTileK) {
+      const std::size_t kc = std::min(kQTileK, k - k0);
+      qdequant_tile<Bits>(a.w, r0, nr, k0, kc, tile);
+      const bool acc = a.accumulate || k0 > 0;
+      const float* bias = k0 + kc == k && a.bias ? a.bias + r0 : nullptr;  // with the last chunk
+      for (std::size_t t = 0; t < m; t += chunk) {
+        const std::size_t vectors = (std::min(m - t, chunk) + N - 1) / N;
+        const float* xt = a.x + (t / kQPanel) * k * kQPanel + t % kQPanel + k0 * kQPanel;
+        float* y = a.y + t * a.ldy + r0;
+        const std::size_t valid = m - t;
+        switch (vectors) {
+          case 1:
+            qgemm_tokens<Arch, 1>(y, a.ldy, xt, valid, tile, nr, kc, acc, bias);
+            break;
+          case 2:
+            qgemm_tokens<Arch, 2>(y, a.ldy, xt, valid, tile, nr, kc, acc, bias);
+            break;
+          case 3:
+            qgemm_tokens<Arch, 3>(y, a.ldy, xt, valid, tile, nr, kc, acc, bias);
+            break;
+          default:
+            qgemm_tokens<Arch, 4>(y, a.ldy, xt, valid, tile, nr, kc, acc, bias);
+            break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// y (m, rows) (+)= x (m, k) . W_deq^T (+ bias), W int8 (rows, k) group-wise: decode, m small
+// (the weights read once per 4 tokens, in place). Activations float, or int8 when a.act.q.
+template <class Arch>
+void gemv_q8_kernel::operator()(Arch, const qgemv_args& a) const {
+  qgemv<8>(a);
+}
+
+// The same for int4 weights (rows, k / 2), nibbles packed as described above.
+template <class Arch>
+void gemv_q4_kernel::operator()(Arch, const qgemv_args& a) const {
+  qgemv<4>(a);
+}
+
+// Prefill: a.x is x packed in panels of kQPanel tokens (quant_types.hpp); bits 8 or 4; float
+// activations. Weights dequantized per 16 x 512 tile.
+template <class Arch>
+void gemm_q_kernel::operator()(Arch, const qgemv_args& a, int bits) const {
+  if (bits == 8)
+    qgemm<Arch, 8>(a);
+  else
+    qgemm<Arch, 4>(a);
+}
+
+}  // namespace llmk

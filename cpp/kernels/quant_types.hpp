@@ -1,0 +1,59 @@
+// The operands of the quantized matrix kernels (kernels/quant.hpp), shared with their entry
+// (ops/quant.cpp). The format is described in kernels/quant.hpp and docs/quantization.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace llmk {
+
+// Elements of a packing / activation block: int4 nibbles are paired within 32-element blocks
+// (element i in the low nibble of byte i, element i + 16 in the high one), and the per-token
+// int8 activations carry one scale per 32 elements. Every group size (32, 64, 128) is a whole
+// number of blocks.
+constexpr std::size_t kQBlock = 32;
+
+// A group-wise quantized weight matrix W (rows, k), rows = output features.
+struct qweights {
+  const std::uint8_t* q;        // bits 8: (rows, k) int8 codes; bits 4: (rows, k / 2) nibbles
+  const std::uint16_t* scales;  // (rows, k / group) float16 bit patterns
+  std::size_t rows, k, group;   // group in {32, 64, 128}, k % group == 0
+};
+
+// Activations quantized per token to int8 in blocks of kQBlock (llama.cpp's q8_0, float32
+// scales): x[t, i] ~= q[t, i] * s[t, i / kQBlock]. Null q: the kernels use the float
+// activations instead.
+struct qacts {
+  const std::int8_t* q;     // (m, k) codes in [-127, 127]
+  const std::uint8_t* a;    // (m, k) |q| (the unsigned operand of AVX2's maddubs)
+  const std::int16_t* q16;  // (m, k) q widened (the operand of SSE2's madd)
+  const float* s;           // (m, k / kQBlock)
+  // (m, k / group): 8 * sum over the group's blocks of s * sum(q), the term the AVX2 int4
+  // kernel subtracts (it multiplies x by code + 8)
+  const float* c8;
+  // int4 weights on AVX2 (two blocks a step): q (m, k) reordered per pair of blocks (b, b + 1)
+  // as [b 0-15, b+1 0-15, b 16-31, b+1 16-31] (an odd last block as is), and s4 (m, nb / 2, 8):
+  // [s_b x 4, s_b+1 x 4]. Null for int8 weights.
+  const std::int8_t* q4;
+  const float* s4;
+};
+
+// One call of gemv_q8_kernel / gemv_q4_kernel / gemm_q_kernel:
+//   y[t * ldy + r] (+)= sum_i W_deq[r, i] * x[t * ldx + i] (+ bias[r])   t < m, r < w.rows
+// W_deq[r, i] = code * scale (exact in float32). The gemv kernels use act.q when non-null.
+struct qgemv_args {
+  float* y;
+  std::size_t ldy;
+  qweights w;
+  const float* x;  // (m, k) row stride ldx
+  std::size_t ldx, m;
+  qacts act;
+  bool accumulate;
+  const float* bias;  // (rows,) or null, added in the final store
+};
+
+// gemm_q_kernel (prefill): x given packed in panels of kQPanel tokens, xt[(p * k + i) *
+// kQPanel + j] = x[p * kQPanel + j, i], zero past row m (the layout of gemm.hpp's panels).
+constexpr std::size_t kQPanel = 64;
+
+}  // namespace llmk

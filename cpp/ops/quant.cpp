@@ -1,0 +1,382 @@
+// quantize / dequantize / quantized_linear: group-wise int8 and int4 weights (format:
+// kernels/quant.hpp, docs/quantization.md). The quantization itself is scalar code here (it runs
+// once per weight matrix), written so that llmkernels.quant's NumPy twin gives the same bits:
+// float32 max, division and rint (round half to even), float16 scales rounded up in magnitude.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/isa.hpp"
+#include "common/mxcsr.hpp"
+#include "common/scratch.hpp"
+#include "common/thread_pool.hpp"
+#include "kernels/ops.hpp"
+#include "ops/ops.hpp"
+
+namespace llmk::ops {
+namespace {
+
+constexpr std::size_t kRowBlock = 256;     // rows per task of the thread split (fixed by the shape)
+constexpr std::size_t kGemvMaxTokens = 8;  // above: the tile GEMM
+
+float half_bits_to_float(std::uint16_t h) {
+  const std::uint32_t em = h & 0x7fffu;
+  float mag;
+  if (em >= 0x0400u) {
+    std::uint32_t b = (em << 13) + (std::uint32_t(127 - 15) << 23);
+    if (em >= 0x7c00u) b = (em << 13) | 0x7f800000u;
+    std::memcpy(&mag, &b, sizeof mag);
+  } else {
+    mag = static_cast<float>(em) * 0x1p-24f;
+  }
+  // the sign by a bit operation: int4 scales are negative half the time, and a branch on it
+  // mispredicted often enough to triple the time of an int4 GEMV
+  std::uint32_t bits;
+  std::memcpy(&bits, &mag, sizeof bits);
+  bits |= static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  std::memcpy(&mag, &bits, sizeof mag);
+  return mag;
+}
+
+// The smallest float16 >= d (d >= 0 finite), as bits; >= 0x7c00 when d > 65504 (too large).
+std::uint16_t half_ceil(float d) {
+  if (d == 0.f) return 0;
+  if (d < 0x1p-14f) return static_cast<std::uint16_t>(std::ceil(d * 0x1p24f));  // subnormal
+  std::uint32_t b;
+  std::memcpy(&b, &d, sizeof b);
+  const int e = static_cast<int>(b >> 23) - 127;
+  if (e > 15) return 0x7c00;
+  const std::uint32_t m = b & 0x7fffffu;
+  std::uint32_t h = (static_cast<std::uint32_t>(e + 15) << 10) | (m >> 13);
+  if (m & 0x1fffu) h += 1;  // carries into the exponent when the mantissa was all ones
+  return static_cast<std::uint16_t>(h);
+}
+
+int check_bits(const char* fn, long long bits) {
+  if (bits != 4 && bits != 8) fail(fn, "bits must be 4 or 8, got " + std::to_string(bits));
+  return static_cast<int>(bits);
+}
+
+std::size_t check_group(const char* fn, long long g) {
+  if (g != 32 && g != 64 && g != 128)
+    fail(fn, "group_size must be 32, 64 or 128, got " + std::to_string(g));
+  return static_cast<std::size_t>(g);
+}
+
+void check_dtype(const char* fn, const char* name, const py::array& a, const py::dtype& dt,
+                 const char* dt_name) {
+  if (!same_dtype(a.dtype(), dt))
+    throw py::type_error(std::string("[") + fn + "] " + name + " has dtype " +
+                         std::string(py::str(a.dtype())) + ", expected " + dt_name);
+  if (!(a.flags() & py::array::c_style)) fail(fn, std::string(name) + " must be C-contiguous");
+}
+
+py::dtype float16_dtype() { return py::dtype("float16"); }
+
+// The checked quantized matrix (q, scales): its rows and k.
+qweights check_qweights(const char* fn, const py::array& q, const py::array& scales, int bits,
+                        std::size_t group) {
+  if (bits == 8)
+    check_dtype(fn, "q", q, py::dtype::of<std::int8_t>(), "int8 (bits=8)");
+  else
+    check_dtype(fn, "q", q, py::dtype::of<std::uint8_t>(), "uint8 (bits=4: two codes a byte)");
+  check_dtype(fn, "scales", scales, float16_dtype(), "float16");
+  if (q.ndim() != 2)
+    fail(fn, "q must have shape (rows, " + std::string(bits == 8 ? "k" : "k / 2") + "), got " +
+                 shape_str(q));
+  const std::size_t rows = static_cast<std::size_t>(q.shape(0));
+  const std::size_t k = static_cast<std::size_t>(q.shape(1)) * (bits == 8 ? 1 : 2);
+  if (k % group != 0)
+    fail(fn, "q's shape " + shape_str(q) + " gives k = " + std::to_string(k) +
+                 ", not a multiple of group_size = " + std::to_string(group));
+  if (scales.ndim() != 2 || static_cast<std::size_t>(scales.shape(0)) != rows ||
+      static_cast<std::size_t>(scales.shape(1)) != k / group)
+    fail(fn, "scales must have shape (" + std::to_string(rows) + ", " + std::to_string(k / group) +
+                 ") for q " + shape_str(q) + " and group_size " + std::to_string(group) + ", got " +
+                 shape_str(scales));
+  return qweights{static_cast<const std::uint8_t*>(q.data()),
+                  static_cast<const std::uint16_t*>(scales.data()), rows, k, group};
+}
+
+// Status of one row's quantization: 0 fine, 1 non-finite value, 2 scale beyond float16.
+struct RowStatus {
+  std::uint8_t code = 0;
+  std::size_t group = 0;
+  float amax = 0.f;
+};
+
+RowStatus quantize_row(const float* w, std::size_t k, std::size_t group, int bits, std::uint8_t* q,
+                       std::uint16_t* scales) {
+  RowStatus st;
+  for (std::size_t i = 0; i < k; ++i)
+    if (!std::isfinite(w[i])) {
+      st.code = 1;
+      st.group = i / group;
+      return st;
+    }
+  std::int8_t codes[128];
+  for (std::size_t g = 0; g < k / group; ++g) {
+    const float* wg = w + g * group;
+    float amax = 0.f, extreme = 0.f;
+    for (std::size_t i = 0; i < group; ++i)
+      if (std::fabs(wg[i]) > amax) {  // the first element of largest magnitude
+        amax = std::fabs(wg[i]);
+        extreme = wg[i];
+      }
+    // int8: s >= max|w| / 127; int4 (Q4_0): s = extreme / -8 rounded away from zero
+    const float d = bits == 8 ? amax / 127.f : extreme / -8.f;
+    const std::uint16_t h = half_ceil(std::fabs(d));
+    if (h >= 0x7c00u) {
+      st.code = 2;
+      st.group = g;
+      st.amax = amax;
+      return st;
+    }
+    const std::uint16_t sh = static_cast<std::uint16_t>(h | (d < 0.f ? 0x8000u : 0u));
+    scales[g] = sh;
+    const float s = half_bits_to_float(sh);
+    const float lo = bits == 8 ? -127.f : -8.f, hi = bits == 8 ? 127.f : 7.f;
+    for (std::size_t i = 0; i < group; ++i) {
+      const float c = s == 0.f ? 0.f : std::nearbyint(wg[i] / s);  // round half to even
+      codes[i] = static_cast<std::int8_t>(std::min(hi, std::max(lo, c)));
+    }
+    if (bits == 8) {
+      std::memcpy(q + g * group, codes, group);
+    } else {
+      std::uint8_t* dst = q + g * group / 2;
+      for (std::size_t b = 0; b < group / kQBlock; ++b)
+        for (std::size_t j = 0; j < kQBlock / 2; ++j)
+          dst[b * 16 + j] = static_cast<std::uint8_t>((codes[b * 32 + j] + 8) |
+                                                      ((codes[b * 32 + j + 16] + 8) << 4));
+    }
+  }
+  return st;
+}
+
+// Per token, per block of 32: s = max|x| / 127 (float32), q = rint(x / s) (0 when s == 0);
+// a block holding NaN or Inf gets s = NaN (its products are NaN, as in float arithmetic).
+void quantize_acts(const float* x, std::size_t m, std::size_t k, std::size_t group, std::int8_t* q,
+                   std::uint8_t* a, std::int16_t* q16, float* s, float* c8) {
+  const std::size_t nb = k / kQBlock, bpg = group / kQBlock;
+  for (std::size_t t = 0; t < m; ++t)
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float* xb = x + t * k + b * kQBlock;
+      float amax = 0.f;
+      bool finite = true;
+      for (std::size_t i = 0; i < kQBlock; ++i) {
+        finite = finite && std::isfinite(xb[i]);
+        amax = std::max(amax, std::fabs(xb[i]));
+      }
+      const float d = amax / 127.f;
+      s[t * nb + b] = finite ? d : std::numeric_limits<float>::quiet_NaN();
+      int sum = 0;
+      for (std::size_t i = 0; i < kQBlock; ++i) {
+        const std::size_t j = t * k + b * kQBlock + i;
+        const float c = !finite || d == 0.f ? 0.f : std::nearbyint(xb[i] / d);
+        const int v = static_cast<int>(std::min(127.f, std::max(-127.f, c)));
+        q[j] = static_cast<std::int8_t>(v);
+        a[j] = static_cast<std::uint8_t>(v < 0 ? -v : v);
+        q16[j] = static_cast<std::int16_t>(v);
+        sum += v;
+      }
+      float& c = c8[t * (k / group) + b / bpg];
+      const float term = 8.f * static_cast<float>(sum) * s[t * nb + b];
+      c = b % bpg == 0 ? term : c + term;
+    }
+}
+
+// x (m, k) -> panels of kQPanel tokens, each transposed (k, kQPanel), zero past token m
+void pack_panels(const float* x, std::size_t m, std::size_t k, float* xt) {
+  constexpr std::size_t P = kQPanel, kTile = 16;
+  for (std::size_t p0 = 0; p0 < m; p0 += P) {
+    float* panel = xt + p0 * k;
+    for (std::size_t i0 = 0; i0 < P; i0 += kTile)
+      for (std::size_t k0 = 0; k0 < k; k0 += kTile) {
+        const std::size_t k1 = std::min(k, k0 + kTile);
+        for (std::size_t i = i0; i < i0 + kTile; ++i) {
+          const std::size_t t = p0 + i;
+          for (std::size_t kk = k0; kk < k1; ++kk) panel[kk * P + i] = t < m ? x[t * k + kk] : 0.f;
+        }
+      }
+  }
+}
+
+}  // namespace
+
+py::tuple quantize(py::array w, long long bits_arg, long long group_arg) {
+  const char* fn = "quantize";
+  const int bits = check_bits(fn, bits_arg);
+  const std::size_t group = check_group(fn, group_arg);
+  check_dtype(fn, "w", w, py::dtype::of<float>(), "float32");
+  if (w.ndim() != 2) fail(fn, "w must have shape (rows, k), got " + shape_str(w));
+  const std::size_t rows = static_cast<std::size_t>(w.shape(0));
+  const std::size_t k = static_cast<std::size_t>(w.shape(1));
+  if (k % group != 0)
+    fail(fn, "w's k = " + std::to_string(k) + " (shape " + shape_str(w) +
+                 ") must be a multiple of group_size = " + std::to_string(group));
+  py::array q = bits == 8 ? py::array(py::array_t<std::int8_t>({rows, k}))
+                          : py::array(py::array_t<std::uint8_t>({rows, k / 2}));
+  py::array scales(float16_dtype(), std::vector<py::ssize_t>{static_cast<py::ssize_t>(rows),
+                                                             static_cast<py::ssize_t>(k / group)});
+  const float* wp = static_cast<const float*>(w.data());
+  auto* qp = static_cast<std::uint8_t*>(q.mutable_data());
+  auto* sp = static_cast<std::uint16_t*>(scales.mutable_data());
+  const std::size_t row_bytes = bits == 8 ? k : k / 2;
+  std::vector<RowStatus> status(rows);
+  {
+    py::gil_scoped_release nogil;
+    parallel_for(rows, 1, 4.0 * static_cast<double>(k), [&](std::size_t r0, std::size_t r1) {
+      ExactSubnormals exact;  // float16 rounding of tiny scales must not see DAZ
+      for (std::size_t r = r0; r < r1; ++r)
+        status[r] =
+            quantize_row(wp + r * k, k, group, bits, qp + r * row_bytes, sp + r * (k / group));
+    });
+  }
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (status[r].code == 1)
+      fail(fn, "w must be finite: row " + std::to_string(r) + ", group " +
+                   std::to_string(status[r].group) + " holds NaN or Inf");
+    if (status[r].code == 2)
+      fail(fn, "w row " + std::to_string(r) + ", group " + std::to_string(status[r].group) +
+                   ": max |w| = " + std::to_string(status[r].amax) +
+                   " needs a scale beyond float16's range (max |w| must stay below " +
+                   (bits == 8 ? "8.3e6" : "5.2e5") + ")");
+  }
+  return py::make_tuple(q, scales);
+}
+
+py::array dequantize(py::array q, py::array scales, long long bits_arg, long long group_arg) {
+  const char* fn = "dequantize";
+  const int bits = check_bits(fn, bits_arg);
+  const std::size_t group = check_group(fn, group_arg);
+  const qweights w = check_qweights(fn, q, scales, bits, group);
+  py::array_t<float> out({w.rows, w.k});
+  float* op = out.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    parallel_for(w.rows, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; ++r)
+        for (std::size_t i = 0; i < w.k; ++i) {
+          const float s = half_bits_to_float(w.scales[r * (w.k / group) + i / group]);
+          int c;
+          if (bits == 8) {
+            c = static_cast<std::int8_t>(w.q[r * w.k + i]);
+          } else {
+            const std::size_t b = i / kQBlock, j = i % kQBlock;
+            const std::uint8_t byte = w.q[r * (w.k / 2) + b * 16 + j % 16];
+            c = (j < 16 ? byte & 0x0f : byte >> 4) - 8;
+          }
+          op[r * w.k + i] = static_cast<float>(c) * s;
+        }
+    });
+  }
+  return std::move(out);
+}
+
+py::array quantized_linear(py::array x, py::array q, py::array scales, long long bits_arg,
+                           long long group_arg, std::optional<py::array> bias,
+                           const std::string& activations) {
+  const char* fn = "quantized_linear";
+  const int bits = check_bits(fn, bits_arg);
+  const std::size_t group = check_group(fn, group_arg);
+  const qweights w = check_qweights(fn, q, scales, bits, group);
+  if (activations != "float32" && activations != "int8")
+    fail(fn, "activations must be 'float32' or 'int8', got '" + activations + "'");
+  check_dtype(fn, "x", x, py::dtype::of<float>(), "float32");
+  if (x.ndim() != 2 || static_cast<std::size_t>(x.shape(1)) != w.k)
+    fail(fn, "x must have shape (m, " + std::to_string(w.k) + ") for q " + shape_str(q) + ", got " +
+                 shape_str(x));
+  if (bias) {
+    check_dtype(fn, "bias", *bias, py::dtype::of<float>(), "float32");
+    check_vector(fn, "bias", *bias, static_cast<py::ssize_t>(w.rows));
+  }
+  const std::size_t m = static_cast<std::size_t>(x.shape(0));
+  py::array_t<float> out({m, w.rows});
+  if (m == 0 || w.rows == 0) return std::move(out);
+  qgemv_args a{};
+  a.y = out.mutable_data();
+  a.ldy = w.rows;
+  a.w = w;
+  a.x = static_cast<const float*>(x.data());
+  a.ldx = w.k;
+  a.m = m;
+  a.accumulate = false;
+  a.bias = bias ? static_cast<const float*>(bias->data()) : nullptr;
+  const bool gemv = m <= kGemvMaxTokens;
+  const bool int8_acts = gemv && activations == "int8";
+  {
+    py::gil_scoped_release nogil;
+    // scratch before the parallel region (kernels never allocate): int8 activations, or the
+    // packed tokens of the GEMM
+    const std::size_t nb = w.k / kQBlock;
+    const std::size_t ng = w.k / group;
+    const std::size_t np = nb / 2;
+    const std::size_t act_bytes =
+        int8_acts ? m * w.k * 5 + (m * nb + m * ng + m * np * 8) * sizeof(float) + 256 : 0;
+    const std::size_t panel_floats = gemv ? 0 : (m + kQPanel - 1) / kQPanel * kQPanel * w.k;
+    ScratchLease lease(std::max<std::size_t>(act_bytes + panel_floats * sizeof(float), 64));
+    auto* base = lease.as<std::uint8_t>();
+    if (int8_acts) {
+      auto* q16 = reinterpret_cast<std::int16_t*>(base);  // (m, k), 2 bytes each
+      auto* sc = reinterpret_cast<float*>(base + m * w.k * 2);
+      auto* c8 = sc + m * nb;
+      auto* s4 = c8 + m * ng;
+      auto* xq = reinterpret_cast<std::int8_t*>(s4 + m * np * 8);
+      auto* xa = reinterpret_cast<std::uint8_t*>(xq + m * w.k);
+      auto* q4 = reinterpret_cast<std::int8_t*>(xa + m * w.k);
+      {
+        ExactSubnormals exact;
+        quantize_acts(a.x, m, w.k, group, xq, xa, q16, sc, c8);
+      }
+      a.act = qacts{xq, xa, q16, sc, c8, nullptr, nullptr};
+      if (bits == 4) {  // the pair order of the AVX2 int4 kernel
+        for (std::size_t t = 0; t < m; ++t) {
+          const std::int8_t* src = xq + t * w.k;
+          std::int8_t* dst = q4 + t * w.k;
+          for (std::size_t p = 0; p < np; ++p) {
+            const std::int8_t* b0 = src + 2 * p * kQBlock;
+            std::int8_t* d = dst + 2 * p * kQBlock;
+            std::memcpy(d, b0, 16);
+            std::memcpy(d + 16, b0 + kQBlock, 16);
+            std::memcpy(d + 32, b0 + 16, 16);
+            std::memcpy(d + 48, b0 + kQBlock + 16, 16);
+            for (int i = 0; i < 8; ++i) s4[(t * np + p) * 8 + i] = sc[t * nb + 2 * p + i / 4];
+          }
+          if (nb % 2) std::memcpy(dst + (nb - 1) * kQBlock, src + (nb - 1) * kQBlock, kQBlock);
+        }
+        a.act.q4 = q4;
+        a.act.s4 = s4;
+      }
+    }
+    if (!gemv) {
+      float* xt = reinterpret_cast<float*>(base + act_bytes);
+      pack_panels(a.x, m, w.k, xt);
+      a.x = xt;
+    }
+    const std::size_t blocks = (w.rows + kRowBlock - 1) / kRowBlock;
+    const std::size_t row_bytes = bits == 8 ? w.k : w.k / 2;
+    parallel_for(blocks, 1, 2.0 * static_cast<double>(m * w.k * kRowBlock),
+                 [&](std::size_t b0, std::size_t b1) {
+                   ExactSubnormals exact;
+                   const std::size_t r0 = b0 * kRowBlock, r1 = std::min(w.rows, b1 * kRowBlock);
+                   qgemv_args part = a;
+                   part.y = a.y + r0;
+                   part.w.q = w.q + r0 * row_bytes;
+                   part.w.scales = w.scales + r0 * (w.k / group);
+                   part.w.rows = r1 - r0;
+                   part.bias = a.bias ? a.bias + r0 : nullptr;
+                   if (!gemv)
+                     dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
+                   else if (bits == 8)
+                     dispatch(gemv_q8_kernel{}, static_cast<const qgemv_args&>(part));
+                   else
+                     dispatch(gemv_q4_kernel{}, static_cast<const qgemv_args&>(part));
+                 });
+  }
+  return std::move(out);
+}
+
+}  // namespace llmk::ops

@@ -1,0 +1,213 @@
+"""Group-wise int8 / int4 weights: :func:`quantize`, :func:`dequantize`, :func:`quantized_linear`,
+and their NumPy twins (``ref_*``, the specification; the C++ quantization gives the same bits).
+
+Format (docs/quantization.md): a weight matrix ``w`` (rows, k) -- rows are output features, as
+HF stores ``nn.Linear`` weights -- is quantized along k in groups of ``group_size`` (32, 64 or
+128) elements, one float16 scale per (row, group); the dequantized weight is
+``code * scale`` (exact in float32).
+
+* ``bits=8``: ``scale`` = the smallest float16 >= max|w| / 127, ``code = rint(w / scale)`` in
+  [-127, 127]; ``q`` int8 (rows, k).
+* ``bits=4`` (llama.cpp's Q4_0): ``scale`` = (the element of largest magnitude) / -8, rounded
+  away from zero to float16, ``code = rint(w / scale)`` clamped to [-8, 7]; ``q`` uint8
+  (rows, k / 2) holding ``code + 8``: in every block of 32 elements, element i in the low nibble
+  of byte i and element i + 16 in the high nibble.
+
+``rint`` rounds half to even; divisions are float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _core
+
+__all__ = ["dequantize", "quantize", "quantized_linear"]
+
+BLOCK = 32  # int4 packing block and per-token activation block
+# The activations of quantized_linear's decode path (m <= 8) by default: see docs/quantization.md
+DEFAULT_ACTIVATIONS = "int8"
+
+
+def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"[{fn}] {name} must be a real array, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def quantize(w: Any, bits: int = 8, group_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize ``w`` (rows, k) group-wise along k: returns ``(q, scales)``.
+
+    ``q`` is int8 (rows, k) for ``bits=8`` and uint8 (rows, k / 2) for ``bits=4`` (two codes a
+    byte, llama.cpp's Q4_0 order); ``scales`` is float16 (rows, k / group_size). k must be a
+    multiple of ``group_size`` (32, 64 or 128) and ``w`` finite. Bit-identical to
+    :func:`ref_quantize`.
+
+    Example:
+        >>> import numpy as np, llmkernels as lk
+        >>> w = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+        >>> q, s = lk.quantize(w, bits=8, group_size=32)
+        >>> q.dtype, q.shape, s.dtype, s.shape
+        (dtype('int8'), (2, 32), dtype('float16'), (2, 1))
+        >>> bool(np.abs(lk.dequantize(q, s, 8, 32) - w).max() <= s.max() / 2)
+        True
+    """
+    return _core.quantize(_as_f32("w", "quantize", w), bits, group_size)
+
+
+def dequantize(
+    q: np.ndarray, scales: np.ndarray, bits: int = 8, group_size: int = 32
+) -> np.ndarray:
+    """The float32 (rows, k) matrix ``code * scale`` of :func:`quantize`'s ``(q, scales)``.
+
+    Example:
+        >>> import numpy as np, llmkernels as lk
+        >>> w = np.array([[0.5, -1.0] * 16], np.float32)
+        >>> q, s = lk.quantize(w, bits=4, group_size=32)
+        >>> lk.dequantize(q, s, bits=4, group_size=32)[0, :2]
+        array([ 0.5, -1. ], dtype=float32)
+    """
+    return _core.dequantize(np.ascontiguousarray(q), np.ascontiguousarray(scales), bits, group_size)
+
+
+def quantized_linear(
+    x: Any,
+    q: np.ndarray,
+    scales: np.ndarray,
+    bits: int = 8,
+    group_size: int = 32,
+    bias: Any = None,
+    *,
+    activations: str = DEFAULT_ACTIVATIONS,
+) -> np.ndarray:
+    """``x @ dequantize(q, scales).T + bias`` without a dequantized copy of the matrix.
+
+    ``x`` (..., k) float32 (converted if needed); returns (..., rows) float32. Up to 8 tokens the
+    product is a matrix-vector kernel reading the codes in place. There ``activations="int8"``
+    (the default: the faster, see docs/quantization.md) quantizes each token in blocks of 32
+    (llama.cpp's q8_0) and uses integer dot products (:func:`ref_quantized_linear` with
+    ``activations="int8"`` is its formula); ``activations="float32"`` keeps x in float32 and
+    dequantizes the weights in registers (the float64 product of the dequantized weights within
+    float32 rounding). More tokens: the weights are dequantized per small tile and multiplied
+    in float32 (float activations whatever ``activations`` says).
+
+    Example:
+        >>> import numpy as np, llmkernels as lk
+        >>> rng = np.random.default_rng(0)
+        >>> w = rng.standard_normal((64, 128)).astype(np.float32)
+        >>> q, s = lk.quantize(w, bits=4, group_size=32)
+        >>> x = rng.standard_normal((1, 128)).astype(np.float32)
+        >>> y = lk.quantized_linear(x, q, s, bits=4, group_size=32)
+        >>> y.shape, y.dtype
+        ((1, 64), dtype('float32'))
+        >>> exact = x @ lk.dequantize(q, s, bits=4, group_size=32).T
+        >>> bool(np.allclose(lk.quantized_linear(x, q, s, 4, 32, activations="float32"), exact,
+        ...                  rtol=1e-5, atol=1e-4))
+        True
+    """
+    if np.ndim(x) < 1:
+        raise ValueError("[quantized_linear] x must have shape (..., k), got a 0-d array")
+    xa = _as_f32("x", "quantized_linear", x)
+    lead = xa.shape[:-1]
+    x2 = xa.reshape(-1, xa.shape[-1])
+    b = None if bias is None else _as_f32("bias", "quantized_linear", bias)
+    y = _core.quantized_linear(
+        x2,
+        np.ascontiguousarray(q),
+        np.ascontiguousarray(scales),
+        bits,
+        group_size,
+        b,
+        activations,
+    )
+    return y.reshape(*lead, y.shape[-1])
+
+
+# --- NumPy twins (the specification) -----------------------------------------------------------
+
+
+def _half_ceil(d: np.ndarray) -> np.ndarray:
+    """The smallest float16 >= d (d >= 0, float32), as float16."""
+    with np.errstate(over="ignore"):
+        h = d.astype(np.float16)
+    up = h.astype(np.float32) < d
+    return np.where(up, np.nextafter(h, np.float16(np.inf)), h)
+
+
+def ref_quantize(w: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """NumPy twin of :func:`quantize` (same bits)."""
+    w = np.asarray(w, np.float32)
+    rows, k = w.shape
+    wg = w.reshape(rows, k // group_size, group_size)
+    if bits == 8:
+        d = np.abs(wg).max(-1) / np.float32(127)
+    else:
+        idx = np.abs(wg).argmax(-1)  # the first element of largest magnitude
+        d = np.take_along_axis(wg, idx[..., None], -1)[..., 0] / np.float32(-8)
+    h = _half_ceil(np.abs(d).astype(np.float32))
+    scales = np.where(d < 0, -h, h).astype(np.float16)
+    s = scales.astype(np.float32)[..., None]
+    lo, hi = (-127, 127) if bits == 8 else (-8, 7)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        codes = np.where(s == 0, np.float32(0), np.rint(wg / s))
+    codes = np.clip(codes, lo, hi).astype(np.int8).reshape(rows, k)
+    if bits == 8:
+        return codes, scales
+    nib = (codes.astype(np.int16) + 8).astype(np.uint8).reshape(rows, k // BLOCK, BLOCK)
+    packed = nib[..., :16] | (nib[..., 16:] << 4)
+    return packed.reshape(rows, k // 2), scales
+
+
+def ref_codes(q: np.ndarray, bits: int) -> np.ndarray:
+    """The int codes (rows, k) of ``q``."""
+    if bits == 8:
+        return np.asarray(q, np.int8).astype(np.int32)
+    rows = q.shape[0]
+    b = np.asarray(q, np.uint8).reshape(rows, -1, 16).astype(np.int32)
+    return np.concatenate([b & 15, b >> 4], axis=-1).reshape(rows, -1) - 8
+
+
+def ref_dequantize(q: np.ndarray, scales: np.ndarray, bits: int, group_size: int) -> np.ndarray:
+    """NumPy twin of :func:`dequantize` (float32, same bits)."""
+    c = ref_codes(q, bits).astype(np.float32)
+    s = np.repeat(np.asarray(scales).astype(np.float32), group_size, axis=1)
+    return c * s
+
+
+def ref_quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per token, per block of 32: ``s = max|x| / 127`` (float32), ``q = rint(x / s)`` (0 where
+    s == 0). Returns (q int8 (m, k), s float32 (m, k / 32))."""
+    x = np.asarray(x, np.float32)
+    m, k = x.shape
+    xb = x.reshape(m, k // BLOCK, BLOCK)
+    s = np.abs(xb).max(-1) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        qx = np.where(s[..., None] == 0, np.float32(0), np.rint(xb / s[..., None]))
+    return np.clip(qx, -127, 127).astype(np.int8).reshape(m, k), s
+
+
+def ref_quantized_linear(
+    x: np.ndarray,
+    q: np.ndarray,
+    scales: np.ndarray,
+    bits: int,
+    group_size: int,
+    bias: np.ndarray | None = None,
+    activations: str = "float32",
+) -> np.ndarray:
+    """float64 reference of :func:`quantized_linear`: ``x @ W_deq.T + bias``, with x replaced
+    by its per-token int8 blocks (``q * s``) when ``activations="int8"``."""
+    w = ref_dequantize(q, scales, bits, group_size).astype(np.float64)
+    x = np.asarray(x, np.float32)
+    if activations == "int8":
+        qx, s = ref_quantize_activations(x)
+        xd = qx.astype(np.float64) * np.repeat(s.astype(np.float64), BLOCK, axis=1)
+    else:
+        xd = x.astype(np.float64)
+    y = xd @ w.T
+    if bias is not None:
+        y = y + np.asarray(bias, np.float64)
+    return y
