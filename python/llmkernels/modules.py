@@ -91,8 +91,14 @@ def _torch_int16() -> Any:
 
 #: weight storage dtypes by name (what the C++ modules take), and the aliases accepted
 _WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
-_DTYPE_ALIASES = {"f32": "float32", "fp32": "float32", "bf16": "bfloat16", "f16": "float16",
-                  "fp16": "float16", "half": "float16"}
+_DTYPE_ALIASES = {
+    "f32": "float32",
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
 
 
 def _weight_dtype(fn: str, dtype: Any, allow_none: bool = False) -> str | None:

@@ -10,11 +10,10 @@ Every SIMD path (``isa``), tails 1, 7, 31, 33, 1025, and thread counts 1-3.
 
 from __future__ import annotations
 
+import llmkernels as lk
 import ml_dtypes
 import numpy as np
 import pytest
-
-import llmkernels as lk
 from llmkernels import _core
 
 FORMATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
