@@ -254,3 +254,17 @@ def test_bad_dtype(bad: Any, tmp_path: Path) -> None:
         lk.Transformer.from_pretrained(tmp_path, dtype=bad)
     with pytest.raises(ValueError, match=r"^\[Transformer.to\] dtype must be"):
         lk.Transformer(CFG, seed=0).to(bad)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_inspection_path_reads_16_bit_weights(dtype: str) -> None:
+    # llmkernels.inspect runs the layers in NumPy from the state dict: widened there
+    model = lk.Transformer(CFG, seed=0, dtype=dtype)
+    ids = np.array([[5, 6, 7, 8, 9]])
+    logits, weights = model(ids, return_attention=True)
+    np.testing.assert_allclose(logits, model(ids), rtol=1e-4, atol=1e-5)
+    assert len(weights) == CFG["n_layers"] and block_dtype(model) == dtype
+
+
+def block_dtype(model: lk.Transformer) -> str:
+    return model.blocks[0].dtype

@@ -33,7 +33,8 @@ struct WeightRef {
 // y (m, n) [+]= x (m, k) . W^T [+ bias (n,) or null], W a WeightRef. float32 weights take
 // linear<float>(..., WeightLayout::out_in, ...) above; 16-bit weights are converted in registers
 // (kernels/weight16.hpp): matrix-vector products up to 8 tokens, packed tokens (gemm_xt_w16)
-// for every larger m. Results do not depend on the thread count.
+// below 512; from 512 tokens on, one column block at a time widened into a per-thread tile
+// (kColBlock rows) for the BLAS. Results do not depend on the thread count.
 void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
             const float* bias, float* y, bool accumulate);
 

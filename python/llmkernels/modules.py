@@ -932,6 +932,11 @@ class TransformerBlock(_Module):
     def dim(self) -> int:
         return self.attention.dim
 
+    @property
+    def dtype(self) -> str:
+        """Storage dtype of the projection matrices (those of the attention)."""
+        return str(self.attention.dtype)
+
     def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
         return self.attention.new_cache(batch, max_seq_len)
 
