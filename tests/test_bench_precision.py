@@ -27,8 +27,9 @@ def test_bench_precision_quick_writes_every_row(tmp_path: Path) -> None:
     assert set(rows) == {(t, d) for t in threads for d in ("float32", "bfloat16", "float16")}
     for (_, dtype), r in rows.items():
         assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["of_triad"] > 0
-        # 16-bit weights: half the matrix bytes of float32 per decoded token
+        # 16-bit weights: half the matrix bytes of float32 per decoded token (norms stay float32)
         if dtype != "float32":
-            assert r["bytes_per_token"] * 2 == rows[(r["threads"], "float32")]["bytes_per_token"]
+            f32 = rows[(r["threads"], "float32")]["bytes_per_token"]
+            assert 0.5 * f32 <= r["bytes_per_token"] < 0.51 * f32
     md = (tmp_path / "precision.md").read_text()
     assert "| threads | weights | decode tok/s |" in md and "bf16 decode >= 1.8x" in md

@@ -438,9 +438,17 @@ class _Reader:
 
     @staticmethod
     def _convert(piece: np.ndarray, info: TensorInfo, out: np.ndarray) -> None:
+        src = piece.reshape(-1)
+        if src.dtype == out.dtype:
+            # the stored dtype kept (a bf16 checkpoint into bf16 storage): copy the bits as
+            # unsigned integers -- NumPy's copy of the ml_dtypes bfloat16 dtype goes element by
+            # element, 3x slower than this memcpy
+            raw = np.dtype(f"u{src.dtype.itemsize}")
+            np.copyto(out.view(raw), src.view(raw))
+            return
         # safe_open returns BF16 as ml_dtypes.bfloat16, whose cast to float32 is exact (and
         # faster than shifting the bits with NumPy integer ops)
-        np.copyto(out, piece.reshape(-1), casting="unsafe")
+        np.copyto(out, src, casting="unsafe")
 
 
 def _fill(
