@@ -500,8 +500,8 @@ def test_text_api_errors(tmp_path: Path, peer: dict[str, Any]) -> None:
         lk.generate(model, tok, "x", 3, stop=[""])
     with pytest.raises(TypeError, match=r"^\[generate\] prompt must be"):
         lk.generate(model, tok, 3.0)
-    with pytest.raises(ValueError, match=r"^\[load\] dtype 'bfloat16' is not supported.*float32"):
-        lk.load(peer["dir"], dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"^\[load\] dtype must be None, 'float32'.*'int3'"):
+        lk.load(peer["dir"], dtype="int3")
     with pytest.raises(ValueError, match=r"hub id.*huggingface-cli download meta-llama/Llama"):
         lk.load("meta-llama/Llama-3.2-1B")
     d = tmp_path / "notok"

@@ -31,12 +31,30 @@ const double* freq_override(const char* fn, const std::optional<f64_array>& f, s
   return f->data();
 }
 
-// name -> zero-copy float32 view of each parameter; `owner` keeps the module alive
+// The weight formats by their NumPy names (Python passes and reads these strings).
+WeightFormat parse_format(const std::string& name) {
+  if (name == "float32") return WeightFormat::f32;
+  if (name == "bfloat16") return WeightFormat::bf16;
+  if (name == "float16") return WeightFormat::f16;
+  fail("modules", "weight dtype must be 'float32', 'bfloat16' or 'float16', got '" + name + "'");
+}
+std::string format_name(WeightFormat f) {
+  return f == WeightFormat::bf16 ? "bfloat16" : f == WeightFormat::f16 ? "float16" : "float32";
+}
+
+// the NumPy dtype of a weight format: bf16 is ml_dtypes.bfloat16 (NumPy has none)
+py::dtype format_dtype(WeightFormat f) {
+  if (f == WeightFormat::f32) return py::dtype::of<float>();
+  if (f == WeightFormat::f16) return py::dtype("float16");
+  return py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16"));
+}
+
+// name -> zero-copy view of each parameter, in its storage dtype; `owner` keeps the module alive
 py::dict param_views(std::vector<Param> params, py::handle owner) {
   py::dict d;
   for (auto& p : params) {
     std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
-    d[py::str(p.name)] = py::array_t<float>(shape, p.data, owner);
+    d[py::str(p.name)] = py::array(format_dtype(p.format), shape, p.data, owner);
   }
   return d;
 }
@@ -190,10 +208,45 @@ py::array_t<float> cache_view(py::object owner, const KVCache& c, const std::vec
   return out;
 }
 
+// y (m, n) = x (m, k) . w^T [+ bias] [+ y]: the modules' projection path (ops/linear.hpp) on
+// (n, k) weights given as float32, or as the uint16 words of bf16 / f16 (`dtype`); for tests.
+f32_array linear_hook(f32_array x, py::array w, const std::string& dtype,
+                      std::optional<f32_array> bias, std::optional<f32_array> y) {
+  const char* fn = "_linear";
+  const WeightFormat f = parse_format(dtype);
+  expect(x.ndim() == 2, fn, "x must have shape (m, k)");
+  expect(w.ndim() == 2 && w.shape(1) == x.shape(1), fn, "w must have shape (n, k)");
+  expect(w.flags() & py::array::c_style, fn, "w must be C-contiguous");
+  expect(w.itemsize() == static_cast<py::ssize_t>(WeightBuffer::itemsize(f)), fn,
+         "w's itemsize does not match dtype");
+  const std::size_t m = x.shape(0), k = x.shape(1), n = w.shape(0);
+  if (bias)
+    expect(bias->ndim() == 1 && static_cast<std::size_t>(bias->shape(0)) == n, fn,
+           "bias must have shape (n,)");
+  f32_array out({static_cast<py::ssize_t>(m), static_cast<py::ssize_t>(n)});
+  if (y) {
+    expect(y->ndim() == 2 && static_cast<std::size_t>(y->shape(0)) == m &&
+               static_cast<std::size_t>(y->shape(1)) == n,
+           fn, "y must have shape (m, n)");
+    std::memcpy(out.mutable_data(), y->data(), m * n * sizeof(float));
+  }
+  const float* xp = x.data();
+  const void* wp = w.data();
+  const float* bp = bias ? bias->data() : nullptr;
+  float* op = out.mutable_data();
+  const bool acc = y.has_value();
+  py::gil_scoped_release nogil;
+  linear(xp, m, k, WeightRef{wp, f}, n, bp, op, acc);
+  return out;
+}
+
 }  // namespace
 
 void bind_modules(py::module_& m) {
   using namespace pybind11::literals;
+  m.def("_linear", &linear_hook, "x"_a, "w"_a, "dtype"_a, "bias"_a = py::none(), "y"_a = py::none(),
+        "y = x . w^T [+ bias] [+ y] through the modules' projection path, w (n, k) float32 or "
+        "the uint16 words of bfloat16 / float16 weights (dtype); for tests.");
 
   py::class_<Norm, std::shared_ptr<Norm>>(m, "NormImpl")
       .def("forward", &run_norm, "x"_a)
@@ -210,9 +263,15 @@ void bind_modules(py::module_& m) {
       .def_property_readonly("has_bias", &LayerNormModule::has_bias);
 
   py::class_<FeedForwardModule, std::shared_ptr<FeedForwardModule>>(m, "FeedForwardImpl")
-      .def(py::init<std::size_t, std::size_t, bool, bool>(), "dim"_a, "hidden"_a, "bias"_a,
-           "gelu_tanh"_a = false)
+      .def(py::init([](std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh,
+                       const std::string& dtype) {
+             return std::make_shared<FeedForwardModule>(dim, hidden, bias, gelu_tanh,
+                                                        parse_format(dtype));
+           }),
+           "dim"_a, "hidden"_a, "bias"_a, "gelu_tanh"_a = false, "dtype"_a = "float32")
       .def_property_readonly("gelu_tanh", &FeedForwardModule::gelu_tanh)
+      .def_property_readonly("dtype",
+                             [](const FeedForwardModule& s) { return format_name(s.format()); })
       .def(
           "forward",
           [](const FeedForwardModule& self, f32_array x) {
@@ -261,11 +320,21 @@ void bind_modules(py::module_& m) {
 
   py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>>(
       m, "MultiHeadAttentionImpl")
-      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t, std::vector<double>, double,
-                    bool, bool, bool, std::int64_t, double, double, bool, bool, double>(),
+      .def(py::init([](std::size_t dim, std::size_t n_heads, std::size_t n_kv_heads,
+                       std::size_t head_dim, std::vector<double> inv_freq, double attention_factor,
+                       bool qkv_bias, bool o_bias, bool causal, std::int64_t window, double softcap,
+                       double scale, bool sinks, bool qk_norm, double qk_norm_eps,
+                       const std::string& dtype) {
+             return std::make_shared<MultiHeadAttentionModule>(
+                 dim, n_heads, n_kv_heads, head_dim, std::move(inv_freq), attention_factor,
+                 qkv_bias, o_bias, causal, window, softcap, scale, sinks, qk_norm, qk_norm_eps,
+                 parse_format(dtype));
+           }),
            "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "inv_freq"_a, "attention_factor"_a,
            "qkv_bias"_a, "o_bias"_a, "causal"_a, "window"_a = 0, "softcap"_a = 0.0, "scale"_a = 0.0,
-           "sinks"_a = false, "qk_norm"_a = false, "qk_norm_eps"_a = 1e-6)
+           "sinks"_a = false, "qk_norm"_a = false, "qk_norm_eps"_a = 1e-6, "dtype"_a = "float32")
+      .def_property_readonly(
+          "dtype", [](const MultiHeadAttentionModule& s) { return format_name(s.format()); })
       .def(
           "forward",
           [](const MultiHeadAttentionModule& self, f32_array x, i64_array positions,
@@ -320,10 +389,18 @@ void bind_modules(py::module_& m) {
       .def_readonly("pre_norm", &TransformerBlockModule::pre_norm);
 
   py::class_<TransformerModule, std::shared_ptr<TransformerModule>>(m, "TransformerImpl")
-      .def(py::init<std::size_t, std::size_t, std::vector<std::shared_ptr<TransformerBlockModule>>,
-                    std::shared_ptr<Norm>, bool, double, double>(),
+      .def(py::init([](std::size_t vocab, std::size_t dim,
+                       std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
+                       std::shared_ptr<Norm> final_norm, bool tie, double embed_scale,
+                       double final_softcap, const std::string& dtype) {
+             return std::make_shared<TransformerModule>(vocab, dim, std::move(blocks),
+                                                        std::move(final_norm), tie, embed_scale,
+                                                        final_softcap, parse_format(dtype));
+           }),
            "vocab"_a, "dim"_a, "blocks"_a, "final_norm"_a, "tie_embeddings"_a,
-           "embed_scale"_a = 0.0, "final_softcap"_a = 0.0)
+           "embed_scale"_a = 0.0, "final_softcap"_a = 0.0, "dtype"_a = "float32")
+      .def_property_readonly("dtype",
+                             [](const TransformerModule& s) { return format_name(s.format()); })
       .def(
           "forward",
           [](const TransformerModule& self, i64_array ids, i64_array positions,

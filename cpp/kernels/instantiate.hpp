@@ -14,6 +14,7 @@
 #include "kernels/rms_norm.hpp"
 #include "kernels/rope.hpp"
 #include "kernels/silu.hpp"
+#include "kernels/weight16.hpp"
 
 // one kernel for the translation unit's architecture tag (the element type is deduced)
 #define LLMK_INSTANTIATE_KERNEL(name, params) \

@@ -35,11 +35,19 @@
   X(gemm_xt_kernel, (T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,         \
                      std::size_t n, std::size_t k, bool accumulate, const T* bias))
 
-// Kernels of float only (the roofline probes; the quantized-weight products of quant.hpp):
-// X(functor, (parameters)), operator() a template over the architecture tag alone.
+// Kernels of float only (the roofline probes; projections with 16-bit weights, kernels/
+// weight16.hpp; the quantized-weight products of quant.hpp): X(functor, (parameters)),
+// operator() a template over the architecture tag alone.
 #define LLMK_FLOAT_KERNELS(X)                                                                 \
   X(fma_probe_kernel, (std::size_t iterations, double* flops, float* sink))                  \
-  X(triad_kernel, (float* a, const float* b, const float* c, float s, std::size_t n))       \
+  X(triad_kernel, (float* a, const float* b, const float* c, float s, std::size_t n))        \
+  X(gemv_w16_kernel, (float* y, std::size_t ldy, const std::uint16_t* w, WeightFormat fmt,  \
+                      const float* x, std::size_t ldx, std::size_t m, std::size_t rows,      \
+                      std::size_t k, bool accumulate, const float* bias))                    \
+  X(gemm_xt_w16_kernel, (float* y, std::size_t ldy, const float* xt, std::size_t m,         \
+                         const std::uint16_t* w, WeightFormat fmt, std::size_t n,            \
+                         std::size_t k, bool accumulate, const float* bias))                 \
+  X(widen_w16_kernel, (float* out, const std::uint16_t* w, WeightFormat fmt, std::size_t n)) \
   X(gemv_q8_kernel, (const qgemv_args& a))                                                   \
   X(gemv_q4_kernel, (const qgemv_args& a))                                                   \
   X(gemm_q_kernel, (const qgemv_args& a, int bits))

@@ -15,6 +15,11 @@
 
 namespace llmk {
 
+// How a projection's weights are stored (cpp/modules, ops/linear.hpp): float32, or 16 bits per
+// weight -- bfloat16 (the checkpoints' usual dtype) or IEEE float16 -- converted to float32 in
+// registers by the kernels of kernels/weight16.hpp. Room for int8 / int4 with group scales.
+enum class WeightFormat : std::uint8_t { f32, bf16, f16 };
+
 // --- attention -----------------------------------------------------------------------------
 // Tiles: up to kAttnRowTile query rows (of one KV head's group) against kAttnKeyTile keys.
 constexpr std::size_t kAttnRowTile = 64;

@@ -21,21 +21,21 @@
 
 namespace llmk {
 
-WeightBuffer::WeightBuffer(std::size_t n) : n_(n) {
+WeightBuffer::WeightBuffer(std::size_t n, WeightFormat format) : n_(n), format_(format) {
   if (n == 0) return;
   constexpr std::size_t kHuge = std::size_t{2} << 20;
-  if (n > (SIZE_MAX - kHuge) / sizeof(float)) throw std::bad_alloc();
-  std::size_t bytes = n * sizeof(float);
+  if (n > (SIZE_MAX - kHuge) / itemsize(format)) throw std::bad_alloc();
+  std::size_t bytes = n * itemsize(format);
   bool huge = bytes >= 2 * kHuge;
   std::size_t align = huge ? kHuge : 64;
   bytes = (bytes + align - 1) / align * align;  // aligned_alloc wants a multiple of the alignment
   void* p = std::aligned_alloc(align, bytes);
   if (!p) throw std::bad_alloc();
   if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: ignored where THP is off
-  p_.reset(static_cast<float*>(p));
+  p_.reset(p);
 }
 
-void WeightBuffer::Free::operator()(float* p) const { std::free(p); }
+void WeightBuffer::Free::operator()(void* p) const { std::free(p); }
 
 namespace {
 
@@ -104,10 +104,10 @@ float* scratch(Slot which, std::size_t n) {
 }
 
 // y (m, n) [+]= x (m, k) . w^T [+ bias]: the package's one projection path (ops/linear.hpp),
-// weights in HF's (out, in) layout
-void project(const float* x, std::size_t m, std::size_t k, const float* w, std::size_t n,
+// weights in HF's (out, in) layout, float32 or 16-bit (converted in registers)
+void project(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
              const float* bias, float* y, bool accumulate) {
-  linear<float>(x, m, k, w, WeightLayout::out_in, n, bias, y, accumulate);
+  linear(x, m, k, w, n, bias, y, accumulate);
 }
 
 }  // namespace
@@ -155,14 +155,15 @@ std::vector<Param> LayerNormModule::params() {
 // ---------------------------------------------------------------------------------------------
 // feed-forward
 
-FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh)
+FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh,
+                                     WeightFormat format)
     : dim_(dim),
       hidden_(hidden),
       bias_(bias),
       gelu_tanh_(gelu_tanh),
-      w_gate_up_(2 * hidden * dim),
+      w_gate_up_(2 * hidden * dim, format),
       b_gate_up_(bias ? 2 * hidden : 0, 0.f),
-      w_down_(dim * hidden),
+      w_down_(dim * hidden, format),
       b_down_(bias ? dim : 0, 0.f) {}
 
 void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
@@ -171,26 +172,28 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
   const std::size_t h = hidden_;
   float* gu = scratch(kGateUp, m * 2 * h);  // (m, 2h): [gate | up]
   float* act = scratch(kHidden, m * h);     // (m, h)
-  project(x, m, dim_, w_gate_up_.data(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
+  project(x, m, dim_, w_gate_up_.ref(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
   swiglu_rows<float>(act, gu, gu + h, m, h, 2 * h, gelu_tanh_);
   if (residual && residual != out) std::memcpy(out, residual, m * dim_ * sizeof(float));
-  project(act, m, h, w_down_.data(), dim_, bias_ ? b_down_.data() : nullptr, out,
+  project(act, m, h, w_down_.ref(), dim_, bias_ ? b_down_.data() : nullptr, out,
           residual != nullptr);
 }
 
 std::vector<Param> FeedForwardModule::params() {
   if (fused_names) {
-    std::vector<Param> p{{"gate_up_proj.weight", {2 * hidden_, dim_}, w_gate_up_.data()},
-                         {"down_proj.weight", {dim_, hidden_}, w_down_.data()}};
+    std::vector<Param> p{
+        {"gate_up_proj.weight", {2 * hidden_, dim_}, w_gate_up_.at(0), w_gate_up_.format()},
+        {"down_proj.weight", {dim_, hidden_}, w_down_.at(0), w_down_.format()}};
     if (bias_) {
       p.push_back({"gate_up_proj.bias", {2 * hidden_}, b_gate_up_.data()});
       p.push_back({"down_proj.bias", {dim_}, b_down_.data()});
     }
     return p;
   }
-  std::vector<Param> p{{"gate_proj.weight", {hidden_, dim_}, w_gate_up_.data()},
-                       {"up_proj.weight", {hidden_, dim_}, w_gate_up_.data() + hidden_ * dim_},
-                       {"down_proj.weight", {dim_, hidden_}, w_down_.data()}};
+  const WeightFormat f = w_down_.format();
+  std::vector<Param> p{{"gate_proj.weight", {hidden_, dim_}, w_gate_up_.at(0), f},
+                       {"up_proj.weight", {hidden_, dim_}, w_gate_up_.at(hidden_ * dim_), f},
+                       {"down_proj.weight", {dim_, hidden_}, w_down_.at(0), f}};
   if (bias_) {
     p.push_back({"gate_proj.bias", {hidden_}, b_gate_up_.data()});
     p.push_back({"up_proj.bias", {hidden_}, b_gate_up_.data() + hidden_});
@@ -213,13 +216,11 @@ KVCache::KVCache(std::size_t b, std::size_t l, std::size_t hkv, std::size_t hd, 
       v(b * hkv * slots * hd, 0.f),
       valid(b * slots, 0) {}
 
-MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t n_heads_,
-                                                   std::size_t n_kv_heads_, std::size_t head_dim_,
-                                                   std::vector<double> inv_freq_,
-                                                   double attention_factor_, bool qkv_bias_,
-                                                   bool o_bias_, bool causal_, std::int64_t window_,
-                                                   double softcap_, double scale_, bool sinks_on,
-                                                   bool qk_norm_, double qk_norm_eps_)
+MultiHeadAttentionModule::MultiHeadAttentionModule(
+    std::size_t dim_, std::size_t n_heads_, std::size_t n_kv_heads_, std::size_t head_dim_,
+    std::vector<double> inv_freq_, double attention_factor_, bool qkv_bias_, bool o_bias_,
+    bool causal_, std::int64_t window_, double softcap_, double scale_, bool sinks_on,
+    bool qk_norm_, double qk_norm_eps_, WeightFormat format)
     : dim(dim_),
       n_heads(n_heads_),
       n_kv_heads(n_kv_heads_),
@@ -235,9 +236,9 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(std::size_t dim_, std::size_t
       sinks(sinks_on),
       qk_norm(qk_norm_),
       qk_norm_eps(qk_norm_eps_),
-      w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_),
+      w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_, format),
       b_qkv_(qkv_bias_ ? (n_heads_ + 2 * n_kv_heads_) * head_dim_ : 0, 0.f),
-      w_o_(dim_ * n_heads_ * head_dim_),
+      w_o_(dim_ * n_heads_ * head_dim_, format),
       b_o_(o_bias_ ? dim_ : 0, 0.f),
       sinks_(sinks_on ? n_heads_ : 0, 0.f),
       q_norm_(qk_norm_ ? head_dim_ : 0, 1.f),
@@ -257,19 +258,21 @@ std::vector<Param> MultiHeadAttentionModule::params() {
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
   std::vector<Param> p;
   if (fused_names) {  // Phi-3: [q; k; v] is one tensor, as it is stored
-    p.push_back({"qkv_proj.weight", {q + 2 * kv, dim}, w_qkv_.data()});
+    p.push_back({"qkv_proj.weight", {q + 2 * kv, dim}, w_qkv_.at(0), w_qkv_.format()});
     if (qkv_bias) p.push_back({"qkv_proj.bias", {q + 2 * kv}, b_qkv_.data()});
   } else {
     const char* names[3] = {"q_proj", "k_proj", "v_proj"};
     const std::size_t rows[3] = {q, kv, kv}, first[3] = {0, q, q + kv};
     for (int i = 0; i < 3; ++i)
-      p.push_back(
-          {std::string(names[i]) + ".weight", {rows[i], dim}, w_qkv_.data() + first[i] * dim});
-    p.push_back({"o_proj.weight", {dim, q}, w_o_.data()});
+      p.push_back({std::string(names[i]) + ".weight",
+                   {rows[i], dim},
+                   w_qkv_.at(first[i] * dim),
+                   w_qkv_.format()});
+    p.push_back({"o_proj.weight", {dim, q}, w_o_.at(0), w_o_.format()});
     for (int i = 0; qkv_bias && i < 3; ++i)
       p.push_back({std::string(names[i]) + ".bias", {rows[i]}, b_qkv_.data() + first[i]});
   }
-  if (fused_names) p.push_back({"o_proj.weight", {dim, q}, w_o_.data()});
+  if (fused_names) p.push_back({"o_proj.weight", {dim, q}, w_o_.at(0), w_o_.format()});
   if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
   if (sinks) p.push_back({"sinks", {n_heads}, sinks_.data()});
   if (qk_norm) {
@@ -293,7 +296,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   float* qkv = scratch(kQKV, m * width);         // (B*T, width)
   float* rope_tab = scratch(kRope, m * hd);      // (B*T, [cos half | sin half])
   float* attn = scratch(kAttnOut, m * hq * hd);  // (B*T, Hq*hd)
-  project(x, m, dim, w_qkv_.data(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
+  project(x, m, dim, w_qkv_.ref(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
 
   // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
   static const std::vector<std::int64_t> zeros(4096, 0);
@@ -417,7 +420,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   if (cache) cache->length += seq;
 
   if (residual && residual != out) std::memcpy(out, residual, m * dim * sizeof(float));
-  project(attn, m, hq * hd, w_o_.data(), dim, o_bias ? b_o_.data() : nullptr, out,
+  project(attn, m, hq * hd, w_o_.ref(), dim, o_bias ? b_o_.data() : nullptr, out,
           residual != nullptr);
 }
 
@@ -476,7 +479,7 @@ void TransformerBlockModule::forward(const float* x, std::size_t batch, std::siz
 TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
                                      std::vector<std::shared_ptr<TransformerBlockModule>> b,
                                      std::shared_ptr<Norm> n, bool tie, double embed_scale_,
-                                     double final_softcap_)
+                                     double final_softcap_, WeightFormat format)
     : vocab(vocab_),
       dim(dim_),
       blocks(std::move(b)),
@@ -484,13 +487,16 @@ TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
       tie_embeddings(tie),
       embed_scale(embed_scale_),
       final_softcap(final_softcap_),
-      embed_(vocab_ * dim_),
-      lm_head_(tie ? 0 : vocab_ * dim_) {}
+      embed_(vocab_ * dim_, format),
+      lm_head_(tie ? 0 : vocab_ * dim_, format) {}
 
 std::vector<Param> TransformerModule::params() {
-  std::vector<Param> p{{"model.embed_tokens.weight", {vocab, dim}, embed_.data()}};
+  std::vector<Param> p{{"model.embed_tokens.weight", {vocab, dim}, embed_.at(0), embed_.format()}};
   // tied: HF's state dict still lists lm_head.weight (the same tensor); so do we, as a view
-  p.push_back({"lm_head.weight", {vocab, dim}, tie_embeddings ? embed_.data() : lm_head_.data()});
+  p.push_back({"lm_head.weight",
+               {vocab, dim},
+               tie_embeddings ? embed_.at(0) : lm_head_.at(0),
+               embed_.format()});
   return p;
 }
 
@@ -502,8 +508,14 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
   const std::size_t m = batch * seq;
   float* x = scratch(kResidual, m * dim);  // (B*T, dim)
   float* y = scratch(kBlockTmp, m * dim);
-  for (std::size_t r = 0; r < m; ++r)
-    std::memcpy(x + r * dim, embed_.data() + ids[r] * dim, dim * sizeof(float));
+  if (embed_.format() == WeightFormat::f32) {
+    for (std::size_t r = 0; r < m; ++r)
+      std::memcpy(x + r * dim, embed_.at(ids[r] * dim), dim * sizeof(float));
+  } else {  // each looked-up row widened to float32 (the matrix stays 16-bit)
+    for (std::size_t r = 0; r < m; ++r)
+      dispatch(widen_w16_kernel{}, x + r * dim,
+               static_cast<const std::uint16_t*>(embed_.at(ids[r] * dim)), embed_.format(), dim);
+  }
   if (embed_scale != 0.0) {
     const float sc = static_cast<float>(embed_scale);
     for (std::size_t i = 0; i < m * dim; ++i) x[i] *= sc;
@@ -513,7 +525,7 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
                        inv_freq_override);
     std::swap(x, y);
   }
-  const float* head = tie_embeddings ? embed_.data() : lm_head_.data();
+  const WeightRef head = tie_embeddings ? embed_.ref() : lm_head_.ref();
   if (last_only) {  // gather the last position of each sequence, normalise only those rows
     for (std::size_t b = 0; b < batch; ++b)
       std::memcpy(y + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));

@@ -1,10 +1,11 @@
-// C++ module classes: the layers of a LLaMA-style decoder, holding float32 weights in HF LLaMA
-// layout ((out, in) for projections). Each forward is one C++ call (the GIL is released by the
-// binding) that strings BLAS projections and the package's kernels together; scratch buffers are
-// thread-local and reused (bounded between calls, see modules.cpp), so a steady-state call
-// allocates nothing and one module can be shared by several threads. A KV cache carries a
-// mutex: the bindings hold it for the whole forward that reads and appends it, so threads that
-// share a cache are serialised (see bindings/modules.cpp).
+// C++ module classes: the layers of a LLaMA-style decoder, holding weights in HF LLaMA layout
+// ((out, in) for projections): projection and embedding matrices in float32, bf16 or f16 (the
+// kernels convert them in registers), norms, biases and sinks in float32. Each forward is one C++
+// call (the GIL is released by the binding) that strings BLAS projections and the package's kernels
+// together; scratch buffers are thread-local and reused (bounded between calls, see modules.cpp),
+// so a steady-state call allocates nothing and one module can be shared by several threads. A KV
+// cache carries a mutex: the bindings hold it for the whole forward that reads and appends it, so
+// threads that share a cache are serialised (see bindings/modules.cpp).
 #pragma once
 
 #include <atomic>
@@ -15,13 +16,17 @@
 #include <string>
 #include <vector>
 
+#include "ops/linear.hpp"
+
 namespace llmk {
 
-// A named float32 parameter owned by its module (views are handed to Python without copies).
+// A named parameter owned by its module (views are handed to Python without copies): float32,
+// or for a projection / embedding matrix the module's weight format (bf16 / f16 words).
 struct Param {
   std::string name;
   std::vector<std::size_t> shape;
-  float* data;  // points into the module's storage
+  void* data;  // points into the module's storage
+  WeightFormat format = WeightFormat::f32;
   std::size_t size() const {
     std::size_t n = 1;
     for (auto s : shape) n *= s;
@@ -34,20 +39,28 @@ struct Param {
 // of MiB first made loading a checkpoint cost twice its page faults. Large matrices sit on 2 MiB
 // boundaries with transparent huge pages requested (madvise), so first writing them faults once
 // per 2 MiB instead of once per 4 KiB. Throws std::bad_alloc (MemoryError in Python).
+// The buffer holds n weights in `format` (4 bytes each for float32, 2 for bf16 / f16): the
+// matrix stays at the checkpoint's precision and the kernels convert it in registers.
 class WeightBuffer {
  public:
   WeightBuffer() = default;
-  explicit WeightBuffer(std::size_t n);
-  float* data() { return p_.get(); }
-  const float* data() const { return p_.get(); }
+  explicit WeightBuffer(std::size_t n, WeightFormat format = WeightFormat::f32);
+  WeightFormat format() const { return format_; }
   std::size_t size() const { return n_; }
+  static std::size_t itemsize(WeightFormat f) { return f == WeightFormat::f32 ? 4 : 2; }
+  // the storage from weight number `first` on (a row block of the matrix)
+  void* at(std::size_t first) const {
+    return static_cast<char*>(p_.get()) + first * itemsize(format_);
+  }
+  WeightRef ref(std::size_t first = 0) const { return {at(first), format_}; }
 
  private:
   struct Free {
-    void operator()(float* p) const;
+    void operator()(void* p) const;
   };
-  std::unique_ptr<float, Free> p_;
+  std::unique_ptr<void, Free> p_;
   std::size_t n_ = 0;
+  WeightFormat format_ = WeightFormat::f32;
 };
 
 class Norm {
@@ -98,7 +111,9 @@ class LayerNormModule : public Norm {
 class FeedForwardModule {
  public:
   // gelu_tanh: GeGLU (Gemma), gelu_tanh(gate) * up, instead of SwiGLU's silu(gate) * up
-  FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh = false);
+  // format: how gate_up and down are stored (float32, bf16, f16)
+  FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh = false,
+                    WeightFormat format = WeightFormat::f32);
   // out (m, dim) = [residual +] ffn(x (m, dim)); residual may be out (in-place accumulate)
   void forward(const float* x, std::size_t m, float* out, const float* residual) const;
   std::vector<Param> params();
@@ -106,6 +121,7 @@ class FeedForwardModule {
   std::size_t hidden() const { return hidden_; }
   bool has_bias() const { return bias_; }
   bool gelu_tanh() const { return gelu_tanh_; }
+  WeightFormat format() const { return w_down_.format(); }
   // params() names the fused [gate; up] weight as one tensor, gate_up_proj (Phi-3's layout,
   // which is this module's storage): set before the parameters are first read
   bool fused_names = false;
@@ -147,7 +163,8 @@ class MultiHeadAttentionModule {
                            std::size_t head_dim, std::vector<double> inv_freq,
                            double attention_factor, bool qkv_bias, bool o_bias, bool causal,
                            std::int64_t window = 0, double softcap = 0.0, double scale = 0.0,
-                           bool sinks = false, bool qk_norm = false, double qk_norm_eps = 1e-6);
+                           bool sinks = false, bool qk_norm = false, double qk_norm_eps = 1e-6,
+                           WeightFormat format = WeightFormat::f32);
   // out (B*T, dim) = [residual +] attn(x (B*T, dim)). positions (B, T): RoPE positions.
   // key_mask: null or (B, T) (no cache) / (B, T) for the new tokens (with cache): 1 = real.
   // With a cache, the new K/V are appended at cache->length and attention covers the cache.
@@ -157,6 +174,7 @@ class MultiHeadAttentionModule {
                const std::uint8_t* key_mask, KVCache* cache, float* out, const float* residual,
                const double* inv_freq_override = nullptr) const;
   std::vector<Param> params();
+  WeightFormat format() const { return w_o_.format(); }  // of the QKV and O matrices
   std::size_t dim, n_heads, n_kv_heads, head_dim;
   bool qkv_bias, o_bias, causal;
   std::vector<double> inv_freq;
@@ -206,13 +224,14 @@ class TransformerModule {
   TransformerModule(std::size_t vocab, std::size_t dim,
                     std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
                     std::shared_ptr<Norm> final_norm, bool tie_embeddings, double embed_scale = 0.0,
-                    double final_softcap = 0.0);
+                    double final_softcap = 0.0, WeightFormat format = WeightFormat::f32);
   // logits (B, T or 1, vocab) for ids (B, T); last_only: logits of the last position only
   void forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                const std::int64_t* positions, const std::uint8_t* key_mask,
                std::vector<KVCache*> caches, bool last_only, float* logits,
                const double* inv_freq_override = nullptr) const;
   std::vector<Param> params();  // embed_tokens, lm_head (a view of the embedding when tied)
+  WeightFormat format() const { return embed_.format(); }  // of the embedding and LM head
   std::size_t vocab, dim;
   std::vector<std::shared_ptr<TransformerBlockModule>> blocks;
   std::shared_ptr<Norm> final_norm;

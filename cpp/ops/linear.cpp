@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "common/isa.hpp"
@@ -116,6 +117,60 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
       const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
       dispatch(gemv_kernel{}, y + c0, n, w + c0 * k, x, k, m, c1 - c0, k, accumulate,
+               bias ? bias + c0 : bias);
+    });
+  }
+}
+
+void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
+            const float* bias, float* y, bool accumulate) {
+  if (w.format == WeightFormat::f32) {
+    linear<float>(x, m, k, static_cast<const float*>(w.data), WeightLayout::out_in, n, bias, y,
+                  accumulate);
+    return;
+  }
+  if (m == 0 || n == 0) return;
+  const auto* wp = static_cast<const std::uint16_t*>(w.data);
+  const WeightFormat fmt = w.format;
+  const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
+  if (k == 0) {
+    linear<float>(x, m, k, nullptr, WeightLayout::out_in, n, bias, y, accumulate);
+  } else if (m >= 2 * kRowBlock) {
+    // a long prefill: per column block, its kColBlock rows widened into a float32 tile (one
+    // per thread, kColBlock x k: never the whole matrix) and one single-threaded BLAS call on
+    // the tile -- the widening is paid once per block for all m tokens, and the BLAS's packed
+    // kernel beats gemm_xt at this m (benchmarks/bench_precision.py). Block shapes depend on
+    // the shape only: results do not depend on the thread count.
+    const int chunks = static_cast<int>(
+        std::min<std::size_t>(blocks, static_cast<std::size_t>(std::max(1, get_num_threads()))));
+    ScratchLease tile_lease(static_cast<std::size_t>(chunks) * kColBlock * k * sizeof(float));
+    float* const tiles = tile_lease.as<float>();
+    parallel_chunks(chunks, [&](int c, int nc) {
+      float* tile = tiles + static_cast<std::size_t>(c) * kColBlock * k;  // (kColBlock, k)
+      for (std::size_t blk = c; blk < blocks; blk += nc) {
+        const std::size_t c0 = blk * kColBlock, c1 = std::min(n, c0 + kColBlock);
+        dispatch(widen_w16_kernel{}, tile, wp + c0 * k, fmt, (c1 - c0) * k);
+        const float beta = init_block(y, n, 0, m, c0, c1, bias, accumulate);
+        gemm(true, m, c1 - c0, k, x, tile, k, beta, y + c0, n);
+      }
+    });
+  } else if (m > kGemvMaxRows) {  // a short prefill: tokens packed, weights converted in place
+    ScratchLease xt_lease((m + kGemmPanel - 1) / kGemmPanel * kGemmPanel * k * sizeof(float));
+    float* const xt = xt_lease.as<float>();
+    pack_panels(x, m, k, xt);
+    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
+      // one column block per call: its 16-bit rows (kColBlock x k) stay in the cache while
+      // every token chunk passes over them
+      for (std::size_t blk = b0; blk < b1; ++blk) {
+        const std::size_t c0 = blk * kColBlock, c1 = std::min(n, c0 + kColBlock);
+        dispatch(gemm_xt_w16_kernel{}, y + c0, n, static_cast<const float*>(xt), m, wp + c0 * k,
+                 fmt, c1 - c0, k, accumulate, bias ? bias + c0 : bias);
+      }
+    });
+  } else {  // decode: bound by reading the (half-size) weights
+    parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
+      const std::size_t c0 = b0 * kColBlock, c1 = std::min(n, b1 * kColBlock);
+      dispatch(gemv_w16_kernel{}, y + c0, n, wp + c0 * k, fmt, x, k, m, c1 - c0, k, accumulate,
                bias ? bias + c0 : bias);
     });
   }

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 
+#include "kernels/ops.hpp"
+
 namespace llmk {
 
 // How W is stored: (n, k) row-major as HF checkpoints store projections (y = x . W^T), or
@@ -19,6 +21,22 @@ enum class WeightLayout { out_in, in_out };
 template <class T>
 void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout layout,
             std::size_t n, const T* bias, T* y, bool accumulate);
+
+// A projection's weights as the modules store them: (n, k) row-major (HF's (out, in) layout) in
+// `format` (kernels/ops.hpp WeightFormat): float32, or 16-bit bf16 / f16 words. Next: int8 /
+// int4 codes with group-wise scales (a scales pointer and the group size join here).
+struct WeightRef {
+  const void* data;
+  WeightFormat format;
+};
+
+// y (m, n) [+]= x (m, k) . W^T [+ bias (n,) or null], W a WeightRef. float32 weights take
+// linear<float>(..., WeightLayout::out_in, ...) above; 16-bit weights are converted in registers
+// (kernels/weight16.hpp): matrix-vector products up to 8 tokens, packed tokens (gemm_xt_w16)
+// below 512; from 512 tokens on, one column block at a time widened into a per-thread tile
+// (kColBlock rows) for the BLAS. Results do not depend on the thread count.
+void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
+            const float* bias, float* y, bool accumulate);
 
 // SwiGLU feed-forward, (silu(x . w_gate + b_gate) * (x . w_up + b_up)) . w_down + b_down,
 // weights in the functional API's (in, out) layout. x: (m, k); w_gate, w_up: (k, h); w_down:

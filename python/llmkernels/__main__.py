@@ -70,8 +70,8 @@ def _text_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        choices=("float32",),
-        help="weights dtype (float32 for now; bf16/f16 files are widened)",
+        choices=("float32", "bfloat16", "float16"),
+        help="weights dtype (default: the checkpoint's; a bf16 checkpoint stays bf16)",
     )
 
 

@@ -38,7 +38,7 @@ class LayerNormImpl(NormImpl):
         ...
 class FeedForwardImpl:
     fused_names: bool
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, hidden: typing.SupportsInt | typing.SupportsIndex, bias: bool, gelu_tanh: bool = False) -> None:
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, hidden: typing.SupportsInt | typing.SupportsIndex, bias: bool, gelu_tanh: bool = False, dtype: str = 'float32') -> None:
         ...
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -46,6 +46,9 @@ class FeedForwardImpl:
         ...
     @property
     def dim(self) -> int:
+        ...
+    @property
+    def dtype(self) -> str:
         ...
     @property
     def gelu_tanh(self) -> bool:
@@ -88,7 +91,7 @@ class KVCacheImpl:
         ...
 class MultiHeadAttentionImpl:
     fused_names: bool
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: bool = False, qk_norm: bool = False, qk_norm_eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06) -> None:
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: bool = False, qk_norm: bool = False, qk_norm_eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, dtype: str = 'float32') -> None:
         ...
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, cache: KVCacheImpl, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -102,6 +105,9 @@ class MultiHeadAttentionImpl:
         ...
     @property
     def dim(self) -> int:
+        ...
+    @property
+    def dtype(self) -> str:
         ...
     @property
     def head_dim(self) -> int:
@@ -160,7 +166,7 @@ class TransformerBlockImpl:
     def pre_norm(self) -> bool:
         ...
 class TransformerImpl:
-    def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool, embed_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, final_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0) -> None:
+    def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool, embed_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, final_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, dtype: str = 'float32') -> None:
         ...
     def forward(self, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, caches: collections.abc.Sequence[KVCacheImpl], last_only: bool, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -171,6 +177,9 @@ class TransformerImpl:
         ...
     @property
     def dim(self) -> int:
+        ...
+    @property
+    def dtype(self) -> str:
         ...
     @property
     def final_norm(self) -> NormImpl:
@@ -208,6 +217,10 @@ def _fast_silu(x: typing.Any, out: typing.Any) -> typing.Any:
 def _fast_swiglu(gate: typing.Any, up: typing.Any, out: typing.Any) -> typing.Any:
     """
     swiglu's common case in C++, or None.
+    """
+def _linear(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], w: numpy.ndarray, dtype: str, bias: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None, y: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    y = x . w^T [+ bias] [+ y] through the modules' projection path, w (n, k) float32 or the uint16 words of bfloat16 / float16 weights (dtype); for tests.
     """
 def _probe_fma_gflops(threads: typing.SupportsInt | typing.SupportsIndex, iterations: typing.SupportsInt | typing.SupportsIndex) -> float:
     ...

@@ -156,7 +156,8 @@ def _rms(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def _linear(x: np.ndarray, params: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     """``x @ W.T (+ b)`` in float32, ``W (out, in)`` from a module's zero-copy state dict."""
-    y = x @ params[name + ".weight"].T
+    # bf16 / f16 weight storage: widened here (the inspection path is NumPy, not the kernels)
+    y = x @ params[name + ".weight"].astype(np.float32, copy=False).T
     bias = params.get(name + ".bias")
     return y + bias if bias is not None else y
 
@@ -214,7 +215,7 @@ def _forward(
     b, t = ids.shape
     real = np.ones((b, t), bool) if key_mask is None else key_mask.astype(bool)
     params = model.state_dict()
-    x = params["model.embed_tokens.weight"][ids]  # (B, T, dim) float32
+    x = params["model.embed_tokens.weight"][ids].astype(np.float32, copy=False)  # (B, T, dim)
     # one rotary schedule for the model (dynamic NTK / longrope frequencies depend on the
     # positions), exactly as Transformer.__call__ asks it
     per_call = model._rope.frequencies(pos)
@@ -251,7 +252,7 @@ def _forward(
             weights_per_layer.append(w)
         x = y
     final = model.norm(x)
-    head = params["lm_head.weight"]  # a view of the embedding when tied
+    head = params["lm_head.weight"].astype(np.float32, copy=False)  # tied: the embedding
     logits = (final[:, -1:] if last_only else final) @ head.T
     return Trace(
         logits=np.ascontiguousarray(logits, dtype=np.float32),

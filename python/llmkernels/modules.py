@@ -1,9 +1,12 @@
 """Composable transformer modules backed by C++ (``RMSNorm``, ``LayerNorm``, ``FeedForward``,
 ``MultiHeadAttention``, ``TransformerBlock``, ``Transformer``) and their KV caches.
 
-Each module holds float32 weights owned by C++ in HF LLaMA layout (projections are
-``(out, in)``), shows them to Python without copying (:meth:`state_dict`), and replaces them with
-validation (:meth:`load_state_dict`, strict by default). Calling a module runs its whole forward in
+Each module holds weights owned by C++ in HF LLaMA layout (projections are ``(out, in)``),
+shows them to Python without copying (:meth:`state_dict`), and replaces them with validation
+(:meth:`load_state_dict`, strict by default). Projection and embedding matrices are stored in
+the module's ``dtype`` -- float32 (default), bfloat16 (``ml_dtypes.bfloat16`` views) or float16
+-- and converted to float32 in registers by the kernels; norms, biases and sinks are float32,
+and so are activations. Calling a module runs its whole forward in
 one C++ call with the GIL released::
 
     block = TransformerBlock.from_config({"dim": 512, "n_heads": 8, "hidden_dim": 1408}, seed=0)
@@ -61,10 +64,15 @@ def _no_random_init() -> Iterator[None]:
 
 
 def _to_numpy(value: Any) -> np.ndarray:
-    """An array-like or torch tensor as a NumPy array; torch dtypes NumPy lacks (bfloat16,
-    float8) are widened to float32 first, as a transformers user expects them to load."""
+    """An array-like or torch tensor as a NumPy array; a torch bfloat16 tensor becomes an
+    ``ml_dtypes.bfloat16`` array (same bits, no widening), other torch dtypes NumPy lacks
+    (float8) are widened to float32 first, as a transformers user expects them to load."""
     if hasattr(value, "detach") and hasattr(value, "is_floating_point"):
         t = value.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            import ml_dtypes
+
+            return np.asarray(t.contiguous().view(_torch_int16()).numpy()).view(ml_dtypes.bfloat16)
         if t.is_floating_point() and str(t.dtype) not in (
             "torch.float16",
             "torch.float32",
@@ -73,6 +81,45 @@ def _to_numpy(value: Any) -> np.ndarray:
             t = t.float()
         return np.asarray(t.numpy())
     return np.asarray(value)
+
+
+def _torch_int16() -> Any:
+    import torch
+
+    return torch.int16
+
+
+#: weight storage dtypes by name (what the C++ modules take), and the aliases accepted
+_WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPE_ALIASES = {
+    "f32": "float32",
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
+
+
+def _weight_dtype(fn: str, dtype: Any, allow_none: bool = False) -> str | None:
+    """``dtype`` (a name, a NumPy / ml_dtypes dtype or a torch dtype) as one of
+    ``_WEIGHT_DTYPES``; None stays None when ``allow_none`` (the checkpoint's dtype), else
+    float32."""
+    if dtype is None:
+        return None if allow_none else "float32"
+    name = str(dtype).removeprefix("torch.") if not isinstance(dtype, str) else dtype
+    if not isinstance(dtype, str):
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    name = _DTYPE_ALIASES.get(name, name)
+    if name not in _WEIGHT_DTYPES:
+        raise ValueError(
+            f"[{fn}] dtype must be None, 'float32', 'bfloat16' or 'float16', got "
+            f"{str(dtype)[:40]!r}"
+        )
+    return name
 
 
 def _rng(seed: int | None) -> np.random.Generator:
@@ -124,8 +171,9 @@ class _Module:
         return iter(())
 
     def state_dict(self, prefix: str = "") -> dict[str, np.ndarray]:
-        """Parameters by HF name, as float32 NumPy views of the C++ storage (no copy: writing
-        to them changes the module)."""
+        """Parameters by HF name, as NumPy views of the C++ storage in its dtype (no copy:
+        writing to them changes the module): float32, or the module's ``dtype`` for projection
+        and embedding matrices (``ml_dtypes.bfloat16`` or ``np.float16``)."""
         out = {prefix + k: v for k, v in self._own_params().items()}
         for name, child in self._children():
             out.update(child.state_dict(prefix + name + "."))
@@ -157,7 +205,7 @@ class _Module:
                 raise TypeError(
                     f"[{self._name}.load_state_dict] {key}: cannot read as an array ({exc})"
                 ) from None
-            if arr.dtype.kind not in "fiu":
+            if arr.dtype.kind not in "fiu" and arr.dtype.name != "bfloat16":
                 raise TypeError(
                     f"[{self._name}.load_state_dict] {key}: dtype {arr.dtype} is not a real number"
                 )
@@ -291,8 +339,10 @@ class FeedForward(_Module):
         bias: bool = False,
         fused_names: bool = False,
         activation: str = "silu",
+        dtype: Any = None,
         seed: int | None = None,
     ) -> None:
+        wdtype = _weight_dtype(self._name, dtype)
         if activation not in ("silu", "gelu_tanh"):
             raise ValueError(
                 f"[{self._name}] activation must be 'silu' (SwiGLU) or 'gelu_tanh' (GeGLU), "
@@ -303,6 +353,7 @@ class FeedForward(_Module):
             _positive_int(self._name, "hidden_dim", hidden_dim),
             bool(bias),
             activation == "gelu_tanh",
+            wdtype,
         )
         # Phi-3 names the [gate; up] weight as one tensor, gate_up_proj: the module's storage
         self._impl.fused_names = bool(fused_names)
@@ -310,6 +361,7 @@ class FeedForward(_Module):
 
     dim = _from_impl("dim")
     hidden_dim = _from_impl("hidden")
+    dtype = _from_impl("dtype")
 
     def __call__(self, x: Any) -> np.ndarray:
         arr = _as_f32(self._name, "x", x, self.dim)
@@ -580,8 +632,10 @@ class MultiHeadAttention(_Module):
         fused_names: bool = False,
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
+        dtype: Any = None,
         seed: int | None = None,
     ) -> None:
+        wdtype = _weight_dtype(self._name, dtype)
         dim = _positive_int(self._name, "dim", dim)
         window = 0 if window is None else min(_positive_int(self._name, "window", window), 2**62)
         softcap = 0.0 if softcap is None else _positive_real(self._name, "softcap", softcap)
@@ -626,6 +680,7 @@ class MultiHeadAttention(_Module):
             bool(sinks),
             bool(qk_norm),
             _check_eps(self._name, qk_norm_eps),
+            wdtype,
         )
         self._impl.fused_names = bool(fused_names)
         self._init_random(_rng(seed))
@@ -634,6 +689,7 @@ class MultiHeadAttention(_Module):
     n_heads = _from_impl("n_heads")
     n_kv_heads = _from_impl("n_kv_heads")
     head_dim = _from_impl("head_dim")
+    dtype = _from_impl("dtype")
 
     def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_seq_len`` tokens (a rolling
@@ -818,12 +874,19 @@ class TransformerBlock(_Module):
 
     @classmethod
     def from_config(
-        cls, config: Mapping[str, Any] | ModelConfig, *, seed: int | None = None, layer: int = 0
+        cls,
+        config: Mapping[str, Any] | ModelConfig,
+        *,
+        seed: int | None = None,
+        layer: int = 0,
+        dtype: Any = None,
     ) -> TransformerBlock:
         """Build a randomly initialised block (``seed``) from ``dim, n_heads, n_kv_heads,
         head_dim, hidden_dim, norm_eps, rope_theta, rope_scaling, norm, norm_position,
         attention_bias, mlp_bias`` or the HF ``LlamaConfig`` equivalents. ``layer``: which layer
-        of the model it is (Gemma 2 alternates sliding-window and full-attention layers)."""
+        of the model it is (Gemma 2 alternates sliding-window and full-attention layers).
+        ``dtype``: storage of the projection matrices (float32, bfloat16, float16)."""
+        wdtype = _weight_dtype("TransformerBlock", dtype)
         c = _block_config(config)
         norm = functools.partial(_make_norm, c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
         sandwich = c.norm_position == "sandwich"
@@ -845,6 +908,7 @@ class TransformerBlock(_Module):
                 fused_names=c.fused_projections,
                 qk_norm=c.qk_norm,
                 qk_norm_eps=c.norm_eps,
+                dtype=wdtype,
                 seed=int(seeds[0]),
             ),
             feed_forward=FeedForward(
@@ -853,6 +917,7 @@ class TransformerBlock(_Module):
                 bias=c.mlp_bias,
                 fused_names=c.fused_projections,
                 activation=c.activation,
+                dtype=wdtype,
                 seed=int(seeds[1]),
             ),
             attention_norm=norm(),
@@ -879,6 +944,11 @@ class TransformerBlock(_Module):
     @property
     def dim(self) -> int:
         return self.attention.dim
+
+    @property
+    def dtype(self) -> str:
+        """Storage dtype of the projection matrices (those of the attention)."""
+        return str(self.attention.dtype)
 
     def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
         return self.attention.new_cache(batch, max_seq_len)
@@ -911,12 +981,19 @@ class Transformer(_Module):
 
     _name = "Transformer"
 
-    def __init__(self, config: Mapping[str, Any] | ModelConfig, *, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any] | ModelConfig,
+        *,
+        seed: int | None = None,
+        dtype: Any = None,
+    ) -> None:
+        wdtype = _weight_dtype(self._name, dtype)
         c = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(config)
         self.config = c
         rng = _rng(seed)
         self.blocks = [
-            TransformerBlock.from_config(c, seed=int(s), layer=i)
+            TransformerBlock.from_config(c, seed=int(s), layer=i, dtype=wdtype)
             for i, s in enumerate(rng.integers(0, 2**63 - 1, size=c.n_layers))
         ]
         self.norm = _make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
@@ -928,6 +1005,7 @@ class Transformer(_Module):
             c.tie_embeddings,
             float(np.float32(np.sqrt(c.dim))) if c.embed_scale else 0.0,
             c.final_softcap or 0.0,
+            wdtype,
         )
         for key, arr in self._own_params().items():
             if (key == "lm_head.weight" and c.tie_embeddings) or _SKIP_INIT.get():
@@ -990,19 +1068,24 @@ class Transformer(_Module):
         tensor is read straight into its storage (bf16/f16 widened chunk by chunk): peak memory
         is the model plus a few MiB.
 
-        ``dtype``: ``None`` or ``"float32"`` (the weights are float32 for now). ``progress``:
-        a tqdm bar over the bytes read (default: on for checkpoints over 256 MiB when stderr
-        is a terminal).
+        ``dtype``: storage of the projection and embedding matrices. ``None`` (default) keeps
+        the checkpoint's: bf16 stays bf16 and f16 stays f16 (when every such matrix has that
+        dtype; otherwise float32) -- no widened copy. ``"float32"``, ``"bfloat16"`` or
+        ``"float16"`` converts while loading, tensor by tensor (round to nearest even). Norms and
+        biases are float32 in every case. ``progress``: a tqdm bar over the bytes read
+        (default: on for checkpoints over 256 MiB when stderr is a terminal).
         """
-        from ._safetensors import load_into, read_pretrained
+        from ._safetensors import checkpoint_weight_dtype, load_into, read_pretrained
 
-        _check_load_dtype("from_pretrained", dtype)
+        wdtype = _weight_dtype("from_pretrained", dtype, allow_none=True)
         path = _checkpoint_dir(path)
         # config and every tensor's key/shape are checked against the headers before any data
         # is read or any weights are allocated
         config, located = read_pretrained(path)
+        if wdtype is None:
+            wdtype = checkpoint_weight_dtype(located)
         with _no_random_init():
-            model = cls(config)
+            model = cls(config, dtype=wdtype)
         dests = model.state_dict()
         # the weights were allocated uninitialised: every one must come from the files
         unread = [
@@ -1020,6 +1103,61 @@ class Transformer(_Module):
         finally:
             bar.close()
         return model
+
+    @property
+    def dtype(self) -> str:
+        """Storage dtype of the projection and embedding matrices: ``"float32"``,
+        ``"bfloat16"`` or ``"float16"``."""
+        return str(self._impl.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weights (a tied LM head counted once)."""
+        return sum(
+            v.nbytes
+            for k, v in self.state_dict().items()
+            if not (k == "lm_head.weight" and self.config.tie_embeddings)
+        )
+
+    def to(self, dtype: Any) -> Transformer:
+        """Convert the weight storage to ``dtype`` (``"float32"``, ``"bfloat16"``,
+        ``"float16"``) in place, and return the model. The new storage is filled tensor by
+        tensor from the old one, then replaces it (peak memory: both copies)."""
+        wdtype = _weight_dtype("Transformer.to", dtype)
+        if wdtype == self.dtype:
+            return self
+        with _no_random_init():
+            new = Transformer(self.config, dtype=wdtype)
+        own = new.state_dict()
+        for key, arr in self.state_dict().items():
+            if key == "lm_head.weight" and self.config.tie_embeddings:
+                continue
+            np.copyto(own[key], arr, casting="unsafe")
+        self.__dict__.update(new.__dict__)
+        return self
+
+    def save_pretrained(self, path: str | os.PathLike[str], *, dtype: Any = None) -> None:
+        """Write an HF checkpoint directory that transformers (and :meth:`from_pretrained`)
+        load: ``config.json`` (``torch_dtype`` set) and ``model.safetensors``. ``dtype``: the
+        dtype the matrices are written in (default: the model's own; norms and biases are
+        written in it too, as HF does). A tied LM head is not written (as transformers)."""
+        from ._safetensors import save_file
+
+        wdtype = _weight_dtype("save_pretrained", dtype, allow_none=True) or self.dtype
+        out = os.fspath(path)
+        os.makedirs(out, exist_ok=True)
+        cfg = self.config.to_hf_dict()
+        cfg["torch_dtype"] = wdtype
+        import json
+
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+        tensors = {
+            k: v
+            for k, v in self.state_dict().items()
+            if not (k == "lm_head.weight" and self.config.tie_embeddings)
+        }
+        save_file(os.path.join(out, "model.safetensors"), tensors, dtype=wdtype)
 
     def new_cache(self, batch: int, max_seq_len: int | None = None) -> ModelCache:
         """Per-layer KV caches for ``batch`` sequences of up to ``max_seq_len`` tokens."""
@@ -1338,17 +1476,7 @@ def _check_cache_size(fn: str, name: str, cfg: ModelConfig, batch: int, t: int, 
 
 
 def _check_load_dtype(fn: str, dtype: Any) -> None:
-    if dtype is None or (isinstance(dtype, str) and dtype == "float32"):
-        return
-    try:
-        if np.dtype(dtype) == np.float32:
-            return
-    except TypeError:
-        pass
-    raise ValueError(
-        f"[{fn}] dtype {dtype!r} is not supported: the weights are float32 for now "
-        "(dtype=None or 'float32'); bf16/f16 checkpoints are widened to float32"
-    )
+    _weight_dtype(fn, dtype, allow_none=True)
 
 
 def _checkpoint_dir(path: Any) -> str:

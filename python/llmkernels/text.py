@@ -52,8 +52,8 @@ def load(
     ``*.safetensors``, ``tokenizer.json`` and the optional ``tokenizer_config.json``,
     ``generation_config.json``, ``chat_template.jinja``).
 
-    ``dtype``: ``None`` or ``"float32"`` (weights are float32 for now; bf16/f16 checkpoints
-    are widened). A hub id (``"meta-llama/Llama-3.2-1B"``) is not downloaded: the error says
+    ``dtype``: ``None`` keeps the checkpoint's precision (a bf16 checkpoint stays bf16 in
+    memory); ``"float32"``, ``"bfloat16"`` or ``"float16"`` converts while loading. A hub id (``"meta-llama/Llama-3.2-1B"``) is not downloaded: the error says
     how to fetch it. ``progress``: a bar while loading (default: large checkpoints on a
     terminal).
 

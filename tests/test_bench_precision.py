@@ -1,0 +1,35 @@
+"""benchmarks/bench_precision.py: float32 vs bf16 vs f16 weights, decode and prefill (issue 13)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_precision_quick_writes_every_row(tmp_path: Path) -> None:
+    """``--quick``: a row per thread count and weight dtype with tokens/s, bytes per token and
+    the fraction of the triad bandwidth (no figure is asserted: speed lives in the report)."""
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_precision.py"), "--quick", "--out",
+         str(tmp_path), "--quiet-wait", "0"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((tmp_path / "precision.json").read_text())
+    rows = {(r["threads"], r["dtype"]): r for r in res["rows"]}
+    threads = res["config"]["threads"]
+    assert set(rows) == {(t, d) for t in threads for d in ("float32", "bfloat16", "float16")}
+    for (_, dtype), r in rows.items():
+        assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["of_triad"] > 0
+        # 16-bit weights: half the matrix bytes of float32 per decoded token (norms stay float32)
+        if dtype != "float32":
+            f32 = rows[(r["threads"], "float32")]["bytes_per_token"]
+            assert 0.5 * f32 <= r["bytes_per_token"] < 0.51 * f32
+    md = (tmp_path / "precision.md").read_text()
+    assert "| threads | weights | decode tok/s |" in md and "bf16 decode >= 1.8x" in md
