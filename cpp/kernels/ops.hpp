@@ -45,16 +45,16 @@ struct attn_params {
   // score multiplier, in double whatever T: a scale outside T's normal range (1e-50, 1e40 in
   // float32) must still give the float64 reference's answer (the driver then runs the exact path)
   double scale;
-  bool causal;                   // bottom-right aligned: query i sees key j iff j <= i + Tk - Tq
-  AttnMask mask_kind;            // what `mask` points to
-  const void* mask;              // broadcast view of (B, Hq, Tq, Tk)
+  bool causal;             // bottom-right aligned: query i sees key j iff j <= i + Tk - Tq
+  AttnMask mask_kind;      // what `mask` points to
+  const void* mask;        // broadcast view of (B, Hq, Tq, Tk)
   std::int64_t mask_strides[4];  // in elements; 0 on broadcast axes
   // sliding window (Mistral, Gemma 2): 0 = none; else query i sees key j only if
   // (i + Tk - Tq) - j < window. Key tiles wholly before a tile's window are never visited.
   std::int64_t window;
-  double softcap;  // 0 = none; else scores become softcap * tanh(s / softcap) before the mask
-  const T* sinks;  // (Hq,) or null: an extra logit per query head in the softmax denominator
-  T* lse;          // (B, Hq, Tq) C-contiguous, or null: log-sum-exp of each row's scores
+  double softcap;   // 0 = none; else scores become softcap * tanh(s / softcap) before the mask
+  const T* sinks;   // (Hq,) or null: an extra logit per query head in the softmax denominator
+  T* lse;           // (B, Hq, Tq) C-contiguous, or null: log-sum-exp of each row's scores
 };
 
 // One work item: rows [row0, row0 + nrows) of KV head g's group (rows are (h, i) pairs,
@@ -72,21 +72,23 @@ constexpr std::size_t attn_tile_stride() {
   return kAttnRowTile + 64 / sizeof(T);
 }
 
-// Elements of scratch one item needs (per thread).
+// Elements of scratch one item needs (per thread): Q^T and the scores (rows of
+// attn_tile_stride), O and the V copy (rows of Dv padded, plus 64 bytes), 4 row values.
 template <class T>
 constexpr std::size_t attn_workspace_size(std::size_t d, std::size_t dv) {
   return (d + kAttnKeyTile) * attn_tile_stride<T>() +
-         (kAttnRowTile + kAttnKeyTile) * (attn_dv_pad_t<T>(dv) + 64 / sizeof(T)) + 4 * kAttnRowTile;
+         (kAttnRowTile + kAttnKeyTile) * (attn_dv_pad_t<T>(dv) + 64 / sizeof(T)) +
+         4 * kAttnRowTile;
 }
 
 // Folds a sink logit into a row's final softmax state (running max m, sum l, unnormalised
 // output o of dv values): the sink joins the denominator with no value. NaN propagates.
 template <class T>
 inline void attn_add_sink(T sink, T& m, T& l, T* o, std::size_t dv) {
-  const T m_new =
-      std::isnan(m) || std::isnan(sink) ? std::numeric_limits<T>::quiet_NaN() : std::max(m, sink);
+  const T m_new = std::isnan(m) || std::isnan(sink) ? std::numeric_limits<T>::quiet_NaN()
+                                                     : std::max(m, sink);
   if (m_new == -std::numeric_limits<T>::infinity()) return;  // sink -inf and no key: nothing
-  const T a = std::exp(m - m_new);                           // m = -inf (no key yet): 0
+  const T a = std::exp(m - m_new);  // m = -inf (no key yet): 0
   l = l * a + std::exp(sink - m_new);
   if (a != T(1))
     for (std::size_t d = 0; d < dv; ++d) o[d] *= a;
@@ -111,15 +113,15 @@ constexpr std::uint8_t kAttnNonFinite = 1, kAttnAllNegInf = 2;
 
 // The functors of kernel_list.hpp: attention_tile_kernel runs one item (above); see each
 // kernel's header for what the others compute.
-#define LLMK_DECLARE_KERNEL(name, params)             \
-  struct name {                                       \
-    template <class Arch, class T>                    \
-    void operator()(Arch, LLMK_UNPAREN params) const; \
+#define LLMK_DECLARE_KERNEL(name, params)                                    \
+  struct name {                                                              \
+    template <class Arch, class T>                                           \
+    void operator()(Arch, LLMK_UNPAREN params) const;                        \
   };
-#define LLMK_DECLARE_FLOAT_KERNEL(name, params)       \
-  struct name {                                       \
-    template <class Arch>                             \
-    void operator()(Arch, LLMK_UNPAREN params) const; \
+#define LLMK_DECLARE_FLOAT_KERNEL(name, params)                              \
+  struct name {                                                              \
+    template <class Arch>                                                    \
+    void operator()(Arch, LLMK_UNPAREN params) const;                        \
   };
 LLMK_KERNELS(LLMK_DECLARE_KERNEL, T)
 LLMK_FLOAT_KERNELS(LLMK_DECLARE_FLOAT_KERNEL)
