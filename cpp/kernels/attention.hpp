@@ -149,6 +149,34 @@ inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, con
                                   k_len, accumulate, k_of);
 }
 
+// exp(x) for x <= 0 or NaN (a score minus its row's running max), as exp_flush computes it
+// (results below T's normal range flushed to +0, NaN kept) in half the instructions: no
+// overflow to handle, so no range checks and no blends but the flush. float: the cephes
+// reduction and polynomial xsimd's exp uses, 2^k built in the exponent bits (k >= -126 after
+// the clamp, so no subnormal is formed). double keeps exp_flush.
+template <class Arch, class T>
+inline vec<Arch, T> exp_nonpos(const vec<Arch, T>& x) {
+  if constexpr (!std::is_same<T, float>::value) {
+    return exp_flush<Arch, T>(x);
+  } else {
+    using V = vec<Arch, float>;
+    using I = xsimd::batch<std::int32_t, Arch>;
+    const V lo(exp_subnormal_below<float>());  // ln(FLT_MIN)
+    // max(lo, x) is maxps(lo, x): a NaN x comes out as itself and stays NaN to the end
+    const V xc = xsimd::max(lo, x);
+    const V k = xsimd::nearbyint(xc * V(1.44269504088896341f));
+    V r = xsimd::fnma(k, V(0.693359375f), xc);  // ln 2 = 0.693359375 - 2.12194440e-4
+    r = xsimd::fnma(k, V(-2.12194440e-4f), r);
+    V y = xsimd::fma(V(1.3997796e-03f), r, V(8.3955629e-03f));
+    y = xsimd::fma(y, r, V(4.1665401e-02f));
+    y = xsimd::fma(y, r, V(1.6666277e-01f));
+    y = xsimd::fma(y, r, V(0.5f));
+    const V e = xsimd::fma(y, r * r, r) + V(1.0f);
+    const V two_k = xsimd::bitwise_cast<V>((xsimd::to_int(k) + I(127)) << 23);
+    return xsimd::select(x < lo, V(0.0f), e * two_k);
+  }
+}
+
 // Prefetches the cache lines of `bytes` bytes at `offset` bytes past `base`. A hint: the
 // address may lie past the end of the array (it does not fault), so it is computed as an
 // integer, not with pointer arithmetic beyond the array.
@@ -289,6 +317,9 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // A sliding window gives each row a first visible key too (lo_abs; 0 without a window).
   std::int64_t lim_abs[BQ], lo_abs[BQ];
   std::int64_t max_lim = -1, min_lo = std::numeric_limits<std::int64_t>::max();
+  // the last key every row sees and the first key every row sees: a key tile inside both is
+  // fully visible and needs no mask
+  std::int64_t min_lim = std::numeric_limits<std::int64_t>::max(), max_lo = 0;
   const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
   for (std::size_t r = 0; r < BQ; ++r) {
     if (r < nrows) {
@@ -299,6 +330,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(pos - p.window + 1, 0) : 0;
       max_lim = std::max(max_lim, lim);
       min_lo = std::min(min_lo, lo);
+      min_lim = std::min(min_lim, lim);
+      max_lo = std::max(max_lo, lo);
       lim_abs[r] = lim;
       lo_abs[r] = lo;
     } else {
@@ -312,6 +345,16 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     for (std::size_t r = 0; r < nrows; ++r) pack(q_row(r), r, T(1));
   }
   std::memset(s.o, 0, ncols * ldo * sizeof(T));
+  // Causal trimming of the micro-GEMMs on a diagonal key tile [k0, k0 + nk): the keys past
+  // the causal limit of every row of a block of rows are not multiplied (Q . K^T: their
+  // scores are masked to -inf below; P . V: their probabilities are exactly 0). Halves the
+  // work of the diagonal tiles (all of a short prompt's).
+  auto last_key = [&](std::size_t r0, std::size_t rows, std::size_t k0, std::size_t n) {
+    std::int64_t hi = -1;
+    for (std::size_t r = r0; r < std::min(r0 + rows, BQ); ++r) hi = std::max(hi, lim_abs[r]);
+    const std::int64_t e = hi - static_cast<std::int64_t>(k0) + 1;
+    return e <= 0 ? std::size_t{0} : std::min(n, static_cast<std::size_t>(e));
+  };
 
   const T* kbase = p.k + it.b * p.ks[0] + it.g * p.ks[1];  // (Tk, D), row stride ks[2]
   const T* vbase = p.v + it.b * p.vs[0] + it.g * p.vs[1];  // (Tk, Dv), row stride vs[2]
@@ -338,13 +381,30 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       rowwise_scores<Arch, T, (N < 4 ? N : 4)>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
     }
   };
+  // every row of the tile sees every key of [k0, k0 + nk)
+  auto full_tile = [&](std::size_t k0, std::size_t nk) {
+    return min_lim >= static_cast<std::int64_t>(k0 + nk) - 1 &&
+           max_lo <= static_cast<std::int64_t>(k0);
+  };
   auto scores = [&](std::size_t k0, std::size_t nk) {
     if (rowwise) {
       scores_rowwise(k0, nk);
     } else {
-      small_gemm<Arch, T>(kbase + k0 * kr, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
-                          static_cast<std::ptrdiff_t>(LS), s.st, static_cast<std::ptrdiff_t>(LS),
-                          nk, ncols / N, D, false);
+      const T* kt = kbase + k0 * kr;
+      if (p.causal && !full_tile(k0, nk)) {
+        // rows of S^T are keys: a column block of rows [j * N, (j + cols) * N) needs the keys
+        // up to its last row's limit
+        auto keys = [&](std::size_t j, std::size_t cols, std::size_t n) {
+          return last_key(j * N, cols * N, k0, n);
+        };
+        small_gemm<Arch, T>(kt, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
+                            static_cast<std::ptrdiff_t>(LS), s.st, static_cast<std::ptrdiff_t>(LS),
+                            nk, ncols / N, D, false, keys);
+      } else {
+        small_gemm<Arch, T>(kt, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
+                            static_cast<std::ptrdiff_t>(LS), s.st, static_cast<std::ptrdiff_t>(LS),
+                            nk, ncols / N, D, false);
+      }
     }
     if (!fold) {  // S^T = (K . Q^T) * scale, the reference's order
       const V vscale(scale);
@@ -359,7 +419,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
           (vcap * xsimd::tanh(sc * vinv_cap)).store_unaligned(s.st + j * LS + c);
         }
     }
-    if (p.causal || p.window > 0 || nrows < ncols) {
+    if (((p.causal || p.window > 0) && !full_tile(k0, nk)) || nrows < ncols) {
       // limits relative to k0, clamped to [-1, nk] and [0, nk + 1]: small integers, exact in T
       const std::int64_t hi = static_cast<std::int64_t>(nk);
       for (std::size_t c = 0; c < ncols; ++c) {
@@ -426,10 +486,10 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       V m_new = xsimd::max(m_old, mt);
       // rows that have seen no allowed key yet keep m = -inf; subtract 0 instead (no NaN)
       V m_safe = xsimd::select(m_new == V(neg_inf), V(T(0)), m_new);
-      V alpha = exp_flush<Arch, T>(m_old - m_safe);
+      V alpha = exp_nonpos<Arch, T>(m_old - m_safe);
       V lsum = V::load_unaligned(s.l + c) * alpha;
       for (std::size_t j = 0; j < nk; ++j) {
-        V e = exp_flush<Arch, T>(V::load_unaligned(s.st + j * LS + c) - m_safe);
+        V e = exp_nonpos<Arch, T>(V::load_unaligned(s.st + j * LS + c) - m_safe);
         e.store_unaligned(s.st + j * LS + c);
         lsum += e;
       }
@@ -451,8 +511,17 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     const T* vt = v_tile(k0, nk, &ldv);
     // only the vectors that hold V's columns: when Dv is a multiple of this ISA's width, vt is
     // V itself, and dv_pad (a multiple of the widest ISA's) may run past the end of its rows
-    small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
-                        static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true);
+    if (p.causal && !full_tile(k0, nk)) {
+      auto keys = [&](std::size_t r0, std::size_t rows, std::size_t n) {
+        return last_key(r0, rows, k0, n);
+      };
+      small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
+                          static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true,
+                          full_extent{}, keys);
+    } else {
+      small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
+                          static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true);
+    }
   }
 
   // --- rows whose scores left T's range (see flags in ops.hpp) ------------------------------
