@@ -301,8 +301,27 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // reference's order, is fine: fold only when every nonzero finite q gives a normal product.
   bool fold = true;
   const T t_min = std::numeric_limits<T>::min(), t_max = std::numeric_limits<T>::max();
+  // Vectorised (a short prompt's tile spent as long packing q one scalar at a time, with
+  // these checks, as multiplying it): the products and the check a vector at a time, the
+  // transposed stores one element at a time.
   auto pack = [&](const T* qrow, std::size_t r, T mul) {
-    for (std::size_t d = 0; d < D; ++d) {
+    const V vmul(mul), vmin(t_min), vmax(t_max), zero(T(0));
+    auto bad = xsimd::batch_bool<T, Arch>(false);
+    alignas(64) T buf[N];
+    std::size_t d0 = 0;
+    for (; d0 + N <= D; d0 += N) {
+      const V qv = V::load_unaligned(qrow + d0), v = qv * vmul, av = xsimd::abs(v);
+      // finite nonzero q (v cannot be NaN then) whose product is not a normal number
+      bad = bad | (xsimd::isfinite(qv) & (qv != zero) & ((av < vmin) | (av > vmax)));
+      if (rowwise) {
+        v.store_unaligned(s.qt + r * D + d0);
+      } else {
+        v.store_aligned(buf);
+        for (std::size_t e = 0; e < N; ++e) s.qt[(d0 + e) * LS + r] = buf[e];
+      }
+    }
+    if (xsimd::any(bad)) fold = false;
+    for (std::size_t d = d0; d < D; ++d) {
       const T v = qrow[d] * mul;
       const bool normal = std::fabs(v) >= t_min && std::fabs(v) <= t_max;
       if (std::isfinite(qrow[d]) && qrow[d] != T(0) && !normal) fold = false;
@@ -565,7 +584,11 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     T* orow = p.out + it.b * p.os[0] + row_head(r) * p.os[1] + row_query(r) * p.os[2];  // (Dv,)
     // nothing to attend (l = 0): zeros; NaN scores (l = NaN) propagate
     const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));
-    for (std::size_t d = 0; d < Dv; ++d) orow[d] = s.o[r * ldo + d] * inv;
+    const T* orow_acc = s.o + r * ldo;
+    const V vinv(inv);
+    std::size_t d = 0;
+    for (; d + N <= Dv; d += N) (V::load_unaligned(orow_acc + d) * vinv).store_unaligned(orow + d);
+    for (; d < Dv; ++d) orow[d] = orow_acc[d] * inv;
     if (p.lse) p.lse[(it.b * p.hq + row_head(r)) * p.tq + row_query(r)] = attn_lse(s.m[r], s.l[r]);
   }
   if (p.weights) {  // second sweep: the normalised probabilities, for plots
