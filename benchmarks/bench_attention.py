@@ -78,14 +78,16 @@ def attention_flops(nh: int, tq: int, tk: int, d: int, dv: int, causal: bool) ->
 def attention_workspace_bytes(threads: int, d: int, dv: int, itemsize: int = 4) -> int:
     """The fused kernel's scratch memory (``attn_workspace_size`` in ``cpp/kernels/ops.hpp``).
 
-    Per thread: the scaled Q^T tile (64·D), a 64×64 score tile, the output accumulator and a
-    padded V tile (64·Dv each, Dv rounded up to 64 bytes) and 3×64 row values (causal limit,
-    running max, running sum). Independent of T; the prefill work list (one 48-byte item per
-    64-row tile) and, for decode-like shapes, the key-split partials come on top.
+    Per thread: the scaled Q^T tile (D rows) and a score tile (64 rows), rows of 64 values
+    plus 64 bytes (against L1 set conflicts), the output accumulator and a V tile copy (64 rows
+    each of Dv rounded up to 64 bytes, plus 64 bytes) and 4×64 row values (causal limit,
+    window start, running max, running sum). Independent of T; the prefill work list (one
+    48-byte item per 64-row tile) and, for decode-like shapes, the key-split partials come on
+    top.
     """
     per_elem = 64 // itemsize
     dv_pad = -(-dv // per_elem) * per_elem
-    return threads * (64 * d + 64 * 64 + 128 * dv_pad + 192) * itemsize
+    return threads * ((d + 64) * (64 + per_elem) + 128 * (dv_pad + per_elem) + 256) * itemsize
 
 
 def numpy_attention(
@@ -335,7 +337,7 @@ def render(report: dict[str, Any]) -> str:
             "with T beyond the inputs. `peak extra` is the process's peak RSS during one call "
             "(VmHWM, reset before it) over its RSS before, in a fresh subprocess per size at "
             f"{mem_threads} threads (thread start-up included); `workspace` the kernel's "
-            f"scratch, {mem_threads} × (64·D + 64·64 + 128·Dv + 192) × 4 bytes; `scores` the "
+            f"scratch, {mem_threads} × (80·(D + 64) + 128·(Dv + 16) + 256) × 4 bytes; `scores` the "
             "H·T²·4-byte matrix the NumPy formula materialises (its measured peak holds about "
             "two: the scaled scores and their exponentials). `others`: CPUs other processes "
             "kept busy during the 1T / 2T timings (rows with others near 1 are unreliable).",

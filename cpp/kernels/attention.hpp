@@ -51,48 +51,130 @@ inline void micro_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, con
     for (int j = 0; j < C; ++j) acc[r][j].store_unaligned(c + r * ldc + j * N);
 }
 
-// Registers: AVX-512 has 32 vector registers (6 x 4 accumulators + 4 B + 1 A), AVX2/SSE2 16.
+// Register blocking: R rows x C vectors of accumulators, plus C vectors of B and one broadcast
+// of A live in registers. AVX-512 has 32 vector registers (6 x 4 + 4 + 1 = 29); AVX2 and SSE2
+// have 16: 6 x 2 + 2 + 1 = 15, twelve independent FMA chains (enough to cover the FMA latency
+// on two pipes) for 8 loads per 12 FMAs. (3 x 4 needed a 1-row tail on 64-row tiles, whose
+// 4 chains ran latency-bound, and a 4-vector B slice twice the size in L1.)
 template <class Arch>
 constexpr int gemm_rows() {
-  return std::is_base_of<xsimd::avx512f, Arch>::value ? 6 : 3;
+  return 6;
+}
+template <class Arch>
+constexpr int gemm_cols() {
+  return std::is_base_of<xsimd::avx512f, Arch>::value ? 4 : 2;
 }
 
-// C (R x n_vec*N) (+)= A (R x k) . B for one block of R rows: 4 vectors of columns at a time,
-// then 2, then single vectors (each element's sum runs over k in the same order either way).
-template <class Arch, class T, int R>
-inline void gemm_row_block(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
-                           std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t n_vec,
-                           std::size_t k_len, bool accumulate) {
-  constexpr std::size_t N = vec<Arch, T>::size;
-  std::size_t j = 0;
-  for (; j + 4 <= n_vec; j += 4)
-    micro_gemm<Arch, T, R, 4>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, k_len, accumulate);
-  // two vectors at a time before single ones: the scores of a tile of 9-16 rows are 2 vectors
-  // wide (AVX2 float), and R x 1 accumulator chains cannot hide the FMA latency
-  for (; j + 2 <= n_vec; j += 2)
-    micro_gemm<Arch, T, R, 2>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, k_len, accumulate);
-  for (; j < n_vec; ++j)
-    micro_gemm<Arch, T, R, 1>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, k_len, accumulate);
+// Every key / row extent of a block is the full one (no causal trimming).
+struct full_extent {
+  std::size_t operator()(std::size_t, std::size_t, std::size_t n) const { return n; }
+};
+
+// The rows [r, m) of one column block (C vectors at column vector j): blocks of R rows, then
+// 4, 2 and 1-row tails; k_of(r, rows, k_len) trims the k range of a row block (causal P . V:
+// probabilities past a row's causal limit are exactly 0 and are skipped).
+template <class Arch, class T, int R, int C, class KOf>
+inline void gemm_col_block(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
+                           std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t m,
+                           std::size_t k_len, bool accumulate, KOf k_of) {
+  std::size_t r = 0;
+  auto run = [&](auto rows_tag) {
+    constexpr int RR = decltype(rows_tag)::value;
+    const std::size_t kl = k_of(r, static_cast<std::size_t>(RR), k_len);
+    if (kl > 0 || !accumulate)
+      micro_gemm<Arch, T, RR, C>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, kl,
+                                 accumulate);
+    r += RR;
+  };
+  while (r + R <= m) run(std::integral_constant<int, R>{});
+  if (r + 4 <= m) run(std::integral_constant<int, 4>{});
+  if (r + 2 <= m) run(std::integral_constant<int, 2>{});
+  if (r < m) run(std::integral_constant<int, 1>{});
 }
 
 // C (m x n_vec*N) (+)= A (m x k, strides a_rs/a_ks) . B (k x n_vec*N, row stride ldb).
-template <class Arch, class T>
+// Column blocks outside, row blocks inside: the B slice of a column block (k x C vectors: 8 KiB
+// of Q^T or 4 KiB of V at D = 128 in AVX2 float32) stays in L1 while the rows of A stream past
+// it, where rows outside had re-read all of B (32 KiB, the whole L1) per 3 rows. Each element
+// still sums over k in order, whatever the blocking. m_of(j, cols, m) trims the rows computed
+// for the column vectors [j, j + cols) (causal Q . K^T: keys past every row's limit; their
+// entries are left as they are and masked by the caller), k_of as in gemm_col_block.
+template <class Arch, class T, class MOf = full_extent, class KOf = full_extent>
 inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
                        std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t m,
-                       std::size_t n_vec, std::size_t k_len, bool accumulate) {
-  constexpr int R = gemm_rows<Arch>();
-  std::size_t r = 0;
-  for (; r + R <= m; r += R)
-    gemm_row_block<Arch, T, R>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, n_vec, k_len,
-                               accumulate);
-  if constexpr (R > 4) {  // a 4-row block for decode tiles (a 4-head GQA group)
-    for (; r + 4 <= m; r += 4)
-      gemm_row_block<Arch, T, 4>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, n_vec, k_len,
-                                 accumulate);
+                       std::size_t n_vec, std::size_t k_len, bool accumulate, MOf m_of = {},
+                       KOf k_of = {}) {
+  constexpr std::size_t N = vec<Arch, T>::size;
+  constexpr int R = gemm_rows<Arch>(), C = gemm_cols<Arch>();
+  if (m < static_cast<std::size_t>(R)) {  // a decode tile (a GQA group's few rows): one row
+    // block, so nothing is re-read; wide column blocks instead, 3 x 4 (4 x 4 on AVX-512) and
+    // 1 x 4 accumulators, for enough independent FMA chains
+    constexpr int RS = C > 2 ? 4 : 3;
+    std::size_t r = 0;
+    for (; r < m; r += (m - r >= RS ? RS : 1)) {
+      const std::size_t rows = m - r >= RS ? RS : 1;
+      const std::size_t kl = k_of(r, rows, k_len);
+      if (kl == 0 && accumulate) continue;
+      std::size_t j = 0;
+      for (; j + 4 <= n_vec; j += 4) {
+        if (rows == RS)
+          micro_gemm<Arch, T, RS, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                     ldc, kl, accumulate);
+        else
+          micro_gemm<Arch, T, 1, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                    ldc, kl, accumulate);
+      }
+      for (; j < n_vec; ++j) {
+        if (rows == RS)
+          micro_gemm<Arch, T, RS, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                     ldc, kl, accumulate);
+        else
+          micro_gemm<Arch, T, 1, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                    ldc, kl, accumulate);
+      }
+    }
+    return;
   }
-  for (; r < m; ++r)  // row tail
-    gemm_row_block<Arch, T, 1>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, n_vec, k_len,
-                               accumulate);
+  std::size_t j = 0;
+  for (; j + C <= n_vec; j += C)
+    gemm_col_block<Arch, T, R, C>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc,
+                                  m_of(j, static_cast<std::size_t>(C), m), k_len, accumulate, k_of);
+  if constexpr (C > 2) {
+    for (; j + 2 <= n_vec; j += 2)
+      gemm_col_block<Arch, T, R, 2>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, m_of(j, 2, m),
+                                    k_len, accumulate, k_of);
+  }
+  for (; j < n_vec; ++j)  // R x 1 accumulator chains: only an odd vector count's last
+    gemm_col_block<Arch, T, R, 1>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, m_of(j, 1, m),
+                                  k_len, accumulate, k_of);
+}
+
+// exp(x) for x <= 0 or NaN (a score minus its row's running max), as exp_flush computes it
+// (results below T's normal range flushed to +0, NaN kept) in half the instructions: no
+// overflow to handle, so no range checks and no blends but the flush. float: the cephes
+// reduction and polynomial xsimd's exp uses, 2^k built in the exponent bits (k >= -126 after
+// the clamp, so no subnormal is formed). double keeps exp_flush.
+template <class Arch, class T>
+inline vec<Arch, T> exp_nonpos(const vec<Arch, T>& x) {
+  if constexpr (!std::is_same<T, float>::value) {
+    return exp_flush<Arch, T>(x);
+  } else {
+    using V = vec<Arch, float>;
+    using I = xsimd::batch<std::int32_t, Arch>;
+    const V lo(exp_subnormal_below<float>());  // ln(FLT_MIN)
+    // max(lo, x) is maxps(lo, x): a NaN x comes out as itself and stays NaN to the end
+    const V xc = xsimd::max(lo, x);
+    const V k = xsimd::nearbyint(xc * V(1.44269504088896341f));
+    V r = xsimd::fnma(k, V(0.693359375f), xc);  // ln 2 = 0.693359375 - 2.12194440e-4
+    r = xsimd::fnma(k, V(-2.12194440e-4f), r);
+    V y = xsimd::fma(V(1.3997796e-03f), r, V(8.3955629e-03f));
+    y = xsimd::fma(y, r, V(4.1665401e-02f));
+    y = xsimd::fma(y, r, V(1.6666277e-01f));
+    y = xsimd::fma(y, r, V(0.5f));
+    const V e = xsimd::fma(y, r * r, r) + V(1.0f);
+    const V two_k = xsimd::bitwise_cast<V>((xsimd::to_int(k) + I(127)) << 23);
+    return xsimd::select(x < lo, V(0.0f), e * two_k);
+  }
 }
 
 // Prefetches the cache lines of `bytes` bytes at `offset` bytes past `base`. A hint: the
@@ -108,13 +190,13 @@ inline void prefetch_row(const void* base, std::size_t offset, std::size_t bytes
 // D a multiple of N): blocks of RB rows x KB keys (RB * KB = N dot products) accumulate along D
 // in registers, each K vector loaded once for all RB rows, then N horizontal sums in one
 // reduce_lanes. Rows past nrows (up to a multiple of RB) hold zeros in q; the caller sets their
-// scores to -inf like every padded column. S^T has row stride kAttnRowTile.
+// scores to -inf like every padded column. S^T has row stride attn_tile_stride<T>().
 template <class Arch, class T, std::size_t RB>
 inline void rowwise_scores(const T* q, std::size_t nrows, std::size_t D, const T* kt,
                            std::size_t kr, const T* vt, std::size_t vr, std::size_t dv,
                            std::size_t nk, T* st) {
   using V = vec<Arch, T>;
-  constexpr std::size_t N = V::size, KB = N / RB, BQ = kAttnRowTile, BK = kAttnKeyTile;
+  constexpr std::size_t N = V::size, KB = N / RB, LS = attn_tile_stride<T>(), BK = kAttnKeyTile;
   std::size_t j = 0;
   for (; j + KB <= nk; j += KB) {
     // Decode streams K and V from memory with little work per byte: ask for the V rows of the
@@ -138,7 +220,7 @@ inline void rowwise_scores(const T* q, std::size_t nrows, std::size_t D, const T
       alignas(64) T sums[N];
       reduce_lanes(acc, sums);
       for (std::size_t rr = 0; rr < RB; ++rr)
-        for (std::size_t kk = 0; kk < KB; ++kk) st[(j + kk) * BQ + r0 + rr] = sums[rr * KB + kk];
+        for (std::size_t kk = 0; kk < KB; ++kk) st[(j + kk) * LS + r0 + rr] = sums[rr * KB + kk];
     }
   }
   for (; j < nk; ++j) {  // key tail: one dot product per row
@@ -146,17 +228,18 @@ inline void rowwise_scores(const T* q, std::size_t nrows, std::size_t D, const T
       V acc(T(0));
       for (std::size_t d = 0; d < D; d += N)
         acc = xsimd::fma(V::load_unaligned(kt + j * kr + d), V::load_unaligned(q + r * D + d), acc);
-      st[j * BQ + r] = xsimd::hadd(acc);
+      st[j * LS + r] = xsimd::hadd(acc);
     }
   }
 }
 
 template <class T>
 struct attn_tile_state {
-  T* qt;    // (D, BQ)      scale * Q^T of the tile, zero-padded columns
-  T* st;    // (BK, BQ)     scores / probabilities of the current key tile, transposed
-  T* o;     // (BQ, dv_pad) running output
-  T* vpad;  // (BK, dv_pad) V tile copy when Dv is not a multiple of the vector width
+  // (row stride LS = BQ + 64 bytes: see attn_tile_stride)
+  T* qt;    // (D, BQ)      scale * Q^T of the tile, zero-padded columns, row stride LS
+  T* st;    // (BK, BQ)     scores / probabilities of the current key tile, transposed, stride LS
+  T* o;     // (BQ, dv_pad) running output, row stride ldo = dv_pad + 64 bytes
+  T* vpad;  // (BK, dv_pad) V tile copy (see v_tile), row stride ldo
   T* lim;   // (BQ,)        causal limit per row relative to the key tile's start, in [-1, BK]
   T* lo;    // (BQ,)        window start per row relative to the key tile's start, in [0, BK+1]
   T* m;     // (BQ,)        running max
@@ -171,8 +254,11 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
                                        std::uint8_t* flags) const {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
-  constexpr std::size_t BQ = kAttnRowTile, BK = kAttnKeyTile;
+  constexpr std::size_t BQ = kAttnRowTile, BK = kAttnKeyTile, LS = attn_tile_stride<T>();
   const std::size_t D = p.d, Dv = p.dv, dv_pad = attn_dv_pad_t<T>(Dv);
+  // O and the V copy rows: 64 bytes past a multiple of 512 so that a column slice of their
+  // rows spreads over L1's sets (see attn_tile_stride)
+  const std::size_t ldo = dv_pad + 64 / sizeof(T);
   const std::size_t group = p.hq / p.hkv;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T scale = static_cast<T>(p.scale);  // the driver runs the exact path if it is not normal
@@ -180,10 +266,10 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
 
   attn_tile_state<T> s;
   s.qt = workspace;
-  s.st = s.qt + D * BQ;
-  s.o = s.st + BK * BQ;
-  s.vpad = s.o + BQ * dv_pad;
-  s.lim = s.vpad + BK * dv_pad;
+  s.st = s.qt + D * LS;
+  s.o = s.st + BK * LS;
+  s.vpad = s.o + BQ * ldo;
+  s.lim = s.vpad + BK * ldo;
   s.lo = s.lim + BQ;
   s.m = s.lo + BQ;
   s.l = s.m + BQ;
@@ -206,7 +292,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   if (!rowwise) {
     if (ncols > nrows)
       for (std::size_t d = 0; d < D; ++d)
-        std::fill(s.qt + d * BQ + nrows, s.qt + d * BQ + ncols, T(0));
+        std::fill(s.qt + d * LS + nrows, s.qt + d * LS + ncols, T(0));
   } else {
     std::memset(s.qt, 0, (nrows + N) * D * sizeof(T));
   }
@@ -215,12 +301,31 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // reference's order, is fine: fold only when every nonzero finite q gives a normal product.
   bool fold = true;
   const T t_min = std::numeric_limits<T>::min(), t_max = std::numeric_limits<T>::max();
+  // Vectorised (a short prompt's tile spent as long packing q one scalar at a time, with
+  // these checks, as multiplying it): the products and the check a vector at a time, the
+  // transposed stores one element at a time.
   auto pack = [&](const T* qrow, std::size_t r, T mul) {
-    for (std::size_t d = 0; d < D; ++d) {
+    const V vmul(mul), vmin(t_min), vmax(t_max), zero(T(0));
+    auto bad = xsimd::batch_bool<T, Arch>(false);
+    alignas(64) T buf[N];
+    std::size_t d0 = 0;
+    for (; d0 + N <= D; d0 += N) {
+      const V qv = V::load_unaligned(qrow + d0), v = qv * vmul, av = xsimd::abs(v);
+      // finite nonzero q (v cannot be NaN then) whose product is not a normal number
+      bad = bad | (xsimd::isfinite(qv) & (qv != zero) & ((av < vmin) | (av > vmax)));
+      if (rowwise) {
+        v.store_unaligned(s.qt + r * D + d0);
+      } else {
+        v.store_aligned(buf);
+        for (std::size_t e = 0; e < N; ++e) s.qt[(d0 + e) * LS + r] = buf[e];
+      }
+    }
+    if (xsimd::any(bad)) fold = false;
+    for (std::size_t d = d0; d < D; ++d) {
       const T v = qrow[d] * mul;
       const bool normal = std::fabs(v) >= t_min && std::fabs(v) <= t_max;
       if (std::isfinite(qrow[d]) && qrow[d] != T(0) && !normal) fold = false;
-      (rowwise ? s.qt[r * D + d] : s.qt[d * BQ + r]) = v;  // row-major (nrows, D) / (D, BQ)
+      (rowwise ? s.qt[r * D + d] : s.qt[d * LS + r]) = v;  // row-major (nrows, D) / (D, BQ)
     }
   };
   auto q_row = [&](std::size_t r) {
@@ -231,6 +336,9 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // A sliding window gives each row a first visible key too (lo_abs; 0 without a window).
   std::int64_t lim_abs[BQ], lo_abs[BQ];
   std::int64_t max_lim = -1, min_lo = std::numeric_limits<std::int64_t>::max();
+  // the last key every row sees and the first key every row sees: a key tile inside both is
+  // fully visible and needs no mask
+  std::int64_t min_lim = std::numeric_limits<std::int64_t>::max(), max_lo = 0;
   const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
   for (std::size_t r = 0; r < BQ; ++r) {
     if (r < nrows) {
@@ -241,6 +349,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       const std::int64_t lo = p.window > 0 ? std::max<std::int64_t>(pos - p.window + 1, 0) : 0;
       max_lim = std::max(max_lim, lim);
       min_lo = std::min(min_lo, lo);
+      min_lim = std::min(min_lim, lim);
+      max_lo = std::max(max_lo, lo);
       lim_abs[r] = lim;
       lo_abs[r] = lo;
     } else {
@@ -253,7 +363,17 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   if (!fold) {  // rare: scores are scaled after the product instead (see scores())
     for (std::size_t r = 0; r < nrows; ++r) pack(q_row(r), r, T(1));
   }
-  std::memset(s.o, 0, ncols * dv_pad * sizeof(T));
+  std::memset(s.o, 0, ncols * ldo * sizeof(T));
+  // Causal trimming of the micro-GEMMs on a diagonal key tile [k0, k0 + nk): the keys past
+  // the causal limit of every row of a block of rows are not multiplied (Q . K^T: their
+  // scores are masked to -inf below; P . V: their probabilities are exactly 0). Halves the
+  // work of the diagonal tiles (all of a short prompt's).
+  auto last_key = [&](std::size_t r0, std::size_t rows, std::size_t k0, std::size_t n) {
+    std::int64_t hi = -1;
+    for (std::size_t r = r0; r < std::min(r0 + rows, BQ); ++r) hi = std::max(hi, lim_abs[r]);
+    const std::int64_t e = hi - static_cast<std::int64_t>(k0) + 1;
+    return e <= 0 ? std::size_t{0} : std::min(n, static_cast<std::size_t>(e));
+  };
 
   const T* kbase = p.k + it.b * p.ks[0] + it.g * p.ks[1];  // (Tk, D), row stride ks[2]
   const T* vbase = p.v + it.b * p.vs[0] + it.g * p.vs[1];  // (Tk, Dv), row stride vs[2]
@@ -280,28 +400,45 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       rowwise_scores<Arch, T, (N < 4 ? N : 4)>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
     }
   };
+  // every row of the tile sees every key of [k0, k0 + nk)
+  auto full_tile = [&](std::size_t k0, std::size_t nk) {
+    return min_lim >= static_cast<std::int64_t>(k0 + nk) - 1 &&
+           max_lo <= static_cast<std::int64_t>(k0);
+  };
   auto scores = [&](std::size_t k0, std::size_t nk) {
     if (rowwise) {
       scores_rowwise(k0, nk);
     } else {
-      small_gemm<Arch, T>(kbase + k0 * kr, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
-                          static_cast<std::ptrdiff_t>(BQ), s.st, static_cast<std::ptrdiff_t>(BQ),
-                          nk, ncols / N, D, false);
+      const T* kt = kbase + k0 * kr;
+      if (p.causal && !full_tile(k0, nk)) {
+        // rows of S^T are keys: a column block of rows [j * N, (j + cols) * N) needs the keys
+        // up to its last row's limit
+        auto keys = [&](std::size_t j, std::size_t cols, std::size_t n) {
+          return last_key(j * N, cols * N, k0, n);
+        };
+        small_gemm<Arch, T>(kt, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
+                            static_cast<std::ptrdiff_t>(LS), s.st, static_cast<std::ptrdiff_t>(LS),
+                            nk, ncols / N, D, false, keys);
+      } else {
+        small_gemm<Arch, T>(kt, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
+                            static_cast<std::ptrdiff_t>(LS), s.st, static_cast<std::ptrdiff_t>(LS),
+                            nk, ncols / N, D, false);
+      }
     }
     if (!fold) {  // S^T = (K . Q^T) * scale, the reference's order
       const V vscale(scale);
       for (std::size_t j = 0; j < nk; ++j)
         for (std::size_t c = 0; c < ncols; c += N)
-          (V::load_unaligned(s.st + j * BQ + c) * vscale).store_unaligned(s.st + j * BQ + c);
+          (V::load_unaligned(s.st + j * LS + c) * vscale).store_unaligned(s.st + j * LS + c);
     }
     if (p.softcap != 0.0) {  // Gemma 2: c * tanh(s / c), before the mask
       for (std::size_t j = 0; j < nk; ++j)
         for (std::size_t c = 0; c < ncols; c += N) {
-          const V sc = V::load_unaligned(s.st + j * BQ + c);
-          (vcap * xsimd::tanh(sc * vinv_cap)).store_unaligned(s.st + j * BQ + c);
+          const V sc = V::load_unaligned(s.st + j * LS + c);
+          (vcap * xsimd::tanh(sc * vinv_cap)).store_unaligned(s.st + j * LS + c);
         }
     }
-    if (p.causal || p.window > 0 || nrows < ncols) {
+    if (((p.causal || p.window > 0) && !full_tile(k0, nk)) || nrows < ncols) {
       // limits relative to k0, clamped to [-1, nk] and [0, nk + 1]: small integers, exact in T
       const std::int64_t hi = static_cast<std::int64_t>(nk);
       for (std::size_t c = 0; c < ncols; ++c) {
@@ -312,7 +449,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       }
       for (std::size_t j = 0; j < nk; ++j) {
         const V kj(static_cast<T>(j));
-        T* row = s.st + j * BQ;
+        T* row = s.st + j * LS;
         for (std::size_t c = 0; c < ncols; c += N) {
           const V lim = V::load_unaligned(s.lim + c), lo = V::load_unaligned(s.lo + c);
           xsimd::select((lim < kj) || (kj < lo), V(neg_inf), V::load_unaligned(row + c))
@@ -329,27 +466,30 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
         if (p.mask_kind == AttnMask::boolean) {
           const std::uint8_t* mrow = static_cast<const std::uint8_t*>(p.mask) + base;
           for (std::size_t j = 0; j < nk; ++j)
-            if (!mrow[static_cast<std::int64_t>(k0 + j) * sj]) s.st[j * BQ + r] = neg_inf;
+            if (!mrow[static_cast<std::int64_t>(k0 + j) * sj]) s.st[j * LS + r] = neg_inf;
         } else {
           const T* mrow = static_cast<const T*>(p.mask) + base;
           for (std::size_t j = 0; j < nk; ++j)
-            s.st[j * BQ + r] += mrow[static_cast<std::int64_t>(k0 + j) * sj];
+            s.st[j * LS + r] += mrow[static_cast<std::int64_t>(k0 + j) * sj];
         }
       }
     }
   };
 
-  // V tile with a row stride that is a whole number of vectors
+  // V tile with a row stride that is a whole number of vectors. Also copied when its rows lie
+  // a multiple of 512 bytes apart (Dv = 128 float32, contiguous) and several row blocks of P . V
+  // re-read each column slice: those 64 lines would share 8 of L1's sets with O's and thrash.
+  const bool v_conflicts = (vr * sizeof(T)) % 512 == 0 && nrows > 2 * gemm_rows<Arch>();
   auto v_tile = [&](std::size_t k0, std::size_t nk, std::ptrdiff_t* ldv) -> const T* {
-    if (Dv % N == 0) {
+    if (Dv % N == 0 && !v_conflicts) {
       *ldv = static_cast<std::ptrdiff_t>(vr);
       return vbase + k0 * vr;
     }
     for (std::size_t j = 0; j < nk; ++j) {
-      std::memcpy(s.vpad + j * dv_pad, vbase + (k0 + j) * vr, Dv * sizeof(T));
-      std::memset(s.vpad + j * dv_pad + Dv, 0, (dv_pad - Dv) * sizeof(T));
+      std::memcpy(s.vpad + j * ldo, vbase + (k0 + j) * vr, Dv * sizeof(T));
+      std::memset(s.vpad + j * ldo + Dv, 0, (dv_pad - Dv) * sizeof(T));
     }
-    *ldv = static_cast<std::ptrdiff_t>(dv_pad);
+    *ldv = static_cast<std::ptrdiff_t>(ldo);
     return s.vpad;
   };
 
@@ -360,16 +500,16 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     for (std::size_t c = 0; c < ncols; c += N) {
       V mt(neg_inf);
       for (std::size_t j = 0; j < nk; ++j)
-        mt = xsimd::max(mt, V::load_unaligned(s.st + j * BQ + c));
+        mt = xsimd::max(mt, V::load_unaligned(s.st + j * LS + c));
       V m_old = V::load_unaligned(s.m + c);
       V m_new = xsimd::max(m_old, mt);
       // rows that have seen no allowed key yet keep m = -inf; subtract 0 instead (no NaN)
       V m_safe = xsimd::select(m_new == V(neg_inf), V(T(0)), m_new);
-      V alpha = exp_flush<Arch, T>(m_old - m_safe);
+      V alpha = exp_nonpos<Arch, T>(m_old - m_safe);
       V lsum = V::load_unaligned(s.l + c) * alpha;
       for (std::size_t j = 0; j < nk; ++j) {
-        V e = exp_flush<Arch, T>(V::load_unaligned(s.st + j * BQ + c) - m_safe);
-        e.store_unaligned(s.st + j * BQ + c);
+        V e = exp_nonpos<Arch, T>(V::load_unaligned(s.st + j * LS + c) - m_safe);
+        e.store_unaligned(s.st + j * LS + c);
         lsum += e;
       }
       m_new.store_unaligned(s.m + c);
@@ -379,7 +519,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       alpha.store_aligned(a);
       for (std::size_t r = 0; r < N && c + r < nrows; ++r) {
         if (a[r] == T(1)) continue;
-        T* orow = s.o + (c + r) * dv_pad;
+        T* orow = s.o + (c + r) * ldo;
         const V av(a[r]);
         for (std::size_t d = 0; d < dv_pad; d += N)
           (V::load_unaligned(orow + d) * av).store_unaligned(orow + d);
@@ -390,8 +530,17 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     const T* vt = v_tile(k0, nk, &ldv);
     // only the vectors that hold V's columns: when Dv is a multiple of this ISA's width, vt is
     // V itself, and dv_pad (a multiple of the widest ISA's) may run past the end of its rows
-    small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(BQ), vt, ldv, s.o,
-                        static_cast<std::ptrdiff_t>(dv_pad), nrows, (Dv + N - 1) / N, nk, true);
+    if (p.causal && !full_tile(k0, nk)) {
+      auto keys = [&](std::size_t r0, std::size_t rows, std::size_t n) {
+        return last_key(r0, rows, k0, n);
+      };
+      small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
+                          static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true,
+                          full_extent{}, keys);
+    } else {
+      small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
+                          static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true);
+    }
   }
 
   // --- rows whose scores left T's range (see flags in ops.hpp) ------------------------------
@@ -426,16 +575,20 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     for (std::size_t r = 0; r < nrows; ++r) {
       part_m[r] = s.m[r];
       part_l[r] = s.l[r];
-      std::memcpy(part_o + r * dv_pad, s.o + r * dv_pad, dv_pad * sizeof(T));
+      std::memcpy(part_o + r * dv_pad, s.o + r * ldo, dv_pad * sizeof(T));
     }
     return;
   }
   for (std::size_t r = 0; r < nrows; ++r) {
-    if (p.sinks) attn_add_sink(p.sinks[row_head(r)], s.m[r], s.l[r], s.o + r * dv_pad, Dv);
+    if (p.sinks) attn_add_sink(p.sinks[row_head(r)], s.m[r], s.l[r], s.o + r * ldo, Dv);
     T* orow = p.out + it.b * p.os[0] + row_head(r) * p.os[1] + row_query(r) * p.os[2];  // (Dv,)
     // nothing to attend (l = 0): zeros; NaN scores (l = NaN) propagate
     const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));
-    for (std::size_t d = 0; d < Dv; ++d) orow[d] = s.o[r * dv_pad + d] * inv;
+    const T* orow_acc = s.o + r * ldo;
+    const V vinv(inv);
+    std::size_t d = 0;
+    for (; d + N <= Dv; d += N) (V::load_unaligned(orow_acc + d) * vinv).store_unaligned(orow + d);
+    for (; d < Dv; ++d) orow[d] = orow_acc[d] * inv;
     if (p.lse) p.lse[(it.b * p.hq + row_head(r)) * p.tq + row_query(r)] = attn_lse(s.m[r], s.l[r]);
   }
   if (p.weights) {  // second sweep: the normalised probabilities, for plots
@@ -455,13 +608,13 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       for (std::size_t c = 0; c < ncols; c += N) {
         V m = V::load_unaligned(s.m + c), inv_l = V::load_unaligned(s.l + c);
         for (std::size_t j = 0; j < nk; ++j) {
-          V e = exp_flush<Arch, T>(V::load_unaligned(s.st + j * BQ + c) - m) * inv_l;
-          e.store_unaligned(s.st + j * BQ + c);
+          V e = exp_flush<Arch, T>(V::load_unaligned(s.st + j * LS + c) - m) * inv_l;
+          e.store_unaligned(s.st + j * LS + c);
         }
       }
       for (std::size_t r = 0; r < nrows; ++r) {
         T* wrow = p.weights + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * p.tk;
-        for (std::size_t j = 0; j < nk; ++j) wrow[k0 + j] = s.st[j * BQ + r];
+        for (std::size_t j = 0; j < nk; ++j) wrow[k0 + j] = s.st[j * LS + r];
       }
     }
   }

@@ -68,11 +68,22 @@ struct attn_item {
   std::size_t b, g, row0, nrows, k0, k1;
 };
 
-// Elements of scratch one item needs (per thread).
+// Row stride of the tile kernel's (., kAttnRowTile) buffers (Q^T, the scores): 64 bytes more
+// than a row. At exactly 256 (float) or 512 bytes (double) the 128 rows of Q^T a micro-GEMM
+// walks down fall in 16 (8) of L1's 64 sets, 8-way: more lines than ways, so the K or V rows
+// streaming past evicted them (conflict misses, every tile).
+template <class T>
+constexpr std::size_t attn_tile_stride() {
+  return kAttnRowTile + 64 / sizeof(T);
+}
+
+// Elements of scratch one item needs (per thread): Q^T and the scores (rows of
+// attn_tile_stride), O and the V copy (rows of Dv padded, plus 64 bytes), 4 row values.
 template <class T>
 constexpr std::size_t attn_workspace_size(std::size_t d, std::size_t dv) {
-  return d * kAttnRowTile + kAttnKeyTile * kAttnRowTile +
-         (kAttnRowTile + kAttnKeyTile) * attn_dv_pad_t<T>(dv) + 4 * kAttnRowTile;
+  return (d + kAttnKeyTile) * attn_tile_stride<T>() +
+         (kAttnRowTile + kAttnKeyTile) * (attn_dv_pad_t<T>(dv) + 64 / sizeof(T)) +
+         4 * kAttnRowTile;
 }
 
 // Folds a sink logit into a row's final softmax state (running max m, sum l, unnormalised
