@@ -394,7 +394,7 @@ std::int64_t window_arg(py::handle h) {
 // (..., Hkv, Tk, D), v (..., Hkv, Tk, Dv) 3-D or 4-D; every argument checked here with the
 // public messages, outputs allocated (out, then weights, then lse). Entry::fast returns None
 // when an operand needs the Python layer's conversion: q/k/v/sinks not plain arrays of one
-// dtype, mask not an ndarray (or a float mask of another dtype), causal not a bool, scale not
+// dtype, mask not an ndarray (or neither bool nor of q's dtype), causal not a bool, scale not
 // None or a float, out overlapping an input. Entry::direct raises instead.
 py::object attention(py::handle q_h, py::handle k_h, py::handle v_h, py::handle causal_h,
                      py::handle scale_h, py::handle out_h, py::handle mask_h, py::handle window_h,
@@ -418,7 +418,8 @@ py::object attention(py::handle q_h, py::handle k_h, py::handle v_h, py::handle 
       if (Py_TYPE(mask_h.ptr()) != reinterpret_cast<PyTypeObject*>(api.PyArray_Type_))
         return py::none();
       auto m = py::reinterpret_borrow<py::array>(mask_h);
-      if (m.dtype().kind() == 'f' && !same_dtype(m.dtype(), q.dtype())) return py::none();
+      // (other dtypes: converted, or refused with the public message, by the Python layer)
+      if (m.dtype().kind() != 'b' && !same_dtype(m.dtype(), q.dtype())) return py::none();
     }
   } else {
     if (sinks_given) direct_operands(fn, {{"q", q_h}, {"sinks", sinks_h}}, {});

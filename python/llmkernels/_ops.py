@@ -21,6 +21,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from . import _core
@@ -41,22 +42,46 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+# computed in float32 and returned in their own dtype (DESIGN.md: low-precision arrays)
+_LOW = (np.dtype(np.float16), _BF16)
+
+
+def _torch_bf16_to_numpy(value: Any) -> np.ndarray:
+    """A torch bfloat16 tensor as an ml_dtypes.bfloat16 array (the same bits; NumPy's
+    ``__array__`` protocol has no bfloat16)."""
+    import torch  # already imported: value is one of its tensors
+
+    return value.detach().cpu().contiguous().view(torch.int16).numpy().view(_BF16)
+
+
+def _is_torch(value: Any) -> bool:
+    return type(value).__module__.partition(".")[0] == "torch" and hasattr(value, "detach")
+
+
+def _is_torch_bf16(value: Any) -> bool:
+    return _is_torch(value) and str(getattr(value, "dtype", "")) == "torch.bfloat16"
+
+
 def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
     """``np.asarray`` with a clear error for things that are not numeric arrays."""
     if isinstance(value, np.ndarray):
         arr = value
+    elif _is_torch_bf16(value):
+        arr = _torch_bf16_to_numpy(value)
     elif not hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
         try:  # e.g. a tensor of another framework that only speaks DLPack
             arr = np.from_dlpack(value)
         except Exception as exc:
             raise TypeError(f"[{fn}] {name} could not be imported via DLPack: {exc}") from None
     else:
-        try:
-            arr = np.asarray(value)
+        try:  # (a torch tensor that requires grad refuses __array__: detached first)
+            arr = np.asarray(value.detach() if _is_torch(value) else value)
         except Exception as exc:  # ragged lists and the like
             raise TypeError(f"[{fn}] {name} could not be converted to an array: {exc}") from None
     kind = arr.dtype.kind
-    if kind in "iub":
+    if kind in "iub" or arr.dtype == _BF16:
         return arr
     if kind == "f":
         if arr.dtype.itemsize > 8:
@@ -72,17 +97,67 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
     )
 
 
-def _compute_dtype(*arrays: np.ndarray | None) -> np.dtype:
-    """float32 if every float input is float32 (or float16), else float64; ints/bools -> float64."""
+def _result_dtype(*arrays: np.ndarray | None) -> np.dtype:
+    """The dtype an op returns: NumPy's promotion of the float inputs, integers/bools counting
+    as float64 (so float32 stays float32, float16 and bfloat16 stay themselves, float32 with
+    float64 or an integer array gives float64, bfloat16 with float32 gives float32). bfloat16
+    with float16, which NumPy does not promote, gives float32."""
     result = None
     for arr in arrays:
         if arr is None:
             continue
-        dt = np.dtype(np.float64) if arr.dtype.kind in "iub" else arr.dtype
-        if dt == np.float16:
-            dt = np.dtype(np.float32)
-        result = dt if result is None else np.promote_types(result, dt)
-    return np.dtype(np.float64) if result is None else result
+        dt = _F64 if arr.dtype.kind in "iub" else arr.dtype
+        if result is None or result == dt:
+            result = dt
+            continue
+        try:
+            result = np.promote_types(result, dt)
+        except TypeError:  # DTypePromotionError: bfloat16 and float16
+            result = _F32
+    return _F64 if result is None else result
+
+
+def _low(*arrays: np.ndarray | None) -> np.dtype | None:
+    """The low-precision dtype (float16 / bfloat16) the op returns, or None."""
+    dt = _result_dtype(*arrays)
+    return dt if dt in _LOW else None
+
+
+def _up(arr: np.ndarray | None) -> np.ndarray | None:
+    """A low-precision operand widened to float32 (exact); others as they are."""
+    return arr.astype(_F32) if arr is not None and arr.dtype in _LOW else arr
+
+
+def _check_out(fn: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """out= of a low-precision result (the C++ entries check the float32/float64 ones), with
+    their messages."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"[{fn}] out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"[{fn}] out must have dtype {dtype}, got {out.dtype}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"[{fn}] out must have shape {tuple(shape)}, got {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"[{fn}] out must be C-contiguous")
+    if not out.flags.writeable:
+        raise ValueError(f"[{fn}] out must be writeable (got a read-only array)")
+    return out
+
+
+def _narrow(fn: str, result: np.ndarray, dtype: np.dtype, out: Any = None) -> np.ndarray:
+    """The float32 result of a low-precision call rounded to ``dtype`` (to nearest even), into
+    ``out`` if given (checked first: nothing is written to an out that does not fit)."""
+    if out is None:
+        return result.astype(dtype)
+    _check_out(fn, out, result.shape, dtype)
+    np.copyto(out, result, casting="unsafe")
+    return out
+
+
+def _compute_dtype(*arrays: np.ndarray | None) -> np.dtype:
+    """The dtype the kernels run in: the result dtype, float32 for float16/bfloat16 results."""
+    dt = _result_dtype(*arrays)
+    return _F32 if dt in _LOW else dt
 
 
 def _contiguous(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -138,6 +213,9 @@ def rms_norm(
     fn = "rms_norm"
     x = _as_array(fn, "x", x)
     w = None if weight is None else _as_array(fn, "weight", weight)
+    low = _low(x, w)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        return _narrow(fn, rms_norm(_up(x), _up(w), eps), low, out)
     dtype = _compute_dtype(x, w)
     xc = _contiguous(x, dtype).reshape(x.shape)
     wc = None if w is None else _contiguous(w, dtype).reshape(w.shape)
@@ -172,6 +250,9 @@ def layer_norm(
     x = _as_array(fn, "x", x)
     w = None if weight is None else _as_array(fn, "weight", weight)
     b = None if bias is None else _as_array(fn, "bias", bias)
+    low = _low(x, w, b)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        return _narrow(fn, layer_norm(_up(x), _up(w), _up(b), eps), low, out)
     dtype = _compute_dtype(x, w, b)
     xc = _contiguous(x, dtype).reshape(x.shape)
     wc = None if w is None else _contiguous(w, dtype).reshape(w.shape)
@@ -200,6 +281,9 @@ def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     if r is not None:
         return r
     x = _as_array("silu", "x", x)
+    low = _low(x)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        return _narrow("silu", silu(_up(x)), low, out)
     xc = _contiguous(x, _compute_dtype(x)).reshape(x.shape)
     if isinstance(out, np.ndarray):
         xc = _detach_from_out(xc, out, allow_exact=True)
@@ -220,6 +304,9 @@ def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     fn = "swiglu"
     g = _as_array(fn, "gate", gate)
     u = _as_array(fn, "up", up)
+    low = _low(g, u)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        return _narrow(fn, swiglu(_up(g), _up(u)), low, out)
     dtype = _compute_dtype(g, u)
     gc = _contiguous(g, dtype).reshape(g.shape)
     uc = _contiguous(u, dtype).reshape(u.shape)
@@ -260,6 +347,10 @@ def swiglu_ffn(
         None if a is None else _as_array(fn, name, a)
         for name, a in zip(names, (x, w_gate, w_up, w_down, b_gate, b_up, b_down), strict=True)
     ]
+    low = _low(*arrays)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        xu, gu, uu, du, bg, bu, bd = (_up(a) for a in arrays)
+        return _narrow(fn, swiglu_ffn(xu, gu, uu, du, b_gate=bg, b_up=bu, b_down=bd), low)
     dtype = _compute_dtype(*arrays)
     # (np.asarray, not _contiguous: a 0-d x must stay 0-d for its error)
     ready = [None if a is None else np.asarray(a, dtype, order="C") for a in arrays]
@@ -350,6 +441,18 @@ def rope(
         return r
     fn = "rope"
     x = _as_array(fn, "x", x)
+    low = _low(x)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        r = rope(
+            _up(x),
+            positions,
+            theta=theta,
+            inv_freq=inv_freq,
+            interleaved=interleaved,
+            rotary_dim=rotary_dim,
+            attention_factor=attention_factor,
+        )
+        return _narrow(fn, r, low, out)
     xc = _contiguous(x, _compute_dtype(x)).reshape(x.shape)
     pos = None if positions is None else np.asarray(positions)
     freqs = None if inv_freq is None else _as_array(fn, "inv_freq", inv_freq).astype(np.float64)
@@ -435,12 +538,30 @@ def attention(
         return r
     fn = "attention"
     q, k, v = _as_array(fn, "q", q), _as_array(fn, "k", k), _as_array(fn, "v", v)
+    low = _low(q, k, v)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        r = attention(
+            _up(q),
+            _up(k),
+            _up(v),
+            causal=causal,
+            mask=mask,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
+            return_weights=return_weights,
+            return_lse=return_lse,
+        )
+        if isinstance(r, tuple):
+            return (_narrow(fn, r[0], low, out), *(a.astype(low) for a in r[1:]))
+        return _narrow(fn, r, low, out)
     dtype = _compute_dtype(q, k, v)
     qc, kc, vc = (_contiguous(a, dtype).reshape(a.shape) for a in (q, k, v))
     m = None
     if mask is not None:
-        m = np.asarray(mask)
-        if m.dtype.kind == "f":
+        m = _as_array(fn, "mask", mask) if _is_torch_bf16(mask) else np.asarray(mask)
+        if m.dtype.kind == "f" or m.dtype == _BF16:
             m = m.astype(dtype, copy=False)
     s = None
     if sinks is not None:
