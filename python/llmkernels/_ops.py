@@ -13,6 +13,11 @@ The conversion path resolves the result dtype (float32 stays float32, float64 st
 integers/bools become float64, mixed float32/float64 promote to float64), makes C-contiguous
 copies only where needed, and copies inputs that overlap ``out`` (other than exactly, where the
 op allows it); ``out`` is checked completely in C++ before anything is written.
+
+Low-precision arrays (``np.float16``, ``ml_dtypes.bfloat16``, torch bfloat16/float16 tensors)
+are widened to float32 (exactly), computed by the same call, and the result is rounded once to
+their dtype (``out=`` of that dtype is checked first, then written); mixed with float32 or
+float64 they promote as NumPy promotes.
 """
 
 from __future__ import annotations
