@@ -401,7 +401,13 @@ py::object attention(py::handle q_h, py::handle k_h, py::handle v_h, py::handle 
                      py::handle softcap_h, py::handle sinks_h, py::handle weights_h,
                      py::handle lse_h, Entry entry) {
   const char* fn = "attention";
-  if (entry == Entry::direct) direct_operands(fn, {{"q", q_h}, {"k", k_h}, {"v", v_h}}, {});
+  if (entry == Entry::direct) {
+    // (direct_operands reads its operands as arrays: anything else is refused first)
+    auto array = [](py::handle h) { return py::isinstance<py::array>(h); };
+    if (!array(q_h) || !array(k_h) || !array(v_h) || (!sinks_h.is_none() && !array(sinks_h)))
+      return not_plain(fn, entry);
+    direct_operands(fn, {{"q", q_h}, {"k", k_h}, {"v", v_h}}, {});
+  }
   const int kind = plain_operands({q_h, k_h, v_h});
   if (!kind) return not_plain(fn, entry);
   auto q = py::reinterpret_borrow<py::array>(q_h);
