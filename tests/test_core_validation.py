@@ -152,3 +152,16 @@ def test_attention_entry_returns_none_only_for_conversions():
     np.testing.assert_array_equal(  # the direct entry takes NumPy bools and integer scales
         _core.attention(Q, K, V, np.True_, 2, None), attn(Q, K, V, True, 2.0)
     )
+
+
+def test_rope_entry_checks_what_the_tables_callback_returns():
+    """The tables callback is _ops' LRU; _core checks its result all the same (the kernel
+    trusts the tables' shape and dtype)."""
+    x = np.ones((2, 5, 8), np.float32)  # (a shape no other test caches)
+    for bad in [(), (1,), lambda c, s: (c[:1], s[:1]), lambda c, s: (c.astype(np.float64), s)]:
+        if isinstance(bad, tuple):
+            tables = lambda *a, bad=bad: bad  # noqa: E731
+        else:
+            tables = lambda p, f, af, dt, bad=bad: bad(*_core.rope_tables(p, f, af, dt))  # noqa: E731
+        with pytest.raises((ValueError, TypeError), match=r"^\[rope\] (tables|cos)"):
+            _core._fast_rope(x, np.arange(5), 10000.0, None, False, None, 1.0, None, tables)

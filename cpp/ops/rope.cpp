@@ -280,8 +280,9 @@ py::object fast_rope(py::handle x_h, py::handle pos_h, py::handle theta_h, py::h
     py::tuple cs = tables_h.is_none()
                        ? rope_tables(positions, freqs, factor, dtype)
                        : py::tuple(tables_h(positions, freqs, py::float_(factor), dtype));
-    auto c = cs[0].cast<py::array>(), s = cs[1].cast<py::array>();
     // (the tables callback is the Python layer's; checked all the same: the kernel trusts them)
+    if (cs.size() != 2) fail(fn, "tables must return (cos, sin)");
+    auto c = cs[0].cast<py::array>(), s = cs[1].cast<py::array>();
     check_operand(fn, "cos", c, &x, false);
     check_operand(fn, "sin", s, &x, false);
     if (c.ndim() != 2 || c.shape(0) != positions.size() ||

@@ -61,12 +61,11 @@ def _torch_bf16_to_numpy(value: Any) -> np.ndarray:
     return value.detach().cpu().contiguous().view(torch.int16).numpy().view(_BF16)
 
 
-def _is_torch(value: Any) -> bool:
-    return type(value).__module__.partition(".")[0] == "torch" and hasattr(value, "detach")
-
-
 def _is_torch_bf16(value: Any) -> bool:
-    return _is_torch(value) and str(getattr(value, "dtype", "")) == "torch.bfloat16"
+    return (
+        type(value).__module__.partition(".")[0] == "torch"
+        and str(getattr(value, "dtype", "")) == "torch.bfloat16"
+    )
 
 
 def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
@@ -74,6 +73,11 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         arr = value
     elif _is_torch_bf16(value):
+        if value.requires_grad:  # refused like any tensor that requires grad (__array__ is)
+            raise TypeError(
+                f"[{fn}] {name} could not be converted to an array: it requires grad "
+                "(use tensor.detach())"
+            )
         arr = _torch_bf16_to_numpy(value)
     elif not hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
         try:  # e.g. a tensor of another framework that only speaks DLPack
@@ -81,8 +85,8 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
         except Exception as exc:
             raise TypeError(f"[{fn}] {name} could not be imported via DLPack: {exc}") from None
     else:
-        try:  # (a torch tensor that requires grad refuses __array__: detached first)
-            arr = np.asarray(value.detach() if _is_torch(value) else value)
+        try:
+            arr = np.asarray(value)
         except Exception as exc:  # ragged lists and the like
             raise TypeError(f"[{fn}] {name} could not be converted to an array: {exc}") from None
     kind = arr.dtype.kind
