@@ -37,10 +37,15 @@ from llmkernels import reference as ref
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 ATTN_TOL = {F32: {"rtol": 1e-4, "atol": 1e-5}, F64: {"rtol": 1e-10, "atol": 1e-12}}
-UNIT_ROUNDOFF = {F32: 2.0**-24, F64: 2.0**-53}
+ATTN_TOL[F16] = ATTN_TOL[F32]
+# float16 results are computed in float32 (the error models use float32's unit roundoff) and
+# rounded once to float16 at the end (assert_close adds that rounding)
+UNIT_ROUNDOFF = {F32: 2.0**-24, F64: 2.0**-53, F16: 2.0**-24}
+F16_MAX = float(np.finfo(np.float16).max)
 
 FLOATS = st.sampled_from([F32, F64])
-# input dtypes the ops convert: float16 -> float32, integers and bools -> float64
+# input dtypes the ops convert: float16 -> computed in float32, returned as float16; integers
+# and bools -> float64
 INPUT_DTYPES = st.sampled_from(
     [
         F32,
@@ -116,16 +121,14 @@ def lead_shapes(max_dims: int = 2, max_side: int = 4) -> st.SearchStrategy:
 
 
 def result_dtype(*arrays_: np.ndarray | None) -> np.dtype:
-    """DESIGN.md §3: float32 stays float32 (float16 becomes float32), float64 stays float64,
-    integers/bools become float64, mixed floats promote."""
+    """DESIGN.md §3: float32 stays float32, float16 stays float16 (computed in float32),
+    float64 stays float64, integers/bools become float64, mixed floats promote."""
     dts = []
     for a in arrays_:
         if a is None:
             continue
         if a.dtype.kind in "iub":
             dts.append(F64)
-        elif a.dtype == F16:
-            dts.append(F32)
         else:
             dts.append(a.dtype)
     return np.result_type(*dts) if dts else F64
@@ -156,7 +159,7 @@ def assert_close(
     """``|got - want| <= atol + rtol * |want| + extra`` elementwise, NaN where the reference
     is NaN and equal infinities; ``got`` has the exact dtype and shape."""
     dtype = np.dtype(dtype)
-    tol = TOL[dtype] if tol is None else tol[dtype]
+    tol = (TOL[F32] if dtype == F16 else TOL[dtype]) if tol is None else tol[dtype]
     assert isinstance(got, np.ndarray), type(got)
     assert got.dtype == dtype, f"{what}: dtype {got.dtype}, expected {dtype}"
     assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
@@ -169,6 +172,11 @@ def assert_close(
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.abs(g - want)
         allowed = tol["atol"] + tol["rtol"] * np.abs(want) + np.broadcast_to(extra, want.shape)
+        if dtype == F16:  # the float32 result rounded once to float16 (half an ulp, subnormals)
+            allowed = allowed * (1 + 2.0**-11) + 2.0**-11 * np.abs(want) + 2.0**-25
+            # a float32 result past float16's range rounds to an infinity of its sign
+            over = np.isinf(g) & (np.abs(want) + allowed >= F16_MAX) & (np.sign(g) == np.sign(want))
+            fin = fin & ~over
     bad = fin & ~(err <= allowed)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -679,7 +687,7 @@ def test_attention(case):
             sums[~empty_rows],
             1.0,
             rtol=0,
-            atol=(2e-5 if dtype == F32 else 1e-12) * (1 + q.shape[-2]),
+            atol={F32: 2e-5, F16: 2e-3, F64: 1e-12}[dtype] * (1 + q.shape[-2]),
         )
 
 

@@ -282,8 +282,15 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // in registers, instead of a micro-GEMM whose vectors would run over mostly empty rows.
   const bool rowwise = nrows <= 8 && D % N == 0;
   // rows of the tile: r -> (query head h, query index i)
-  auto row_head = [&](std::size_t r) { return it.g * group + (it.row0 + r) / p.tq; };
-  auto row_query = [&](std::size_t r) { return (it.row0 + r) % p.tq; };
+  // (tabulated once: two integer divisions per lookup were a tenth of a short prompt's call)
+  std::size_t head_of[BQ], query_of[BQ];
+  for (std::size_t r = 0, h = it.g * group + it.row0 / p.tq, i = it.row0 % p.tq; r < nrows; ++r) {
+    head_of[r] = h;
+    query_of[r] = i;
+    if (++i == p.tq) i = 0, ++h;
+  }
+  auto row_head = [&](std::size_t r) { return head_of[r]; };
+  auto row_query = [&](std::size_t r) { return query_of[r]; };
 
   // --- pack scale * Q^T (D x BQ), padded rows with zeros; causal limits --------------------
   // padded columns (rows of the rowwise layout) must be zero; only those the micro-GEMM reads
@@ -340,7 +347,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // fully visible and needs no mask
   std::int64_t min_lim = std::numeric_limits<std::int64_t>::max(), max_lo = 0;
   const std::int64_t offset = static_cast<std::int64_t>(p.tk) - static_cast<std::int64_t>(p.tq);
-  for (std::size_t r = 0; r < BQ; ++r) {
+  // (only the ncols columns the tile computes: the other rows of the state are never read)
+  for (std::size_t r = 0; r < ncols; ++r) {
     if (r < nrows) {
       pack(q_row(r), r, scale);
       const std::int64_t pos = static_cast<std::int64_t>(row_query(r)) + offset;
@@ -596,7 +604,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       T* wrow = p.weights + ((it.b * p.hq + row_head(r)) * p.tq + row_query(r)) * p.tk;
       std::memset(wrow, 0, p.tk * sizeof(T));
     }
-    for (std::size_t r = 0; r < BQ; ++r) {
+    for (std::size_t r = 0; r < ncols; ++r) {
       const bool seen = r < nrows && s.l[r] > T(0);
       // NaN scores make the whole row NaN, as IEEE softmax would
       s.l[r] = seen ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));

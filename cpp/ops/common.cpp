@@ -2,38 +2,71 @@
 
 namespace llmk::ops {
 
-double public_eps(const char* fn, py::handle h) {
+std::string type_name(py::handle h) {
+  return py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>();
+}
+
+double real_arg(const char* fn, const char* name, py::handle h) {
   if (!PyFloat_CheckExact(h.ptr())) {
     static py::handle real = py::object(py::module_::import("numbers").attr("Real")).release();
     if (PyBool_Check(h.ptr()) || !py::isinstance(h, real))
-      throw py::type_error(std::string("[") + fn + "] eps must be a real number, got " +
-                           py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>());
+      throw py::type_error(std::string("[") + fn + "] " + name + " must be a real number, got " +
+                           type_name(h));
   }
   double v = PyFloat_AsDouble(h.ptr());
   if (v == -1.0 && PyErr_Occurred()) {
     if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw py::error_already_set();
     PyErr_Clear();
-    fail(fn, "eps must be finite (got an integer beyond float range)");
+    fail(fn, std::string(name) + " must be finite (got an integer beyond float range)");
   }
-  if (!(v >= 0.0) || !std::isfinite(v))
-    fail(fn,
-         "eps must be a finite number >= 0, got " + py::repr(py::float_(v)).cast<std::string>());
   return v;
 }
 
+double public_eps(const char* fn, py::handle h) {
+  const double v = real_arg(fn, "eps", h);
+  if (!(v >= 0.0) || !std::isfinite(v))
+    fail(fn, "eps must be a finite number >= 0, got " + float_repr(v));
+  return v;
+}
+
+double public_finite(const char* fn, const char* name, py::handle h) {
+  const double v = real_arg(fn, name, h);
+  if (!std::isfinite(v)) fail(fn, std::string(name) + " must be finite, got " + float_repr(v));
+  return v;
+}
+
+bool public_bool(const char* fn, const char* name, py::handle h) {
+  if (h.ptr() == Py_True) return true;
+  if (h.ptr() == Py_False) return false;
+  static py::handle np_bool = py::object(py::module_::import("numpy").attr("bool_")).release();
+  if (!py::isinstance(h, np_bool))
+    throw py::type_error(std::string("[") + fn + "] " + name + " must be a bool, got " +
+                         type_name(h));
+  return PyObject_IsTrue(h.ptr()) == 1;
+}
+
+std::string float_repr(double v) { return py::repr(py::float_(v)).cast<std::string>(); }
+
 py::array public_out(const char* fn, py::handle out_h, const py::array& like) {
-  if (out_h.is_none())
-    return is_f32(like) ? new_output<float>(shape_of(like)) : new_output<double>(shape_of(like));
+  return public_out(fn, out_h, shape_of(like), like.dtype());
+}
+
+py::array public_out(const char* fn, py::handle out_h, const std::vector<py::ssize_t>& shape,
+                     const py::dtype& dtype) {
+  if (out_h.is_none()) {
+    if (same_dtype(dtype, py::dtype::of<float>())) return new_output<float>(shape);
+    return new_output<double>(shape);
+  }
   if (!py::isinstance<py::array>(out_h))
     throw py::type_error(std::string("[") + fn + "] out must be a numpy.ndarray, got " +
-                         py::str(py::type::handle_of(out_h).attr("__name__")).cast<std::string>());
+                         type_name(out_h));
   auto out = py::reinterpret_borrow<py::array>(out_h);
-  if (!same_dtype(out.dtype(), like.dtype()))
+  if (!same_dtype(out.dtype(), dtype))
     throw py::type_error(std::string("[") + fn + "] out must have dtype " +
-                         std::string(py::str(like.dtype())) + ", got " +
+                         std::string(py::str(dtype)) + ", got " +
                          std::string(py::str(out.dtype())));
-  if (!same_shape(out, like))
-    fail(fn, "out must have shape " + shape_str(like) + ", got " + shape_str(out));
+  if (shape_of(out) != shape)
+    fail(fn, "out must have shape " + tuple_str(shape) + ", got " + shape_str(out));
   if (!(out.flags() & py::array::c_style)) fail(fn, "out must be C-contiguous");
   if (!out.writeable()) fail(fn, "out must be writeable (got a read-only array)");
   return out;

@@ -26,14 +26,19 @@ namespace py = pybind11;
   throw py::value_error(std::string("[") + fn + "] " + msg);
 }
 
-inline std::string shape_str(const py::array& a) {
+// a shape as Python prints the tuple: (), (4,), (2, 3)
+inline std::string tuple_str(const py::ssize_t* dims, py::ssize_t n) {
   std::string s = "(";
-  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
-    s += std::to_string(a.shape(i));
-    if (a.ndim() == 1 || i + 1 < a.ndim()) s += a.ndim() == 1 ? "," : ", ";
+  for (py::ssize_t i = 0; i < n; ++i) {
+    s += std::to_string(dims[i]);
+    if (n == 1 || i + 1 < n) s += n == 1 ? "," : ", ";
   }
   return s + ")";
 }
+inline std::string tuple_str(const std::vector<py::ssize_t>& dims) {
+  return tuple_str(dims.data(), static_cast<py::ssize_t>(dims.size()));
+}
+inline std::string shape_str(const py::array& a) { return tuple_str(a.shape(), a.ndim()); }
 
 // dtypes are compared as NumPy compares them (PyArray_EquivTypes), not by identity: a dtype that
 // went through pickle, or carries metadata, is a different object equal to float32. Non-native
@@ -193,12 +198,27 @@ inline bool use_stream_aligned_rows(const py::array& out, std::size_t row_bytes)
 // The public checks of the fast entries, with the messages of the Python layer (the order is
 // the Python layer's too: conversion errors there first, then these).
 
+// type(h).__name__, for messages
+std::string type_name(py::handle h);
+// repr(float(v)), for messages: 1e-06, inf, nan
+std::string float_repr(double v);
+
+// a real number (numbers.Real, not a bool) as a double; an int beyond float range is a
+// ValueError "{name} must be finite (got an integer beyond float range)"
+double real_arg(const char* fn, const char* name, py::handle h);
 // eps: a real number (not a bool), representable as a float, finite and >= 0
 double public_eps(const char* fn, py::handle h);
+// a real number that is finite ("{name} must be finite, got inf")
+double public_finite(const char* fn, const char* name, py::handle h);
+// a bool or numpy.bool_ ("{name} must be a bool, got int")
+bool public_bool(const char* fn, const char* name, py::handle h);
 
 // out: None (a new array of like's shape and dtype), or an ndarray of like's dtype and shape,
 // C-contiguous and writeable
 py::array public_out(const char* fn, py::handle out_h, const py::array& like);
+// the same for an output of the given shape and dtype (float32 or float64)
+py::array public_out(const char* fn, py::handle out_h, const std::vector<py::ssize_t>& shape,
+                     const py::dtype& dtype);
 
 // the operands (null handles and None skipped) are plain arrays of one kind; that kind, or 0
 int plain_operands(std::initializer_list<py::handle> hs);

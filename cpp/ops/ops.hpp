@@ -25,16 +25,15 @@ py::tuple rope_tables(py::array_t<std::int64_t, py::array::c_style> positions,
                       py::dtype dtype);
 void rope(py::array x, py::array_t<std::int64_t, py::array::c_style> table_row, py::array cos_tab,
           py::array sin_tab, std::size_t rotary_dim, bool interleaved, py::array out);
-py::object fast_rope(py::handle x, py::handle cos, py::handle sin, py::handle interleaved,
-                     py::handle out);
+py::object fast_rope(py::handle x, py::handle positions, py::handle theta, py::handle inv_freq,
+                     py::handle interleaved, py::handle rotary_dim, py::handle attention_factor,
+                     py::handle out, py::handle tables);
 
 // ops/attention.cpp
-void attention(py::array q, py::array k, py::array v, double scale, bool causal,
-               std::optional<py::array> mask, py::array out, std::optional<py::array> weights,
-               std::int64_t window, double softcap, std::optional<py::array> sinks,
-               std::optional<py::array> lse);
-py::object fast_attention(py::handle q, py::handle k, py::handle v, py::handle causal,
-                          py::handle scale, py::handle out);
+py::object attention(py::handle q, py::handle k, py::handle v, py::handle causal, py::handle scale,
+                     py::handle out, py::handle mask, py::handle window, py::handle softcap,
+                     py::handle sinks, py::handle return_weights, py::handle return_lse,
+                     Entry entry);
 
 // ops/swiglu_ffn.cpp
 py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, std::optional<py::array> w_down,

@@ -194,9 +194,9 @@ def _exp(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
     The vectorized exp the kernels use (subnormal results flushed to 0).
     """
-def _fast_attention(q: typing.Any, k: typing.Any, v: typing.Any, causal: typing.Any, scale: typing.Any, out: typing.Any) -> typing.Any:
+def _fast_attention(q: typing.Any, k: typing.Any, v: typing.Any, causal: typing.Any, scale: typing.Any, out: typing.Any, mask: typing.Any = None, window: typing.Any = None, softcap: typing.Any = None, sinks: typing.Any = None, return_weights: typing.Any = False, return_lse: typing.Any = False) -> typing.Any:
     """
-    attention's common case (no mask, no weights) in C++, or None.
+    llmkernels.attention with its arguments, all checked; None when an operand needs the Python layer's conversion (see llmkernels._ops).
     """
 def _fast_layer_norm(x: typing.Any, weight: typing.Any, bias: typing.Any, eps: typing.Any, out: typing.Any) -> typing.Any:
     """
@@ -206,9 +206,9 @@ def _fast_rms_norm(x: typing.Any, weight: typing.Any, eps: typing.Any, out: typi
     """
     rms_norm's common case in C++, or None (see llmkernels._ops).
     """
-def _fast_rope(x: typing.Any, cos: typing.Any, sin: typing.Any, interleaved: typing.Any, out: typing.Any) -> typing.Any:
+def _fast_rope(x: typing.Any, positions: typing.Any, theta: typing.Any, inv_freq: typing.Any, interleaved: typing.Any, rotary_dim: typing.Any, attention_factor: typing.Any, out: typing.Any, tables: typing.Any) -> typing.Any:
     """
-    rope's common case (default positions, full rotary_dim, cached tables), or None.
+    rope with llmkernels.rope's arguments, all checked; None when x is not a plain array, positions or inv_freq (float64) not ndarrays, or out overlaps x (see llmkernels._ops). tables(positions, inv_freq, attention_factor, dtype) -> (cos, sin), or None.
     """
 def _fast_silu(x: typing.Any, out: typing.Any) -> typing.Any:
     """
@@ -230,9 +230,9 @@ def _sigmoid(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
     The vectorized sigmoid the kernels use.
     """
-def attention(q: numpy.ndarray, k: numpy.ndarray, v: numpy.ndarray, scale: typing.SupportsFloat | typing.SupportsIndex, causal: bool, mask: numpy.ndarray | None, out: numpy.ndarray, weights: numpy.ndarray | None, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: numpy.ndarray | None = None, lse: numpy.ndarray | None = None) -> None:
+def attention(q: typing.Any, k: typing.Any, v: typing.Any, causal: typing.Any, scale: typing.Any, out: typing.Any, mask: typing.Any = None, window: typing.Any = None, softcap: typing.Any = None, sinks: typing.Any = None, return_weights: typing.Any = False, return_lse: typing.Any = False) -> typing.Any:
     """
-    Fused streaming attention on C-contiguous 4-D operands (see llmkernels.attention); window 0 and softcap 0 mean none, sinks (Hq,), lse (B, Hq, Tq) output.
+    llmkernels.attention on converted operands (C-contiguous float32/float64 q, k, v, sinks of one dtype; mask bool or of their dtype; out not overlapping them): returns out, then weights and lse if asked for (a tuple).
     """
 def best_simd_arch() -> str:
     """

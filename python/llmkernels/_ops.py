@@ -5,29 +5,31 @@ case (ndarrays of native float32/float64, C-contiguous, one dtype, ``out`` absen
 overlapping an input except as the exact same array where the op allows it) is checked,
 allocated and computed there in one C++ call. Anything else -- array-likes, other or mixed
 dtypes, byte-swapped or strided arrays, an overlapping ``out`` -- returns None and takes the
-conversion path below. For rms_norm, layer_norm, silu and swiglu the conversion path only
-converts (and copies inputs that overlap ``out``) and calls the same entry again, which does
-every check (validation once, in C++); rope, attention and swiglu_ffn still check their
-arguments here (their fast entries return None for anything unusual or invalid).
+conversion path below, which only converts and calls the C++ entry again: every argument is
+checked there, once (messages start with ``[op]`` and name the argument; ``cpp/ops/<op>.cpp``).
+``swiglu_ffn`` only converts and calls ``_core.swiglu_ffn``, which checks the shapes.
 
-The conversion path validates its arguments (errors start with ``[op]`` and name the argument),
-resolves the result dtype (float32 stays float32, float64 stays float64, integers/bools become
-float64, mixed float32/float64 promote to float64), makes C-contiguous copies only where needed,
-checks ``out=`` completely before anything is written, and then calls one C++ kernel with the
-GIL released.
+The conversion path resolves the result dtype (float32 stays float32, float64 stays float64,
+integers/bools become float64, mixed float32/float64 promote to float64), makes C-contiguous
+copies only where needed, and copies inputs that overlap ``out`` (other than exactly, where the
+op allows it); ``out`` is checked completely in C++ before anything is written.
+
+Low-precision arrays (``np.float16``, ``ml_dtypes.bfloat16``, torch bfloat16/float16 tensors)
+are widened to float32 (exactly), computed by the same call, and the result is rounded once to
+their dtype (``out=`` of that dtype is checked first, then written); mixed with float32 or
+float64 they promote as NumPy promotes.
 """
 
 from __future__ import annotations
 
-import numbers
 import threading
 from collections import OrderedDict
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from . import _core
-from ._rope_scaling import rope_inv_freq
 
 __all__ = [
     "attention",
@@ -45,10 +47,38 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+# computed in float32 and returned in their own dtype (DESIGN.md: low-precision arrays)
+_LOW = (np.dtype(np.float16), _BF16)
+
+
+def _torch_bf16_to_numpy(value: Any) -> np.ndarray:
+    """A torch bfloat16 tensor as an ml_dtypes.bfloat16 array (the same bits; NumPy's
+    ``__array__`` protocol has no bfloat16)."""
+    import torch  # already imported: value is one of its tensors
+
+    return value.detach().cpu().contiguous().view(torch.int16).numpy().view(_BF16)
+
+
+def _is_torch_bf16(value: Any) -> bool:
+    return (
+        type(value).__module__.partition(".")[0] == "torch"
+        and str(getattr(value, "dtype", "")) == "torch.bfloat16"
+    )
+
+
 def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
     """``np.asarray`` with a clear error for things that are not numeric arrays."""
     if isinstance(value, np.ndarray):
         arr = value
+    elif _is_torch_bf16(value):
+        if value.requires_grad:  # refused like any tensor that requires grad (__array__ is)
+            raise TypeError(
+                f"[{fn}] {name} could not be converted to an array: it requires grad "
+                "(use tensor.detach())"
+            )
+        arr = _torch_bf16_to_numpy(value)
     elif not hasattr(value, "__array__") and hasattr(value, "__dlpack__"):
         try:  # e.g. a tensor of another framework that only speaks DLPack
             arr = np.from_dlpack(value)
@@ -60,7 +90,7 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
         except Exception as exc:  # ragged lists and the like
             raise TypeError(f"[{fn}] {name} could not be converted to an array: {exc}") from None
     kind = arr.dtype.kind
-    if kind in "iub":
+    if kind in "iub" or arr.dtype == _BF16:
         return arr
     if kind == "f":
         if arr.dtype.itemsize > 8:
@@ -76,34 +106,40 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
     )
 
 
-def _compute_dtype(*arrays: np.ndarray | None) -> np.dtype:
-    """float32 if every float input is float32 (or float16), else float64; ints/bools -> float64."""
+def _result_dtype(*arrays: np.ndarray | None) -> np.dtype:
+    """The dtype an op returns: NumPy's promotion of the float inputs, integers/bools counting
+    as float64 (so float32 stays float32, float16 and bfloat16 stay themselves, float32 with
+    float64 or an integer array gives float64, bfloat16 with float32 gives float32). bfloat16
+    with float16, which NumPy does not promote, gives float32."""
     result = None
     for arr in arrays:
         if arr is None:
             continue
-        dt = np.dtype(np.float64) if arr.dtype.kind in "iub" else arr.dtype
-        if dt == np.float16:
-            dt = np.dtype(np.float32)
-        result = dt if result is None else np.promote_types(result, dt)
-    return np.dtype(np.float64) if result is None else result
+        dt = _F64 if arr.dtype.kind in "iub" else arr.dtype
+        if result is None or result == dt:
+            result = dt
+            continue
+        try:
+            result = np.promote_types(result, dt)
+        except TypeError:  # DTypePromotionError: bfloat16 and float16
+            result = _F32
+    return _F64 if result is None else result
 
 
-def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data is 64-byte aligned (NumPy guarantees only
-    16): the kernels can then use aligned streaming stores for large outputs."""
-    dtype = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64))
-    raw = np.empty(n * dtype.itemsize + 64, np.uint8)
-    offset = (-raw.ctypes.data) % 64
-    return raw[offset : offset + n * dtype.itemsize].view(dtype).reshape(shape)
+def _low(*arrays: np.ndarray | None) -> np.dtype | None:
+    """The low-precision dtype (float16 / bfloat16) the op returns, or None."""
+    dt = _result_dtype(*arrays)
+    return dt if dt in _LOW else None
 
 
-def _contiguous(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    return np.ascontiguousarray(arr, dtype=dtype)
+def _up(arr: np.ndarray | None) -> np.ndarray | None:
+    """A low-precision operand widened to float32 (exact); others as they are."""
+    return arr.astype(_F32) if arr is not None and arr.dtype in _LOW else arr
 
 
 def _check_out(fn: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """out= of a low-precision result (the C++ entries check the float32/float64 ones), with
+    their messages."""
     if not isinstance(out, np.ndarray):
         raise TypeError(f"[{fn}] out must be a numpy.ndarray, got {type(out).__name__}")
     if out.dtype != dtype:
@@ -115,6 +151,26 @@ def _check_out(fn: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np
     if not out.flags.writeable:
         raise ValueError(f"[{fn}] out must be writeable (got a read-only array)")
     return out
+
+
+def _narrow(fn: str, result: np.ndarray, dtype: np.dtype, out: Any = None) -> np.ndarray:
+    """The float32 result of a low-precision call rounded to ``dtype`` (to nearest even), into
+    ``out`` if given (checked first: nothing is written to an out that does not fit)."""
+    if out is None:
+        return result.astype(dtype)
+    _check_out(fn, out, result.shape, dtype)
+    np.copyto(out, result, casting="unsafe")
+    return out
+
+
+def _compute_dtype(*arrays: np.ndarray | None) -> np.dtype:
+    """The dtype the kernels run in: the result dtype, float32 for float16/bfloat16 results."""
+    dt = _result_dtype(*arrays)
+    return _F32 if dt in _LOW else dt
+
+
+def _contiguous(arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.ascontiguousarray(arr, dtype=dtype)
 
 
 def _exact_alias(a: np.ndarray, b: np.ndarray) -> bool:
@@ -135,34 +191,6 @@ def _detach_from_out(arr: np.ndarray, out: np.ndarray, allow_exact: bool) -> np.
     if np.may_share_memory(arr, out) and not (allow_exact and _exact_alias(arr, out)):
         return arr.copy()
     return arr
-
-
-def _to_float(fn: str, name: str, value: numbers.Real) -> float:
-    """``float(value)``; an int too large for a float (``10**400``) is a ValueError naming it."""
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError(
-            f"[{fn}] {name} must be finite (got an integer beyond float range)"
-        ) from None
-
-
-def _check_eps(fn: str, eps: Any) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"[{fn}] eps must be a real number, got {type(eps).__name__}")
-    eps = _to_float(fn, "eps", eps)
-    if not (eps >= 0.0) or not np.isfinite(eps):
-        raise ValueError(f"[{fn}] eps must be a finite number >= 0, got {eps}")
-    return eps
-
-
-def _check_vector(fn: str, name: str, arr: np.ndarray, n: int) -> None:
-    if arr.shape != (n,):
-        raise ValueError(f"[{fn}] {name} must have shape ({n},), got {arr.shape}")
-
-
-def _finish(result: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    return result.reshape(shape) if result.shape != shape else result
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,6 +222,9 @@ def rms_norm(
     fn = "rms_norm"
     x = _as_array(fn, "x", x)
     w = None if weight is None else _as_array(fn, "weight", weight)
+    low = _low(x, w)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        return _narrow(fn, rms_norm(_up(x), _up(w), eps), low, out)
     dtype = _compute_dtype(x, w)
     xc = _contiguous(x, dtype).reshape(x.shape)
     wc = None if w is None else _contiguous(w, dtype).reshape(w.shape)
@@ -228,6 +259,9 @@ def layer_norm(
     x = _as_array(fn, "x", x)
     w = None if weight is None else _as_array(fn, "weight", weight)
     b = None if bias is None else _as_array(fn, "bias", bias)
+    low = _low(x, w, b)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        return _narrow(fn, layer_norm(_up(x), _up(w), _up(b), eps), low, out)
     dtype = _compute_dtype(x, w, b)
     xc = _contiguous(x, dtype).reshape(x.shape)
     wc = None if w is None else _contiguous(w, dtype).reshape(w.shape)
@@ -256,6 +290,9 @@ def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     if r is not None:
         return r
     x = _as_array("silu", "x", x)
+    low = _low(x)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        return _narrow("silu", silu(_up(x)), low, out)
     xc = _contiguous(x, _compute_dtype(x)).reshape(x.shape)
     if isinstance(out, np.ndarray):
         xc = _detach_from_out(xc, out, allow_exact=True)
@@ -276,6 +313,9 @@ def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     fn = "swiglu"
     g = _as_array(fn, "gate", gate)
     u = _as_array(fn, "up", up)
+    low = _low(g, u)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        return _narrow(fn, swiglu(_up(g), _up(u)), low, out)
     dtype = _compute_dtype(g, u)
     gc = _contiguous(g, dtype).reshape(g.shape)
     uc = _contiguous(u, dtype).reshape(u.shape)
@@ -316,6 +356,10 @@ def swiglu_ffn(
         None if a is None else _as_array(fn, name, a)
         for name, a in zip(names, (x, w_gate, w_up, w_down, b_gate, b_up, b_down), strict=True)
     ]
+    low = _low(*arrays)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        xu, gu, uu, du, bg, bu, bd = (_up(a) for a in arrays)
+        return _narrow(fn, swiglu_ffn(xu, gu, uu, du, b_gate=bg, b_up=bu, b_down=bd), low)
     dtype = _compute_dtype(*arrays)
     # (np.asarray, not _contiguous: a 0-d x must stay 0-d for its error)
     ready = [None if a is None else np.asarray(a, dtype, order="C") for a in arrays]
@@ -327,34 +371,6 @@ def swiglu_ffn(
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_real(fn: str, name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"[{fn}] {name} must be a real number, got {type(value).__name__}")
-    value = _to_float(fn, name, value)
-    if not np.isfinite(value):
-        raise ValueError(f"[{fn}] {name} must be finite, got {value}")
-    return value
-
-
-def _rope_positions(fn: str, positions: Any, lead: tuple[int, ...]) -> np.ndarray:
-    """Validated int64 positions, broadcastable to ``lead`` (= x.shape[:-1])."""
-    pos = np.asarray(positions)
-    if pos.dtype.kind not in "iu":
-        raise TypeError(f"[{fn}] positions must be an integer array, got dtype {pos.dtype}")
-    try:
-        ok = np.broadcast_shapes(pos.shape, lead) == lead
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"[{fn}] positions must have shape (T,) or be broadcastable to x.shape[:-1] = {lead}, "
-            f"got {pos.shape} (per-batch positions for x of shape (B, H, T, D) are (B, 1, T))"
-        )
-    if pos.dtype == np.uint64 and pos.size and pos.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"[{fn}] positions must be < 2**63")
-    return pos.astype(np.int64, copy=False)
-
-
 # cos/sin tables memoised by (positions, frequencies, factor, dtype): every layer of a forward
 # pass and every benchmark repeat reuses them. An LRU bounded by bytes (documented in the README:
 # at most _TABLE_CACHE_BYTES are kept for the life of the process), shared by threads under a lock.
@@ -362,16 +378,6 @@ _TABLE_CACHE: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 _TABLE_CACHE_BYTES = 32 << 20  # all cached tables together
 _TABLE_CACHE_LOCK = threading.Lock()
 _table_cache_used = 0
-
-
-# The fast path's tables for the default positions arange(T) and rotary_dim = D, keyed by
-# (T, D, theta, attention_factor, dtype char): one dict lookup instead of hashing positions and
-# frequencies. Filled by the conversion path (the same tables _rope_tables returns, so results are
-# bitwise those of the conversion path); bounded (small tables, at most _ROPE_DEFAULT_ENTRIES,
-# cleared when full). Dict reads and writes are atomic under the GIL.
-_ROPE_DEFAULT: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-_ROPE_DEFAULT_BYTES = 1 << 20
-_ROPE_DEFAULT_ENTRIES = 64
 
 
 def _rope_tables(
@@ -434,91 +440,36 @@ def rope(
         >>> np.round(lk.rope([[1.0, 0.5]], [1], inv_freq=[0.1]), 4)  # 0.1 rad/position, position 1
         array([[0.9451, 0.5973]])
     """
-    if (
-        positions is None
-        and inv_freq is None
-        and rotary_dim is None
-        and type(x) is np.ndarray
-        and x.ndim >= 2
-        and type(theta) is float
-        and type(attention_factor) is float
-    ):
-        key = (x.shape[-2], x.shape[-1], theta, attention_factor, x.dtype.char)
-        tables = _ROPE_DEFAULT.get(key)
-        if tables is not None:
-            r = _core._fast_rope(x, tables[0], tables[1], interleaved, out)
-            if r is not None:
-                return r
+    # every argument is checked in C++ (cpp/ops/rope.cpp); here only conversions: array-likes,
+    # dtype promotion, inv_freq to float64, a copy of x if it overlaps out other than exactly
+    tables = _rope_tables
+    r = _core._fast_rope(
+        x, positions, theta, inv_freq, interleaved, rotary_dim, attention_factor, out, tables
+    )
+    if r is not None:
+        return r
     fn = "rope"
     x = _as_array(fn, "x", x)
-    if x.ndim < 2:
-        raise ValueError(f"[{fn}] x must have shape (..., T, D), got {x.shape}")
-    t, d = x.shape[-2], x.shape[-1]
-    if rotary_dim is None:
-        rdim = d
-    else:
-        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, numbers.Integral):
-            raise TypeError(f"[{fn}] rotary_dim must be an int, got {type(rotary_dim).__name__}")
-        rdim = int(rotary_dim)
-    if rdim % 2 != 0:
-        which = "rotary_dim" if rotary_dim is not None else f"rotary_dim (default D={d})"
-        raise ValueError(f"[{fn}] {which} must be even, got {rdim}")
-    if not 0 <= rdim <= d:
-        raise ValueError(f"[{fn}] rotary_dim must be in [0, D={d}], got {rdim}")
-    if not isinstance(interleaved, (bool, np.bool_)):
-        raise TypeError(f"[{fn}] interleaved must be a bool, got {type(interleaved).__name__}")
-    attention_factor = _check_real(fn, "attention_factor", attention_factor)
-    half = rdim // 2
-    if inv_freq is None:
-        theta = _check_real(fn, "theta", theta)
-        if theta <= 0:
-            raise ValueError(f"[{fn}] theta must be > 0, got {theta}")
-        freqs = rope_inv_freq(rdim, theta) if rdim else np.zeros(0)
-    else:
-        freqs = _as_array(fn, "inv_freq", inv_freq).astype(np.float64)
-        if freqs.shape != (half,):
-            raise ValueError(
-                f"[{fn}] inv_freq must have shape (rotary_dim/2,) = ({half},), got {freqs.shape}"
-            )
-        if not np.all(np.isfinite(freqs)):
-            raise ValueError(f"[{fn}] inv_freq must be finite")
-    lead = x.shape[:-1]
-    pos = (
-        np.arange(t, dtype=np.int64) if positions is None else _rope_positions(fn, positions, lead)
-    )
-    dtype = _compute_dtype(x)
-    if out is not None:
-        _check_out(fn, out, x.shape, dtype)
-    result = out if out is not None else _empty(x.shape, dtype)
-    xc = _contiguous(x, dtype)
-    if out is not None:
+    low = _low(x)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        r = rope(
+            _up(x),
+            positions,
+            theta=theta,
+            inv_freq=inv_freq,
+            interleaved=interleaved,
+            rotary_dim=rotary_dim,
+            attention_factor=attention_factor,
+        )
+        return _narrow(fn, r, low, out)
+    xc = _contiguous(x, _compute_dtype(x)).reshape(x.shape)
+    pos = None if positions is None else np.asarray(positions)
+    freqs = None if inv_freq is None else _as_array(fn, "inv_freq", inv_freq).astype(np.float64)
+    if isinstance(out, np.ndarray):
         xc = _detach_from_out(xc, out, allow_exact=True)
-    if x.size == 0:
-        return result
-    if rdim == 0:
-        if result is not xc:
-            np.copyto(result, xc)
-        return result
-    # one table row per distinct entry of the (unbroadcast) positions array; row r of x uses
-    # table row table_row[r]
-    cos_tab, sin_tab = _rope_tables(pos.reshape(-1), freqs, attention_factor, dtype)
-    if (
-        positions is None
-        and rotary_dim is None
-        and inv_freq is None
-        and type(theta) is float
-        and cos_tab.nbytes <= _ROPE_DEFAULT_BYTES
-    ):
-        if len(_ROPE_DEFAULT) >= _ROPE_DEFAULT_ENTRIES:
-            _ROPE_DEFAULT.clear()
-        _ROPE_DEFAULT[(t, d, theta, attention_factor, dtype.char)] = (cos_tab, sin_tab)
-    if pos.shape == (t,):  # the common case: row r of x sits at position index r % T
-        table_row = np.tile(np.arange(t, dtype=np.int64), x.size // (t * d))
-    else:
-        index = np.arange(pos.size, dtype=np.int64).reshape(pos.shape)
-        table_row = np.ascontiguousarray(np.broadcast_to(index, lead)).reshape(-1)
-    _core.rope(xc, table_row, cos_tab, sin_tab, rdim, bool(interleaved), result)
-    return result
+    return _core._fast_rope(
+        xc, pos, theta, freqs, interleaved, rotary_dim, attention_factor, out, tables
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -586,126 +537,51 @@ def attention(
         array([[[0.7311, 0.2689],
                 [0.2689, 0.7311]]])
     """
-    if (
-        mask is None
-        and return_weights is False
-        and window is None
-        and softcap is None
-        and sinks is None
-        and return_lse is False
-    ):
-        r = _core._fast_attention(q, k, v, causal, scale, out)
-        if r is not None:
-            return r
+    # every argument is checked in C++ (cpp/ops/attention.cpp); here only conversions:
+    # array-likes, dtype promotion, a float mask to the compute dtype, copies of operands that
+    # overlap out
+    r = _core._fast_attention(
+        q, k, v, causal, scale, out, mask, window, softcap, sinks, return_weights, return_lse
+    )
+    if r is not None:
+        return r
     fn = "attention"
-    q = _as_array(fn, "q", q)
-    k = _as_array(fn, "k", k)
-    v = _as_array(fn, "v", v)
-    if q.ndim not in (3, 4):
-        raise ValueError(f"[{fn}] q must have shape (B, Hq, Tq, D) or (Hq, Tq, D), got {q.shape}")
-    if k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(
-            f"[{fn}] q, k and v must have the same number of dimensions, got q {q.shape}, "
-            f"k {k.shape}, v {v.shape}"
+    q, k, v = _as_array(fn, "q", q), _as_array(fn, "k", k), _as_array(fn, "v", v)
+    low = _low(q, k, v)
+    if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
+        r = attention(
+            _up(q),
+            _up(k),
+            _up(v),
+            causal=causal,
+            mask=mask,
+            scale=scale,
+            window=window,
+            softcap=softcap,
+            sinks=sinks,
+            return_weights=return_weights,
+            return_lse=return_lse,
         )
-    if q.shape[:-3] != k.shape[:-3] or q.shape[:-3] != v.shape[:-3]:
-        raise ValueError(
-            f"[{fn}] leading (batch) dimensions must match, got q {q.shape}, k {k.shape}, "
-            f"v {v.shape}"
-        )
-    hq, tq, d = q.shape[-3:]
-    hkv, tk, dk = k.shape[-3:]
-    if dk != d:
-        raise ValueError(f"[{fn}] k must have q's head dimension D={d}, got {dk} (k {k.shape})")
-    if v.shape[-3] != hkv or v.shape[-2] != tk:
-        raise ValueError(
-            f"[{fn}] v must have k's heads and length (Hkv={hkv}, Tk={tk}), got v {v.shape}"
-        )
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"[{fn}] Hq % Hkv must be 0 (grouped-query), got Hq={hq}, Hkv={hkv}")
-    if d == 0:
-        raise ValueError(f"[{fn}] the head dimension D must be >= 1")
-    dv = v.shape[-1]
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"[{fn}] causal must be a bool, got {type(causal).__name__}")
-    for name, flag in (("return_weights", return_weights), ("return_lse", return_lse)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"[{fn}] {name} must be a bool, got {type(flag).__name__}")
-    window_value = 0
-    if window is not None:
-        if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)):
-            raise TypeError(f"[{fn}] window must be an int or None, got {type(window).__name__}")
-        if window < 1:
-            raise ValueError(f"[{fn}] window must be >= 1, got {window}")
-        window_value = int(min(window, 2**62))  # wider than any sequence: no window
-    softcap_value = 0.0
-    if softcap is not None:
-        softcap_value = _check_real(fn, "softcap", softcap)
-        if softcap_value <= 0.0:
-            raise ValueError(f"[{fn}] softcap must be finite and > 0, got {softcap!r}")
-    scale_value = 1.0 / np.sqrt(d) if scale is None else _check_real(fn, "scale", scale)
+        if isinstance(r, tuple):
+            return (_narrow(fn, r[0], low, out), *(a.astype(low) for a in r[1:]))
+        return _narrow(fn, r, low, out)
     dtype = _compute_dtype(q, k, v)
-    batch_shape = q.shape[:-3]
-    out_shape = batch_shape + (hq, tq, dv)
-    scores_shape = batch_shape + (hq, tq, tk)
-
-    mask_view = None
+    qc, kc, vc = (_contiguous(a, dtype).reshape(a.shape) for a in (q, k, v))
+    m = None
     if mask is not None:
-        m = np.asarray(mask)
-        if out is not None and isinstance(out, np.ndarray) and np.may_share_memory(m, out):
-            m = m.copy()  # the kernel reads mask rows after writing out rows: never overlap
-        if m.dtype.kind == "b":
-            m = m.view(np.uint8)
-        elif m.dtype.kind == "f":
+        m = _as_array(fn, "mask", mask) if _is_torch_bf16(mask) else np.asarray(mask)
+        if m.dtype.kind == "f" or m.dtype == _BF16:
             m = m.astype(dtype, copy=False)
-        else:
-            raise TypeError(
-                f"[{fn}] mask must be boolean (True = may attend) or additive float, "
-                f"got dtype {m.dtype}"
-            )
-        try:
-            m = np.broadcast_to(m, scores_shape)
-        except ValueError:
-            raise ValueError(
-                f"[{fn}] mask of shape {np.shape(mask)} is not broadcastable to "
-                f"(..., Hq, Tq, Tk) = {scores_shape}"
-            ) from None
-        mask_view = m if m.ndim == 4 else m[None]
-
-    sinks_c = None
+    s = None
     if sinks is not None:
-        sinks_c = _as_array(fn, "sinks", sinks)
-        if sinks_c.shape != (hq,):
-            raise ValueError(f"[{fn}] sinks must have shape (Hq,) = ({hq},), got {sinks_c.shape}")
-        sinks_c = _contiguous(sinks_c, dtype)
-
-    if out is not None:
-        _check_out(fn, out, out_shape, dtype)
-    result = out if out is not None else _empty(out_shape, dtype)
-    weights = np.zeros(scores_shape, dtype) if return_weights else None
-    lse = np.full(batch_shape + (hq, tq), -np.inf, dtype) if return_lse else None
-
-    def four_d(a: np.ndarray) -> np.ndarray:
-        a = _contiguous(a, dtype)
-        return a if a.ndim == 4 else a[None]
-
-    qc, kc, vc = four_d(q), four_d(k), four_d(v)
-    if out is not None:  # the kernel reads q/k/v after writing out rows: never let them overlap
+        s = _as_array(fn, "sinks", sinks)
+        s = _contiguous(s, dtype).reshape(s.shape)
+    if isinstance(out, np.ndarray):  # the kernel reads its inputs after writing out rows
         qc, kc, vc = (_detach_from_out(a, out, allow_exact=False) for a in (qc, kc, vc))
-    if result.size or any(a is not None and a.size for a in (weights, lse)):
-        _core.attention(
-            qc,
-            kc,
-            vc,
-            scale_value,
-            bool(causal),
-            mask_view,
-            result if result.ndim == 4 else result[None],
-            None if weights is None else (weights if weights.ndim == 4 else weights[None]),
-            window_value,
-            softcap_value,
-            sinks_c,
-            None if lse is None else (lse if lse.ndim == 3 else lse[None]),
-        )
-    extra = ((weights,) if return_weights else ()) + ((lse,) if return_lse else ())
-    return (result, *extra) if extra else result
+        if m is not None and np.may_share_memory(m, out):
+            m = m.copy()
+        if s is not None:
+            s = _detach_from_out(s, out, allow_exact=False)
+    return _core.attention(  # type: ignore[no-any-return]
+        qc, kc, vc, causal, scale, out, m, window, softcap, s, return_weights, return_lse
+    )

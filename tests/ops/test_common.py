@@ -75,7 +75,7 @@ def test_dtype_rules(rng):
     assert lk.silu(np.array([True, False])).dtype == np.float64
     assert lk.silu([1, 2, 3]).dtype == np.float64  # array-likes
     assert lk.silu([1.0, 2.0]).dtype == np.float64
-    assert lk.silu(x32.astype(np.float16)).dtype == np.float32
+    assert lk.silu(x32.astype(np.float16)).dtype == np.float16  # computed in float32
     assert lk.swiglu(x32, x32.astype(np.float64)).dtype == np.float64
     assert lk.rope(x32[None]).dtype == np.float32
     # 0-d input to an elementwise op
