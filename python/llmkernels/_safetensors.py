@@ -365,7 +365,7 @@ def load_file(
 # -------------------------------------------------------------------------------------
 
 _CHUNK_BYTES = 1 << 20  # one slice copied out of the mapping and converted: stays in cache
-_MAP_WINDOW = 32 << 20  # bytes read through one handle before it is closed (see _Reader)
+_MAP_WINDOW = 16 << 20  # bytes read through one handle before it is closed (see _Reader)
 
 
 def _target_dtype(info: TensorInfo, dtype: np.dtype | None) -> np.dtype:
