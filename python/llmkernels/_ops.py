@@ -155,11 +155,16 @@ def _check_out(fn: str, out: Any, shape: tuple[int, ...], dtype: np.dtype) -> np
 
 def _narrow(fn: str, result: np.ndarray, dtype: np.dtype, out: Any = None) -> np.ndarray:
     """The float32 result of a low-precision call rounded to ``dtype`` (to nearest even), into
-    ``out`` if given (checked first: nothing is written to an out that does not fit)."""
+    ``out`` if given (checked first: nothing is written to an out that does not fit). A value
+    past ``dtype``'s range rounds to the infinity of its sign, as IEEE rounding (and torch)
+    gives it: that is the answer in that dtype, not an error, so NumPy's overflow warning of
+    the cast is silenced."""
     if out is None:
-        return result.astype(dtype)
+        with np.errstate(over="ignore"):
+            return result.astype(dtype)
     _check_out(fn, out, result.shape, dtype)
-    np.copyto(out, result, casting="unsafe")
+    with np.errstate(over="ignore"):
+        np.copyto(out, result, casting="unsafe")
     return out
 
 

@@ -314,3 +314,16 @@ def test_torch_tensors(tdtype, rng):
         lk.attention(xt, xt, xt, mask=m).view(np.uint16),
         lk.attention(xn, xn, xn, mask=m.float().numpy()).view(np.uint16),
     )
+
+
+def test_overflow_to_the_dtype_is_an_infinity_not_a_warning():
+    # float16 holds at most 65504: a float32 result past it rounds to -inf, silently (as torch)
+    x = np.full(7, -7.0, np.float16)
+    wg = np.full((7, 7), -2.0, np.float16)
+    wu = np.ones((7, 7), np.float16)
+    wd = np.full((7, 1), 2.0, np.float16)
+    got = lk.swiglu_ffn(x, wg, wu, wd)  # pytest turns a warning into an error
+    assert got.dtype == np.float16 and np.isneginf(got).all()
+    h = np.full(7, 300.0, np.float16)  # silu(300) * 300 = 90000: past float16 too, into out=
+    out = np.empty(7, np.float16)
+    assert lk.swiglu(h, h, out=out) is out and np.isposinf(out).all()
