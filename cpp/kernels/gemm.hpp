@@ -13,6 +13,7 @@
 
 #include <algorithm>
 
+#include "kernels/gemv.hpp"  // PlainWeights, the weight-storage policy
 #include "kernels/ops.hpp"
 #include "kernels/simd_common.hpp"
 
@@ -40,27 +41,51 @@ constexpr int kGemmXtTokenVectors = 4;
 // k is split in chunks of this length: a chunk of packed tokens (64 x 2048 floats, 512 KiB)
 // stays in L2 while every feature block of the thread streams past it.
 constexpr std::size_t kGemmXtKChunk = 2048;
+// Weights stored narrower than T (WL::widens) are walked in sub-chunks of this length: the RN
+// weight rows of a sub-chunk are converted once into a T tile on the stack (RN x 256 floats,
+// at most 12 KiB: stays in L1) and broadcast from there -- the only widened copy is this tile.
+// Splitting k so does not change the order of the fmas.
+constexpr std::size_t kGemmXtWideTile = 256;
 
 // y[t, f] (+)= sum_kk xt[kk, t] * w[f * ldw + kk] (+ bias[f]) for f < RN, t < min(valid, TV*N),
 // kk < k; bias (RN,) or null, added in the final store (the caller passes it with the last k chunk)
 //   y  (.., ldy)   row t, column f
 //   xt (k, ldxt)   packed tokens, zero past the last token
-//   w  (RN, ldw)   RN weight rows
-template <class Arch, class T, int RN, int TV>
-inline void gemm_xt_block(T* y, std::size_t ldy, const T* xt, std::size_t ldxt, const T* w,
-                          std::size_t ldw, std::size_t k, std::size_t valid, bool accumulate,
-                          const T* bias) {
+//   w  (RN, ldw)   RN weight rows, read through the policy WL (kernels/gemv.hpp)
+template <class Arch, class T, class WL, int RN, int TV>
+inline void gemm_xt_block(T* y, std::size_t ldy, const T* xt, std::size_t ldxt,
+                          const typename WL::Stored* w, std::size_t ldw, std::size_t k,
+                          std::size_t valid, bool accumulate, const T* bias) {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
   V acc[RN][TV];
   for (int f = 0; f < RN; ++f)
     for (int j = 0; j < TV; ++j) acc[f][j] = V(T(0));
-  for (std::size_t kk = 0; kk < k; ++kk) {
-    V xv[TV];
-    for (int j = 0; j < TV; ++j) xv[j] = V::load_unaligned(xt + kk * ldxt + j * N);
-    for (int f = 0; f < RN; ++f) {
-      const V wv(w[f * ldw + kk]);
-      for (int j = 0; j < TV; ++j) acc[f][j] = xsimd::fma(wv, xv[j], acc[f][j]);
+  alignas(64) T wide[RN][WL::widens ? kGemmXtWideTile : 1];  // (RN, kc) a sub-chunk widened
+  // weights stored as T: one pass over k, broadcasting the weights in place
+  const std::size_t step = WL::widens ? kGemmXtWideTile : k;
+  for (std::size_t k0 = 0; k0 < k; k0 += step) {
+    const std::size_t kc = std::min(k - k0, step);
+    const T* wk = &wide[0][0];  // the sub-chunk's weights as T, row stride ldwk
+    const std::size_t ldwk = WL::widens ? kGemmXtWideTile : ldw;
+    if constexpr (WL::widens) {
+      for (int f = 0; f < RN; ++f) {
+        const typename WL::Stored* src = w + f * ldw + k0;
+        std::size_t kk = 0;
+        for (; kk + N <= kc; kk += N) WL::load(Arch{}, src + kk).store_aligned(&wide[f][kk]);
+        for (; kk < kc; ++kk) wide[f][kk] = WL::scalar(src[kk]);
+      }
+    } else {
+      wk = w + k0;
+    }
+    const T* xk = xt + k0 * ldxt;
+    for (std::size_t kk = 0; kk < kc; ++kk) {
+      V xv[TV];
+      for (int j = 0; j < TV; ++j) xv[j] = V::load_unaligned(xk + kk * ldxt + j * N);
+      for (int f = 0; f < RN; ++f) {
+        const V wv(wk[f * ldwk + kk]);
+        for (int j = 0; j < TV; ++j) acc[f][j] = xsimd::fma(wv, xv[j], acc[f][j]);
+      }
     }
   }
   // the accumulators hold y transposed (feature-major): through a small tile into y's rows
@@ -78,29 +103,26 @@ inline void gemm_xt_block(T* y, std::size_t ldy, const T* xt, std::size_t ldxt, 
 }
 
 // One chunk of TV token vectors x k-chunk against every feature of [0, n).
-template <class Arch, class T, int TV>
+template <class Arch, class T, class WL, int TV>
 inline void gemm_xt_tokens(T* y, std::size_t ldy, const T* xt, std::size_t ldxt, std::size_t valid,
-                           const T* w, std::size_t ldw, std::size_t n, std::size_t k,
-                           bool accumulate, const T* bias) {
+                           const typename WL::Stored* w, std::size_t ldw, std::size_t n,
+                           std::size_t k, bool accumulate, const T* bias) {
   constexpr int RN = gemm_xt_features<Arch>(TV);
   std::size_t f = 0;
   for (; f + RN <= n; f += RN)
-    gemm_xt_block<Arch, T, RN, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate,
-                                   bias ? bias + f : bias);
+    gemm_xt_block<Arch, T, WL, RN, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate,
+                                       bias ? bias + f : bias);
   for (; f < n; ++f)  // feature tail
-    gemm_xt_block<Arch, T, 1, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate,
-                                  bias ? bias + f : bias);
+    gemm_xt_block<Arch, T, WL, 1, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate,
+                                      bias ? bias + f : bias);
 }
 
-}  // namespace
-
-// y (m, n) (+)= x (m, k) . w (n, k)^T (+ bias) for a few dozen tokens (prefill projections), x
-// given packed by pack_panels: xt[(p * k + kk) * kGemmPanel + i] = x[p * kGemmPanel + i, kk],
-// zero past row m. y has row stride ldy; bias (n,) or null, added in the final store.
-template <class Arch, class T>
-void gemm_xt_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,
-                                std::size_t n, std::size_t k, bool accumulate,
-                                const T* bias) const {
+// gemm_xt_kernel's body for any weight storage WL (gemm_xt_w16_kernel uses it with 16-bit
+// weights)
+template <class Arch, class T, class WL>
+inline void gemm_xt_impl(T* y, std::size_t ldy, const T* xt, std::size_t m,
+                         const typename WL::Stored* w, std::size_t n, std::size_t k,
+                         bool accumulate, const T* bias) {
   constexpr std::size_t N = vec<Arch, T>::size;
   constexpr std::size_t chunk = kGemmXtTokenVectors * N;  // divides kGemmPanel
   static_assert(kGemmPanel % chunk == 0, "a token chunk must not straddle two panels");
@@ -116,21 +138,33 @@ void gemm_xt_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xt, std::s
       const std::size_t valid = m - t;
       switch (vectors) {
         case 1:
-          gemm_xt_tokens<Arch, T, 1>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
+          gemm_xt_tokens<Arch, T, WL, 1>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
           break;
         case 2:
-          gemm_xt_tokens<Arch, T, 2>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
+          gemm_xt_tokens<Arch, T, WL, 2>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
           break;
         case 3:
-          gemm_xt_tokens<Arch, T, 3>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
+          gemm_xt_tokens<Arch, T, WL, 3>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
           break;
         default:
-          gemm_xt_tokens<Arch, T, kGemmXtTokenVectors>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n,
-                                                       kc, acc, b);
+          gemm_xt_tokens<Arch, T, WL, kGemmXtTokenVectors>(yt, ldy, x0, kGemmPanel, valid, w + k0,
+                                                           k, n, kc, acc, b);
           break;
       }
     }
   }
+}
+
+}  // namespace
+
+// y (m, n) (+)= x (m, k) . w (n, k)^T (+ bias) for a few dozen tokens (prefill projections), x
+// given packed by pack_panels: xt[(p * k + kk) * kGemmPanel + i] = x[p * kGemmPanel + i, kk],
+// zero past row m. y has row stride ldy; bias (n,) or null, added in the final store.
+template <class Arch, class T>
+void gemm_xt_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,
+                                std::size_t n, std::size_t k, bool accumulate,
+                                const T* bias) const {
+  gemm_xt_impl<Arch, T, PlainWeights<T>>(y, ldy, xt, m, w, n, k, accumulate, bias);
 }
 
 }  // namespace llmk

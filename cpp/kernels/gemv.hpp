@@ -16,11 +16,31 @@
 namespace llmk {
 namespace {
 
+// How a projection kernel reads its weights (a template parameter of the shared bodies below
+// and of gemm.hpp's, ggml-style: one kernel body, the weight storage a policy). Stored is the
+// element type in memory; load(Arch, p) gives one batch of T from N consecutive weights,
+// scalar(w) one weight (the tails). Weights stored as T are loaded as they are; the 16-bit
+// formats (kernels/weight16.hpp) widen to float32 in registers and set widens, which makes the
+// kernels convert row tails / tiles of weights before the float arithmetic -- the arithmetic
+// itself is the same operation for operation, so results are bitwise those of the T kernel on
+// the widened weights.
+template <class T>
+struct PlainWeights {
+  using Stored = T;
+  static constexpr bool widens = false;
+  template <class Arch>
+  static vec<Arch, T> load(Arch, const T* p) {
+    return vec<Arch, T>::load_unaligned(p);
+  }
+  static T scalar(T w) { return w; }
+};
+
 // y[t * ldy + r] (+)= dot(w[r * k : (r + 1) * k], x[t * ldx : t * ldx + k]) (+ bias[r])
-// for r < R, t < M; bias (R,) or null, added in the final store (no second pass over y)
-template <class Arch, class T, int R, int M>
-inline void gemv_rows(T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx, std::size_t k,
-                      bool accumulate, const T* bias) {
+// for r < R, t < M; bias (R,) or null, added in the final store (no second pass over y);
+// w read through the policy WL (PlainWeights<T> or a widening one)
+template <class Arch, class T, class WL, int R, int M>
+inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
+                      std::size_t ldx, std::size_t k, bool accumulate, const T* bias) {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
   constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token)
@@ -34,7 +54,7 @@ inline void gemv_rows(T* y, std::size_t ldy, const T* w, const T* x, std::size_t
       V xv[M];
       for (int t = 0; t < M; ++t) xv[t] = V::load_unaligned(x + t * ldx + i + a * N);
       for (int r = 0; r < R; ++r) {
-        const V wv = V::load_unaligned(w + r * k + i + a * N);
+        const V wv = WL::load(Arch{}, w + r * k + i + a * N);
         for (int t = 0; t < M; ++t) acc[a][r][t] = xsimd::fma(wv, xv[t], acc[a][r][t]);
       }
     }
@@ -43,17 +63,25 @@ inline void gemv_rows(T* y, std::size_t ldy, const T* w, const T* x, std::size_t
     V xv[M];
     for (int t = 0; t < M; ++t) xv[t] = V::load_unaligned(x + t * ldx + i);
     for (int r = 0; r < R; ++r) {
-      const V wv = V::load_unaligned(w + r * k + i);
+      const V wv = WL::load(Arch{}, w + r * k + i);
       for (int t = 0; t < M; ++t) acc[0][r][t] = xsimd::fma(wv, xv[t], acc[0][r][t]);
     }
     i += N;
   }
   for (int r = 0; r < R; ++r) {
+    // the row's tail (< A * N weights) as T: widened first when the storage is narrower, so
+    // that the tail loop is one expression for every storage (the same contractions into FMAs)
+    T widened[WL::widens ? 2 * N : 1];
+    const T* wt = widened;
+    if constexpr (WL::widens)
+      for (std::size_t j = i; j < k; ++j) widened[j - i] = WL::scalar(w[r * k + j]);
+    else
+      wt = w + r * k + i;
     for (int t = 0; t < M; ++t) {
       V v = acc[0][r][t];
       for (int a = 1; a < A; ++a) v += acc[a][r][t];
       T sum = xsimd::hadd(v);
-      for (std::size_t j = i; j < k; ++j) sum += w[r * k + j] * x[t * ldx + j];  // scalar tail
+      for (std::size_t j = i; j < k; ++j) sum += wt[j - i] * x[t * ldx + j];  // scalar tail
       T& dst = y[t * ldy + r];
       dst = accumulate ? dst + sum : sum;
       if (bias) dst += bias[r];  // as a separate bias pass would round it
@@ -62,15 +90,42 @@ inline void gemv_rows(T* y, std::size_t ldy, const T* w, const T* x, std::size_t
 }
 
 // Every row of w against M tokens.
-template <class Arch, class T, int M>
-inline void gemv_tokens(T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,
-                        std::size_t rows, std::size_t k, bool accumulate, const T* bias) {
+template <class Arch, class T, class WL, int M>
+inline void gemv_tokens(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
+                        std::size_t ldx, std::size_t rows, std::size_t k, bool accumulate,
+                        const T* bias) {
   constexpr int R = 4;
   std::size_t r = 0;
   for (; r + R <= rows; r += R)
-    gemv_rows<Arch, T, R, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate, bias ? bias + r : bias);
+    gemv_rows<Arch, T, WL, R, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
+                                 bias ? bias + r : bias);
   for (; r < rows; ++r)
-    gemv_rows<Arch, T, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate, bias ? bias + r : bias);
+    gemv_rows<Arch, T, WL, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
+                                 bias ? bias + r : bias);
+}
+
+// gemv_kernel's body for any weight storage WL (gemv_w16_kernel uses it with 16-bit weights)
+template <class Arch, class T, class WL>
+inline void gemv_impl(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
+                      std::size_t ldx, std::size_t m, std::size_t rows, std::size_t k,
+                      bool accumulate, const T* bias) {
+  constexpr std::size_t G = 4;  // tokens per pass over the weights
+  std::size_t t = 0;
+  for (; t + G <= m; t += G)
+    gemv_tokens<Arch, T, WL, G>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
+  switch (m - t) {
+    case 1:
+      gemv_tokens<Arch, T, WL, 1>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
+      break;
+    case 2:
+      gemv_tokens<Arch, T, WL, 2>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
+      break;
+    case 3:
+      gemv_tokens<Arch, T, WL, 3>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
+      break;
+    default:
+      break;
+  }
 }
 
 }  // namespace
@@ -82,23 +137,7 @@ template <class Arch, class T>
 void gemv_kernel::operator()(Arch, T* y, std::size_t ldy, const T* w, const T* x, std::size_t ldx,
                              std::size_t m, std::size_t rows, std::size_t k, bool accumulate,
                              const T* bias) const {
-  constexpr std::size_t G = 4;  // tokens per pass over the weights
-  std::size_t t = 0;
-  for (; t + G <= m; t += G)
-    gemv_tokens<Arch, T, G>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-  switch (m - t) {
-    case 1:
-      gemv_tokens<Arch, T, 1>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    case 2:
-      gemv_tokens<Arch, T, 2>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    case 3:
-      gemv_tokens<Arch, T, 3>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    default:
-      break;
-  }
+  gemv_impl<Arch, T, PlainWeights<T>>(y, ldy, w, x, ldx, m, rows, k, accumulate, bias);
 }
 
 }  // namespace llmk

@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/gemm.hpp"  // the tile product of the prefill (gemm_xt_tokens)
 #include "kernels/ops.hpp"
 #include "kernels/quant_types.hpp"
 #include "kernels/simd_common.hpp"
@@ -602,70 +603,11 @@ inline void qgemv(const qgemv_args& a) {
 // --- GEMM (prefill) ----------------------------------------------------------------------------
 // The weights of kQTileRows rows x kQTileK columns are dequantized into a tile (32 KiB, stays
 // in L1/L2) and multiplied by every token of the call before the next tile: each weight is
-// converted once per call. The tile product is gemm.hpp's scheme on the unit's batch type: x
-// packed transposed in panels (tokens contiguous), TV token vectors x RN broadcast weights of
-// accumulators, no horizontal sums.
+// converted once per call. The tile product is gemm.hpp's kernel body itself (gemm_xt_tokens
+// on the float tile): x packed transposed in panels (tokens contiguous), TV token vectors x RN
+// broadcast weights of accumulators, no horizontal sums.
 constexpr std::size_t kQTileRows = 16;
 constexpr std::size_t kQTileK = 512;  // a multiple of every group size
-
-template <class Arch>
-constexpr int qgemm_features(int token_vectors) {
-  constexpr bool wide = std::is_base_of<xsimd::avx512f, Arch>::value;
-  switch (token_vectors) {
-    case 1:
-      return wide ? 12 : 6;
-    case 2:
-      return wide ? 10 : 4;
-    case 3:
-      return wide ? 8 : 3;
-    default:
-      return wide ? 6 : 2;
-  }
-}
-
-// y[t, f] (+)= sum_i xt[i, t] * w[f * ldw + i] (+ bias[f]) for f < RN, t < min(valid, TV*N)
-template <class Arch, int RN, int TV>
-inline void qgemm_block(float* y, std::size_t ldy, const float* xt, const float* w, std::size_t ldw,
-                        std::size_t kc, std::size_t valid, bool accumulate, const float* bias) {
-  using V = vec<Arch, float>;
-  constexpr std::size_t N = V::size;
-  V acc[RN][TV];
-  for (int f = 0; f < RN; ++f)
-    for (int j = 0; j < TV; ++j) acc[f][j] = V(0.f);
-  for (std::size_t i = 0; i < kc; ++i) {
-    V xv[TV];
-    for (int j = 0; j < TV; ++j) xv[j] = V::load_unaligned(xt + i * kQPanel + j * N);
-    for (int f = 0; f < RN; ++f) {
-      const V wv(w[f * ldw + i]);
-      for (int j = 0; j < TV; ++j) acc[f][j] = xsimd::fma(wv, xv[j], acc[f][j]);
-    }
-  }
-  alignas(64) float tile[RN][TV * N];
-  for (int f = 0; f < RN; ++f)
-    for (int j = 0; j < TV; ++j) acc[f][j].store_aligned(&tile[f][j * N]);
-  const std::size_t rows = std::min(valid, TV * N);
-  for (std::size_t t = 0; t < rows; ++t) {
-    float* dst = y + t * ldy;
-    for (int f = 0; f < RN; ++f) {
-      dst[f] = accumulate ? dst[f] + tile[f][t] : tile[f][t];
-      if (bias) dst[f] += bias[f];
-    }
-  }
-}
-
-template <class Arch, int TV>
-inline void qgemm_tokens(float* y, std::size_t ldy, const float* xt, std::size_t valid,
-                         const float* w, std::size_t n, std::size_t kc, bool accumulate,
-                         const float* bias) {
-  constexpr int RN = qgemm_features<Arch>(TV);
-  std::size_t f = 0;
-  for (; f + RN <= n; f += RN)
-    qgemm_block<Arch, RN, TV>(y + f, ldy, xt, w + f * kc, kc, kc, valid, accumulate,
-                              bias ? bias + f : bias);
-  for (; f < n; ++f)
-    qgemm_block<Arch, 1, TV>(y + f, ldy, xt, w + f * kc, kc, kc, valid, accumulate,
-                             bias ? bias + f : bias);
-}
 
 template <class Arch, int Bits>
 inline void qgemm(const qgemv_args& a) {
@@ -688,16 +630,20 @@ inline void qgemm(const qgemv_args& a) {
         const std::size_t valid = m - t;
         switch (vectors) {
           case 1:
-            qgemm_tokens<Arch, 1>(y, a.ldy, xt, valid, tile, nr, kc, acc, bias);
+            gemm_xt_tokens<Arch, float, PlainWeights<float>, 1>(y, a.ldy, xt, kQPanel, valid, tile,
+                                                                kc, nr, kc, acc, bias);
             break;
           case 2:
-            qgemm_tokens<Arch, 2>(y, a.ldy, xt, valid, tile, nr, kc, acc, bias);
+            gemm_xt_tokens<Arch, float, PlainWeights<float>, 2>(y, a.ldy, xt, kQPanel, valid, tile,
+                                                                kc, nr, kc, acc, bias);
             break;
           case 3:
-            qgemm_tokens<Arch, 3>(y, a.ldy, xt, valid, tile, nr, kc, acc, bias);
+            gemm_xt_tokens<Arch, float, PlainWeights<float>, 3>(y, a.ldy, xt, kQPanel, valid, tile,
+                                                                kc, nr, kc, acc, bias);
             break;
           default:
-            qgemm_tokens<Arch, 4>(y, a.ldy, xt, valid, tile, nr, kc, acc, bias);
+            gemm_xt_tokens<Arch, float, PlainWeights<float>, 4>(y, a.ldy, xt, kQPanel, valid, tile,
+                                                                kc, nr, kc, acc, bias);
             break;
         }
       }

@@ -6,17 +6,19 @@
 // exact integer conversion on SSE2 (and for scalar tails) -- the two agree bit for bit,
 // subnormals included, and neither touches a subnormal float (so DAZ/FTZ cannot change them).
 //
-// gemv_w16_kernel mirrors gemv_kernel (kernels/gemv.hpp) and gemm_xt_w16_kernel mirrors
-// gemm_xt_kernel (kernels/gemm.hpp) operation for operation: on weights that are exactly
-// representable in 16 bits, a product equals the float32 kernel's on the widened weights bit for
-// bit (tests/ops/test_linear_lowp.py checks it). As there, every output goes through the same
-// arithmetic whatever block it falls in: results do not depend on the thread count.
+// gemv_w16_kernel and gemm_xt_w16_kernel are gemv_kernel's and gemm_xt_kernel's bodies
+// (kernels/gemv.hpp, kernels/gemm.hpp) with the weight-load policy Widen16 below: the same
+// operations, so on weights that are exactly representable in 16 bits a product equals the
+// float32 kernel's on the widened weights bit for bit (tests/ops/test_linear_lowp.py checks it).
+// As there, every output goes through the same arithmetic whatever block it falls in: results
+// do not depend on the thread count.
 #pragma once
 
 #include <algorithm>
 #include <cstring>
 
 #include "kernels/gemm.hpp"
+#include "kernels/gemv.hpp"
 #include "kernels/ops.hpp"
 #include "kernels/simd_common.hpp"
 
@@ -113,193 +115,18 @@ inline vec<xsimd::avx512bw, float> load_w16(xsimd::avx512bw, const std::uint16_t
 }
 #endif
 
-// --- GEMV: y[t * ldy + r] (+)= dot(w[r, :], x[t, :]) (+ bias[r]), as gemv_rows ------------
-
-template <class Arch, WeightFormat F, int R, int M>
-inline void gemv_w16_rows(float* y, std::size_t ldy, const std::uint16_t* w, const float* x,
-                          std::size_t ldx, std::size_t k, bool accumulate, const float* bias) {
-  using V = vec<Arch, float>;
-  constexpr std::size_t N = V::size;
-  constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token), as gemv_rows
-  V acc[A][R][M];
-  for (int a = 0; a < A; ++a)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < M; ++t) acc[a][r][t] = V(0.f);
-  std::size_t i = 0;
-  for (; i + A * N <= k; i += A * N) {
-    for (int a = 0; a < A; ++a) {
-      V xv[M];
-      for (int t = 0; t < M; ++t) xv[t] = V::load_unaligned(x + t * ldx + i + a * N);
-      for (int r = 0; r < R; ++r) {
-        const V wv = load_w16<F>(Arch{}, w + r * k + i + a * N);
-        for (int t = 0; t < M; ++t) acc[a][r][t] = xsimd::fma(wv, xv[t], acc[a][r][t]);
-      }
-    }
+// The weight-load policy of the shared projection bodies (kernels/gemv.hpp) for 16-bit weights
+// of format F: widened to float32 as they are loaded.
+template <WeightFormat F>
+struct Widen16 {
+  using Stored = std::uint16_t;
+  static constexpr bool widens = true;
+  template <class Arch>
+  static vec<Arch, float> load(Arch, const std::uint16_t* p) {
+    return load_w16<F>(Arch{}, p);
   }
-  if (A > 1 && i + N <= k) {  // one more full vector
-    V xv[M];
-    for (int t = 0; t < M; ++t) xv[t] = V::load_unaligned(x + t * ldx + i);
-    for (int r = 0; r < R; ++r) {
-      const V wv = load_w16<F>(Arch{}, w + r * k + i);
-      for (int t = 0; t < M; ++t) acc[0][r][t] = xsimd::fma(wv, xv[t], acc[0][r][t]);
-    }
-    i += N;
-  }
-  for (int r = 0; r < R; ++r) {
-    // the row's tail (< A * N weights) widened first: the tail loop below is then the float32
-    // kernel's, compiled to the same instructions (the same contractions into FMAs)
-    float wt[2 * N];
-    for (std::size_t j = i; j < k; ++j) wt[j - i] = w16_to_f32<F>(w[r * k + j]);
-    for (int t = 0; t < M; ++t) {
-      V v = acc[0][r][t];
-      for (int a = 1; a < A; ++a) v += acc[a][r][t];
-      float sum = xsimd::hadd(v);
-      for (std::size_t j = i; j < k; ++j) sum += wt[j - i] * x[t * ldx + j];  // scalar tail
-      float& dst = y[t * ldy + r];
-      dst = accumulate ? dst + sum : sum;
-      if (bias) dst += bias[r];
-    }
-  }
-}
-
-template <class Arch, WeightFormat F, int M>
-inline void gemv_w16_tokens(float* y, std::size_t ldy, const std::uint16_t* w, const float* x,
-                            std::size_t ldx, std::size_t rows, std::size_t k, bool accumulate,
-                            const float* bias) {
-  constexpr int R = 4;
-  std::size_t r = 0;
-  for (; r + R <= rows; r += R)
-    gemv_w16_rows<Arch, F, R, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
-                                 bias ? bias + r : bias);
-  for (; r < rows; ++r)
-    gemv_w16_rows<Arch, F, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
-                                 bias ? bias + r : bias);
-}
-
-template <class Arch, WeightFormat F>
-inline void gemv_w16(float* y, std::size_t ldy, const std::uint16_t* w, const float* x,
-                     std::size_t ldx, std::size_t m, std::size_t rows, std::size_t k,
-                     bool accumulate, const float* bias) {
-  constexpr std::size_t G = 4;  // tokens per pass over the weights
-  std::size_t t = 0;
-  for (; t + G <= m; t += G)
-    gemv_w16_tokens<Arch, F, G>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-  switch (m - t) {
-    case 1:
-      gemv_w16_tokens<Arch, F, 1>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    case 2:
-      gemv_w16_tokens<Arch, F, 2>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    case 3:
-      gemv_w16_tokens<Arch, F, 3>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    default:
-      break;
-  }
-}
-
-// --- GEMM over packed tokens, as gemm_xt_block --------------------------------------------
-
-// k is walked in sub-chunks of this length: the RN weight rows of a sub-chunk are converted
-// once into a float32 tile on the stack (RN x 256 floats, at most 12 KiB: stays in L1) and
-// broadcast from there -- the only widened copy is this tile.
-constexpr std::size_t kW16Tile = 256;
-
-// y[t, f] (+)= sum_kk xt[kk, t] * w[f * ldw + kk] (+ bias[f]) for f < RN, t < min(valid, TV*N)
-//   y  (.., ldy)   row t, column f
-//   xt (k, ldxt)   packed tokens, zero past the last token
-//   w  (RN, ldw)   RN 16-bit weight rows
-template <class Arch, WeightFormat F, int RN, int TV>
-inline void gemm_xt_w16_block(float* y, std::size_t ldy, const float* xt, std::size_t ldxt,
-                              const std::uint16_t* w, std::size_t ldw, std::size_t k,
-                              std::size_t valid, bool accumulate, const float* bias) {
-  using V = vec<Arch, float>;
-  constexpr std::size_t N = V::size;
-  V acc[RN][TV];
-  for (int f = 0; f < RN; ++f)
-    for (int j = 0; j < TV; ++j) acc[f][j] = V(0.f);
-  alignas(64) float wt[RN][kW16Tile];  // (RN, kc) the sub-chunk's weights in float32
-  for (std::size_t k0 = 0; k0 < k; k0 += kW16Tile) {
-    const std::size_t kc = std::min(k - k0, kW16Tile);
-    for (int f = 0; f < RN; ++f) {
-      const std::uint16_t* src = w + f * ldw + k0;
-      std::size_t kk = 0;
-      for (; kk + N <= kc; kk += N) load_w16<F>(Arch{}, src + kk).store_aligned(&wt[f][kk]);
-      for (; kk < kc; ++kk) wt[f][kk] = w16_to_f32<F>(src[kk]);
-    }
-    const float* xk = xt + k0 * ldxt;
-    for (std::size_t kk = 0; kk < kc; ++kk) {
-      V xv[TV];
-      for (int j = 0; j < TV; ++j) xv[j] = V::load_unaligned(xk + kk * ldxt + j * N);
-      for (int f = 0; f < RN; ++f) {
-        const V wv(wt[f][kk]);
-        for (int j = 0; j < TV; ++j) acc[f][j] = xsimd::fma(wv, xv[j], acc[f][j]);
-      }
-    }
-  }
-  alignas(64) float tile[RN][TV * N];
-  for (int f = 0; f < RN; ++f)
-    for (int j = 0; j < TV; ++j) acc[f][j].store_aligned(&tile[f][j * N]);
-  const std::size_t rows = std::min(valid, TV * N);
-  for (std::size_t t = 0; t < rows; ++t) {
-    float* dst = y + t * ldy;
-    for (int f = 0; f < RN; ++f) {
-      dst[f] = accumulate ? dst[f] + tile[f][t] : tile[f][t];
-      if (bias) dst[f] += bias[f];
-    }
-  }
-}
-
-template <class Arch, WeightFormat F, int TV>
-inline void gemm_xt_w16_tokens(float* y, std::size_t ldy, const float* xt, std::size_t ldxt,
-                               std::size_t valid, const std::uint16_t* w, std::size_t ldw,
-                               std::size_t n, std::size_t k, bool accumulate, const float* bias) {
-  constexpr int RN = gemm_xt_features<Arch>(TV);
-  std::size_t f = 0;
-  for (; f + RN <= n; f += RN)
-    gemm_xt_w16_block<Arch, F, RN, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate,
-                                       bias ? bias + f : bias);
-  for (; f < n; ++f)  // feature tail
-    gemm_xt_w16_block<Arch, F, 1, TV>(y + f, ldy, xt, ldxt, w + f * ldw, ldw, k, valid, accumulate,
-                                      bias ? bias + f : bias);
-}
-
-template <class Arch, WeightFormat F>
-inline void gemm_xt_w16(float* y, std::size_t ldy, const float* xt, std::size_t m,
-                        const std::uint16_t* w, std::size_t n, std::size_t k, bool accumulate,
-                        const float* bias) {
-  constexpr std::size_t N = vec<Arch, float>::size;
-  constexpr std::size_t chunk = kGemmXtTokenVectors * N;
-  static_assert(kGemmPanel % chunk == 0, "a token chunk must not straddle two panels");
-  for (std::size_t t = 0; t < m; t += chunk) {
-    const std::size_t vectors = (std::min(m - t, chunk) + N - 1) / N;
-    const float* panel = xt + (t / kGemmPanel) * k * kGemmPanel + t % kGemmPanel;
-    for (std::size_t k0 = 0; k0 < k; k0 += kGemmXtKChunk) {  // the float32 kernel's k chunks
-      const std::size_t kc = std::min(k - k0, kGemmXtKChunk);
-      const bool acc = accumulate || k0 > 0;
-      const float* b = k0 + kc == k ? bias : nullptr;  // the bias goes with the last chunk
-      float* yt = y + t * ldy;
-      const float* x0 = panel + k0 * kGemmPanel;
-      const std::size_t valid = m - t;
-      switch (vectors) {
-        case 1:
-          gemm_xt_w16_tokens<Arch, F, 1>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
-          break;
-        case 2:
-          gemm_xt_w16_tokens<Arch, F, 2>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
-          break;
-        case 3:
-          gemm_xt_w16_tokens<Arch, F, 3>(yt, ldy, x0, kGemmPanel, valid, w + k0, k, n, kc, acc, b);
-          break;
-        default:
-          gemm_xt_w16_tokens<Arch, F, kGemmXtTokenVectors>(yt, ldy, x0, kGemmPanel, valid, w + k0,
-                                                           k, n, kc, acc, b);
-          break;
-      }
-    }
-  }
-}
+  static float scalar(std::uint16_t h) { return w16_to_f32<F>(h); }
+};
 
 }  // namespace
 
@@ -312,9 +139,11 @@ void gemv_w16_kernel::operator()(Arch, float* y, std::size_t ldy, const std::uin
                                  std::size_t rows, std::size_t k, bool accumulate,
                                  const float* bias) const {
   if (fmt == WeightFormat::bf16)
-    gemv_w16<Arch, WeightFormat::bf16>(y, ldy, w, x, ldx, m, rows, k, accumulate, bias);
+    gemv_impl<Arch, float, Widen16<WeightFormat::bf16>>(y, ldy, w, x, ldx, m, rows, k, accumulate,
+                                                        bias);
   else
-    gemv_w16<Arch, WeightFormat::f16>(y, ldy, w, x, ldx, m, rows, k, accumulate, bias);
+    gemv_impl<Arch, float, Widen16<WeightFormat::f16>>(y, ldy, w, x, ldx, m, rows, k, accumulate,
+                                                       bias);
 }
 
 // y (m, n) (+)= x (m, k) . w (n, k)^T (+ bias), x packed by pack_panels (as gemm_xt_kernel),
@@ -324,9 +153,10 @@ void gemm_xt_w16_kernel::operator()(Arch, float* y, std::size_t ldy, const float
                                     const std::uint16_t* w, WeightFormat fmt, std::size_t n,
                                     std::size_t k, bool accumulate, const float* bias) const {
   if (fmt == WeightFormat::bf16)
-    gemm_xt_w16<Arch, WeightFormat::bf16>(y, ldy, xt, m, w, n, k, accumulate, bias);
+    gemm_xt_impl<Arch, float, Widen16<WeightFormat::bf16>>(y, ldy, xt, m, w, n, k, accumulate,
+                                                           bias);
   else
-    gemm_xt_w16<Arch, WeightFormat::f16>(y, ldy, xt, m, w, n, k, accumulate, bias);
+    gemm_xt_impl<Arch, float, Widen16<WeightFormat::f16>>(y, ldy, xt, m, w, n, k, accumulate, bias);
 }
 
 // out (n,) = w (n,) 16-bit weights of format fmt, widened to float32 (embedding rows)
