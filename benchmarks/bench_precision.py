@@ -14,7 +14,14 @@ threads, interleaved round by round (medians):
 
 Target (issue 13): bf16 decode >= 1.8x our float32.
 
-    python benchmarks/bench_precision.py [--quick] [--out benchmarks/results]
+llama.cpp (issue 13 items 8-9), when installed (:mod:`llamacpp_peer` says how; otherwise the
+report says why it was skipped): the float32 model is saved in HF layout, converted to GGUF by
+llama.cpp's own converter (F32, F16, Q8_0; Q4_0 quantized from F32), its F32 logits validated
+against ours (an F32 KV cache, a 64-token prompt) before any timing, then the same decode and
+prefill cases are timed in the same rounds (llama.cpp with its default F16 KV cache, n_batch
+512). Ratios are llama.cpp time / llmkernels time: above 1 we are faster.
+
+    python benchmarks/bench_precision.py [--quick] [--no-llamacpp] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ from __future__ import annotations
 import dataclasses
 import gc
 import statistics
+import tempfile
 from typing import Any
 
 import harness
+import llamacpp_peer
 import llmkernels as lk
 import numpy as np
 from harness import fmt, md_table, set_threads
@@ -120,7 +129,79 @@ def prefill_case(model: lk.Transformer, cfg: Config, rng: np.random.Generator) -
     return lambda: model(ids, last_only=True)
 
 
-def run_cases(models: dict[str, lk.Transformer], cfg: Config, run: harness.Run) -> dict:
+LLAMACPP_TYPES = ("F32", "F16", "Q8_0", "Q4_0")
+# the llama.cpp type each of our weight dtypes is compared with (same bytes per weight, or the
+# nearest: llama.cpp has no CPU-fast BF16 on AVX2, F16 is its 16-bit format there)
+PEER_OF = {"float32": "F32", "bfloat16": "F16", "float16": "F16", "int8": "Q8_0", "int4": "Q4_0"}
+
+
+def llamacpp_models(
+    f32: lk.Transformer, cfg: Config, workdir: Any, run: harness.Run
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """GGUF models of ``f32``'s weights in llama.cpp, validated; ({type: LlamaCpp}, info)."""
+    from pathlib import Path
+
+    why = llamacpp_peer.unavailable()
+    if why:
+        return {}, {"skipped": why}
+    d = Path(workdir)
+    f32.save_pretrained(d / "hf")
+    llamacpp_peer.write_tokenizer(d / "hf")
+    n_ctx = max(cfg.prompt + cfg.decode, cfg.prefill) + 8
+    rng = np.random.default_rng(1)
+    ids = [int(t) for t in rng.integers(3, cfg.vocab, 64)]
+    ours = f32(np.array([ids]), last_only=True)[0, -1].astype(np.float64)
+    info: dict[str, Any] = {}
+    peers = {}
+    for ptype in LLAMACPP_TYPES:
+        run.log(f"llama.cpp: GGUF {ptype}")
+        path = llamacpp_peer.make_gguf(d / "hf", d / "gguf", ptype)
+        if ptype == "F32":  # validate the conversion: F32 weights and an F32 KV cache
+            check = llamacpp_peer.LlamaCpp(path, n_ctx, 1, f32_kv=True)
+            theirs = check.logits(ids).astype(np.float64)
+            del check
+            info["validation"] = {
+                "max_abs_diff": float(np.max(np.abs(theirs - ours))),
+                "max_abs_logit": float(np.max(np.abs(ours))),
+                "argmax_equal": bool(np.argmax(theirs) == np.argmax(ours)),
+            }
+            run.log(f"llama.cpp F32 logits vs ours: {info['validation']}")
+            if info["validation"]["max_abs_diff"] > 1e-3 * max(1.0, info["validation"]["max_abs_logit"]):
+                raise RuntimeError(f"llama.cpp logits differ from ours: {info['validation']}")
+        peers[ptype] = llamacpp_peer.LlamaCpp(path, n_ctx, 1)
+    return peers, info
+
+
+def llamacpp_cases(peer: Any, cfg: Config, rng: np.random.Generator) -> tuple[Any, Any, Any]:
+    prompt = [int(t) for t in rng.integers(3, cfg.vocab, cfg.prompt)]
+    ids = [int(t) for t in rng.integers(3, cfg.vocab, cfg.prefill)]
+    state: dict[str, int] = {}
+
+    def setup() -> None:
+        peer.llm.reset()
+        peer.llm.eval(prompt)
+        state["tok"] = int(np.argmax(peer.last_logits()))
+
+    def decode() -> None:
+        tok = state["tok"]
+        for _ in range(cfg.decode):
+            peer.llm.eval([tok])
+            tok = int(np.argmax(peer.last_logits()))
+
+    def prefill() -> None:
+        peer.llm.reset()
+        peer.llm.eval(ids)
+        peer.last_logits()
+
+    return setup, decode, prefill
+
+
+def run_cases(
+    models: dict[str, lk.Transformer],
+    cfg: Config,
+    run: harness.Run,
+    peers: dict[str, Any] | None = None,
+) -> dict:
     rng = np.random.default_rng(0)
     results: dict[str, Any] = {}
     for t in cfg.threads:
@@ -130,6 +211,11 @@ def run_cases(models: dict[str, lk.Transformer], cfg: Config, run: harness.Run) 
             s, r = decode_case(model, cfg, rng)
             impls[f"decode {dtype}"], setup[f"decode {dtype}"] = r, s
             impls[f"prefill {dtype}"] = prefill_case(model, cfg, rng)
+        for ptype, peer in (peers or {}).items():
+            peer.set_threads(t)
+            s, d, p = llamacpp_cases(peer, cfg, rng)
+            impls[f"decode llama.cpp {ptype}"], setup[f"decode llama.cpp {ptype}"] = d, s
+            impls[f"prefill llama.cpp {ptype}"] = p
         run.log(f"{t} thread(s): {len(impls)} cases x {cfg.rounds} rounds")
         per_round = max(1, cfg.repeats // cfg.rounds)
         samples, other = harness.measure_quietly(
@@ -176,6 +262,36 @@ def summarise(models: dict[str, lk.Transformer], cfg: Config, res: dict, probe: 
                     "of_triad": gbs / triad,
                 }
             )
+            peer = PEER_OF.get(dtype)
+            if f"decode llama.cpp {peer}" in sec:
+                rows[-1].update(
+                    {
+                        "peer": peer,
+                        "peer_decode_tok_s": cfg.decode / sec[f"decode llama.cpp {peer}"],
+                        "decode_vs_peer": sec[f"decode llama.cpp {peer}"] / sec[f"decode {dtype}"],
+                        "peer_prefill_tok_s": cfg.prefill / sec[f"prefill llama.cpp {peer}"],
+                        "prefill_vs_peer": sec[f"prefill llama.cpp {peer}"]
+                        / sec[f"prefill {dtype}"],
+                    }
+                )
+    return rows
+
+
+def peer_rows(cfg: Config, res: dict) -> list[dict[str, Any]]:
+    """llama.cpp's own figures at every type it was timed at."""
+    rows = []
+    for t in cfg.threads:
+        sec = res[str(t)]["seconds"]
+        for ptype in LLAMACPP_TYPES:
+            if f"decode llama.cpp {ptype}" in sec:
+                rows.append(
+                    {
+                        "threads": t,
+                        "type": ptype,
+                        "decode_tok_s": cfg.decode / sec[f"decode llama.cpp {ptype}"],
+                        "prefill_tok_s": cfg.prefill / sec[f"prefill llama.cpp {ptype}"],
+                    }
+                )
     return rows
 
 
@@ -218,6 +334,39 @@ def render(report: dict[str, Any]) -> str:
         for r in report["rows"]
     ]
     lines += md_table(header, rows)
+    peer = report.get("llamacpp", {})
+    if peer.get("skipped"):
+        lines += ["", f"llama.cpp: skipped ({peer['skipped']})."]
+    elif report.get("peer_rows"):
+        v = peer["validation"]
+        lines += [
+            "",
+            "## Against llama.cpp (llama-cpp-python, same weights via its GGUF converter)",
+            "",
+            f"Validated before timing: F32 GGUF with an F32 KV cache vs our float32 logits, max "
+            f"|diff| {v['max_abs_diff']:.2g} (logits up to {v['max_abs_logit']:.2g}), argmax "
+            f"{'equal' if v['argmax_equal'] else 'DIFFERENT'}. Ratio = llama.cpp time / ours.",
+            "",
+        ]
+        lines += md_table(
+            ["threads", "ours", "decode tok/s", "llama.cpp", "decode tok/s", "ratio",
+             "prefill tok/s", "llama.cpp prefill tok/s", "ratio"],
+            [
+                [str(r["threads"]), r["dtype"], fmt(r["decode_tok_s"], 1), r["peer"],
+                 fmt(r["peer_decode_tok_s"], 1), fmt(r["decode_vs_peer"]) + "x",
+                 fmt(r["prefill_tok_s"], 0), fmt(r["peer_prefill_tok_s"], 0),
+                 fmt(r["prefill_vs_peer"]) + "x"]
+                for r in report["rows"] if "peer" in r
+            ],
+        )  # fmt: skip
+        lines += [""] + md_table(
+            ["threads", "llama.cpp type", "decode tok/s", "prefill tok/s"],
+            [
+                [str(r["threads"]), r["type"], fmt(r["decode_tok_s"], 1),
+                 fmt(r["prefill_tok_s"], 0)]
+                for r in report["peer_rows"]
+            ],
+        )  # fmt: skip
     bf16 = [r for r in report["rows"] if r["dtype"] == "bfloat16"]
     lines += [
         "",
@@ -234,17 +383,25 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = harness.arg_parser(__doc__, "60")
+    parser.add_argument("--no-llamacpp", action="store_true", help="skip the llama.cpp peer")
     args = parser.parse_args(argv)
     cfg, run = harness.start(QUICK if args.quick else FULL, args.quiet_wait, torch_thp=False)
     report = harness.new_report(cfg)
     run.log("building the models")
     models = build_models(cfg)
     gc.collect()
-    probe = run.probe(cfg)
-    report["probe"] = probe
-    res = run_cases(models, cfg, run)
+    with tempfile.TemporaryDirectory() as workdir:
+        if args.no_llamacpp:
+            peers, report["llamacpp"] = {}, {"skipped": "--no-llamacpp"}
+        else:
+            peers, report["llamacpp"] = llamacpp_models(models["float32"], cfg, workdir, run)
+        probe = run.probe(cfg)
+        report["probe"] = probe
+        res = run_cases(models, cfg, run, peers)
+        del peers
     report["timings"] = {t: {"seconds": v["seconds"]} for t, v in res.items()}
     report["rows"] = summarise(models, cfg, res, probe)
+    report["peer_rows"] = peer_rows(cfg, res)
     return run.report(report, render, args.out, "precision")
 
 
