@@ -166,8 +166,9 @@ def llamacpp_models(
                 "argmax_equal": bool(np.argmax(theirs) == np.argmax(ours)),
             }
             run.log(f"llama.cpp F32 logits vs ours: {info['validation']}")
-            if info["validation"]["max_abs_diff"] > 1e-3 * max(1.0, info["validation"]["max_abs_logit"]):
-                raise RuntimeError(f"llama.cpp logits differ from ours: {info['validation']}")
+            v = info["validation"]
+            if v["max_abs_diff"] > 1e-3 * max(1.0, v["max_abs_logit"]):
+                raise RuntimeError(f"llama.cpp logits differ from ours: {v}")
         peers[ptype] = llamacpp_peer.LlamaCpp(path, n_ctx, 1)
     return peers, info
 
