@@ -245,6 +245,10 @@ def wait_for_quiet(max_wait: float, threshold: float = 0.25, window: float = 0.5
     return time.perf_counter() - t0
 
 
+# minimum untimed time per peer block before its timed calls (see measure)
+WARMUP_S = 0.02
+
+
 def measure(
     impls: Impls,
     rounds: int,
@@ -253,15 +257,18 @@ def measure(
     setup: Mapping[str, Callable[[], Any]] | None = None,
     cap_s: float = math.inf,
     torch_inference: bool = False,
+    warmup_s: float = WARMUP_S,
 ) -> dict[str, list[float]]:
     """Time every peer, interleaved: ``rounds`` rounds, each peer's block in turn.
 
-    Each block starts with ``warmup`` untimed calls (which also lets the previous peer's
-    spinning worker threads go to sleep), then times ``per_round`` calls (fewer once they
-    took ``cap_s`` seconds, but at least 2: a peer slowed down many times by other processes
-    must not stall the run). ``setup[name]`` (untimed) runs before each of that peer's calls.
-    ``torch_inference`` runs everything under ``torch.inference_mode``. Rounds spread slow
-    drift of a shared machine over all peers alike. Returns seconds per call.
+    Each block starts with ``warmup`` untimed calls, repeated until ``warmup_s`` seconds have
+    passed, which also lets the previous peer's spinning worker threads go to sleep (torch's
+    OpenMP workers spin for milliseconds after a parallel region: without this a ~1 ms sample
+    of the next peer at 2 threads ran with one core taken), then times ``per_round`` calls
+    (fewer once they took ``cap_s`` seconds, but at least 2: a peer slowed down many times by
+    other processes must not stall the run). ``setup[name]`` (untimed) runs before each of
+    that peer's calls. ``torch_inference`` runs everything under ``torch.inference_mode``.
+    Rounds spread slow drift of a shared machine over all peers alike. Returns seconds per call.
     """
     setup = setup or {}
     samples: dict[str, list[float]] = {name: [] for name in impls}
@@ -269,10 +276,13 @@ def measure(
         for _ in range(rounds):
             for name, fn in impls.items():
                 prep = setup.get(name)
-                for _ in range(warmup):
+                w0 = time.perf_counter()
+                done = 0
+                while done < warmup or (done and time.perf_counter() - w0 < warmup_s):
                     if prep is not None:
                         prep()
                     fn()
+                    done += 1
                 spent = 0.0
                 for i in range(per_round):
                     if i >= 2 and spent > cap_s:
