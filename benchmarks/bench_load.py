@@ -34,18 +34,21 @@ import numpy as np
 
 CHILD = r"""
 import json, sys, time
-def hwm():
+def status(key):
     for line in open("/proc/self/status"):
-        if line.startswith("VmHWM"):
+        if line.startswith(key):
             return int(line.split()[1]) * 1024
+def hwm():
+    return status("VmHWM")
 import numpy as np
 import llmkernels as lk
 from llmkernels._safetensors import load_pretrained
 path, mode = sys.argv[1], sys.argv[2]
 base = hwm()
 t0 = time.perf_counter()
-if mode == "new":
-    model = lk.Transformer.from_pretrained(path, progress=False)
+if mode.startswith("new"):  # "new" or "new:<dtype>" (converted while loading)
+    dtype = mode.partition(":")[2] or None
+    model = lk.Transformer.from_pretrained(path, dtype=dtype, progress=False)
     peak = hwm()
 elif mode == "alloc":
     # only what the load spends building the model: the C++ weights are zero-filled vectors
@@ -66,8 +69,9 @@ else:
 t1 = time.perf_counter()
 nbytes = sum(v.nbytes for k, v in model.state_dict().items()
              if not (k == "lm_head.weight" and model.config.tie_embeddings))
+nbytes = getattr(model, "nbytes", nbytes)
 print(json.dumps({"seconds": t1 - t0, "peak": peak, "base": base, "model_bytes": nbytes,
-                  "dtype": getattr(model, "dtype", "float32")}))
+                  "rss_after": status("VmRSS"), "dtype": str(getattr(model, "dtype", "float32"))}))
 """
 
 
@@ -169,29 +173,43 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--old", action="store_true", help="also measure the previous load path")
+    p.add_argument(
+        "--dtypes",
+        default="",
+        help="also load the bf16 checkpoint converted to these dtypes (comma-separated, e.g. "
+        "int8,int4,float32): issue 13's memory targets, RSS after loading <= 1.15x the "
+        "weights + 100 MiB and peak <= 1.5x that",
+    )
     args = p.parse_args()
     mib = 1 << 20
     print(
         "| checkpoint | path | file MiB | model MiB | read s | read fresh s | load s | "
         "model alloc s | load/read median (range) | peak RSS MiB | peak/model | (peak-base)/model "
-        "| weights |"
+        "| RSS after / (1.15 model + 100 MiB) | peak / (1.5 (1.15 model + 100 MiB)) | weights |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         for bf16 in (True, False):
             d = Path(tmp) / ("bf16" if bf16 else "f32")
             write_checkpoint(d, args, bf16)
             size = sum(f.stat().st_size for f in d.iterdir())
-            for mode in ("new", "old") if args.old else ("new",):
+            modes = ["new", "old"] if args.old else ["new"]
+            if bf16:
+                modes += [f"new:{t}" for t in args.dtypes.split(",") if t]
+            for mode in modes:
                 r = measure(d, mode, args.repeats)
                 m = r["model_bytes"]
                 alloc = f"{measure(d, 'alloc', 1)['seconds']:.3f}" if mode == "new" else "-"
+                budget = 1.15 * m + 100 * mib  # issue 13 item 9
+                name = d.name if mode in ("new", "old") else f"{d.name} -> {mode[4:]}"
+                path = "old" if mode == "old" else "new"
                 print(
-                    f"| {d.name} | {mode} | {size / mib:.0f} | {m / mib:.0f} | {r['read']:.3f} | "
+                    f"| {name} | {path} | {size / mib:.0f} | {m / mib:.0f} | {r['read']:.3f} | "
                     f"{r['fresh']:.3f} | {r['seconds']:.3f} | {alloc} | "
                     f"{r['ratio']:.2f} ({min(r['ratios']):.2f}-{max(r['ratios']):.2f}) | "
                     f"{r['peak'] / mib:.0f} | {r['peak'] / m:.2f} | "
-                    f"{(r['peak'] - r['base']) / m:.2f} | {r['dtype']} |",
+                    f"{(r['peak'] - r['base']) / m:.2f} | {r['rss_after'] / budget:.2f} | "
+                    f"{r['peak'] / (1.5 * budget):.2f} | {r['dtype']} |",
                     flush=True,
                 )
 

@@ -246,7 +246,7 @@ def wait_for_quiet(max_wait: float, threshold: float = 0.25, window: float = 0.5
 
 
 # minimum untimed time per peer block before its timed calls (see measure)
-WARMUP_S = 0.02
+WARMUP_S = 0.1
 
 
 def measure(
@@ -263,8 +263,9 @@ def measure(
 
     Each block starts with ``warmup`` untimed calls, repeated until ``warmup_s`` seconds have
     passed, which also lets the previous peer's spinning worker threads go to sleep (torch's
-    OpenMP workers spin for milliseconds after a parallel region: without this a ~1 ms sample
-    of the next peer at 2 threads ran with one core taken), then times ``per_round`` calls
+    OpenMP workers spin for milliseconds after a parallel region, ONNX Runtime's pool for tens
+    of milliseconds: without this the next peer's ~1 ms samples at 2 threads ran with one core
+    taken), then times ``per_round`` calls
     (fewer once they took ``cap_s`` seconds, but at least 2: a peer slowed down many times by
     other processes must not stall the run). ``setup[name]`` (untimed) runs before each of
     that peer's calls. ``torch_inference`` runs everything under ``torch.inference_mode``.
