@@ -24,12 +24,13 @@ def test_bench_precision_quick_writes_every_row(tmp_path: Path) -> None:
     res = json.loads((tmp_path / "precision.json").read_text())
     rows = {(r["threads"], r["dtype"]): r for r in res["rows"]}
     threads = res["config"]["threads"]
-    assert set(rows) == {(t, d) for t in threads for d in ("float32", "bfloat16", "float16")}
+    # int8 / int4 rows join when the package can quantize a model
+    assert set(rows) >= {(t, d) for t in threads for d in ("float32", "bfloat16", "float16")}
     for (_, dtype), r in rows.items():
         assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["of_triad"] > 0
         # 16-bit weights: half the matrix bytes of float32 per decoded token (norms stay float32)
-        if dtype != "float32":
+        if dtype in ("bfloat16", "float16"):
             f32 = rows[(r["threads"], "float32")]["bytes_per_token"]
             assert 0.5 * f32 <= r["bytes_per_token"] < 0.51 * f32
     md = (tmp_path / "precision.md").read_text()
-    assert "| threads | weights | decode tok/s |" in md and "bf16 decode >= 1.8x" in md
+    assert "| threads | weights | decode tok/s |" in md and "bfloat16 decode >= 1.8x" in md
