@@ -8,12 +8,14 @@ Usage::
 Two rows per thread count, each dtype timed in the same run, interleaved (medians):
 
 * ``attention`` -- the kernel alone, one decode query per head over ``Tk`` cached keys,
-  TinyLlama's heads (32 query / 4 KV heads, head_dim 64), batch ``B``: ``lk.attention`` on
-  float32 K/V against the same kernel reading 16-bit K/V (``_core._attention_kv16``, the path a
-  16-bit cache takes). K/V bytes read per call: ``2 * B * 4 * Tk * 64 * itemsize``.
+  TinyLlama's heads (32 query / 4 KV heads, head_dim 64), batch 16: ``lk.attention`` on float32
+  K/V against the same kernel reading 16-bit K/V (``_core._attention_kv16``, the path a 16-bit
+  cache takes). K/V read per call at Tk = 4096: 128 MiB float32, 64 MiB 16-bit -- both well
+  past a 32 MiB L3, so this is the DRAM-bound case.
 * ``MultiHeadAttention step`` -- one decode token through ``MultiHeadAttention(512, 8)``
-  (projections of 4 MB, K/V of 32 MiB in float32 at Tk = 4096, B = 2) after a prefill of
-  ``Tk`` positions: what a cache's dtype changes in a decode step dominated by the cache.
+  (projections of 4 MB) with batch 4 after a prefill of ``Tk`` positions (K/V of 64 MiB float32,
+  32 MiB 16-bit at Tk = 4096: the 16-bit cache may partly stay in L3 between steps): what a
+  cache's dtype changes in a decode step dominated by the cache.
 
 Ratios are float32 time / 16-bit time (> 1: the 16-bit cache is faster). Outputs are compared
 first: the 16-bit kernel against float32 attention over the rounded K/V.
@@ -96,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for n in (int(x) for x in args.threads.split(",")):
         lk.set_num_threads(n)
+        kb, mb = (2, 1) if args.quick else (16, 4)
         for case, row in (
-            ("attention (B=4, 32/4 heads, hd 64)", kernel_row(4, tk, rounds, calls)),
-            ("MultiHeadAttention step (B=2, dim 512)", module_row(2, tk, rounds, calls)),
+            (f"attention (B={kb}, 32/4 heads, hd 64)", kernel_row(kb, tk, rounds, calls)),
+            (f"MultiHeadAttention step (B={mb}, dim 512)", module_row(mb, tk, rounds, calls)),
         ):
             t32, tb, th = row["float32"], row["bfloat16"], row["float16"]
             lines.append(
