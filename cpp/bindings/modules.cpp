@@ -4,9 +4,11 @@
 #include "modules/modules.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "bindings/bindings.hpp"
+#include "ops/attention.hpp"
 
 namespace llmk::bind {
 namespace {
@@ -190,21 +192,25 @@ auto locked(KVCache& c, F f) {
   return f();
 }
 
-// (B, Hkv, n, hd) keys or values of the cache in position order, n = min(length, slots): a view
-// (`owner` keeps the cache alive), or a copy once a rolling buffer has wrapped
-py::array_t<float> cache_view(py::object owner, const KVCache& c, const std::vector<float>& a) {
-  const std::size_t len = c.length.load(), C = c.slots, hd = c.head_dim;
+// (B, Hkv, n, hd) keys or values of the cache in position order, n = min(length, slots), in the
+// cache's dtype (float32, ml_dtypes.bfloat16, float16): a view (`owner` keeps the cache alive),
+// or a copy once a rolling buffer has wrapped
+py::array cache_view(py::object owner, const KVCache& c, const WeightBuffer& a) {
+  const std::size_t len = c.length.load(), C = c.slots, hd = c.head_dim, isz = c.itemsize();
+  const py::dtype dt = format_dtype(c.format());
   if (len <= C)
-    return py::array_t<float>({c.batch, c.n_kv_heads, len, hd},
-                              {c.n_kv_heads * C * hd * 4, C * hd * 4, hd * 4, std::size_t(4)},
-                              a.data(), owner);
-  py::array_t<float> out({c.batch, c.n_kv_heads, C, hd});
-  float* o = out.mutable_data();
+    return py::array(dt, std::vector<std::size_t>{c.batch, c.n_kv_heads, len, hd},
+                     std::vector<std::size_t>{c.n_kv_heads * C * hd * isz, C * hd * isz,
+                                              hd * isz, isz},
+                     a.at(0), owner);
+  py::array out(dt, std::vector<std::size_t>{c.batch, c.n_kv_heads, C, hd});
+  auto* o = static_cast<char*>(out.mutable_data());
+  const auto* src = static_cast<const char*>(a.at(0));
   // (called with the cache's mutex held: see "keys" below)
   for (std::size_t bg = 0; bg < c.batch * c.n_kv_heads; ++bg)
     for (std::size_t j = 0; j < C; ++j)  // position len - C + j
-      std::memcpy(o + (bg * C + j) * hd, a.data() + (bg * C + (len - C + j) % C) * hd,
-                  hd * sizeof(float));
+      std::memcpy(o + (bg * C + j) * hd * isz, src + (bg * C + (len - C + j) % C) * hd * isz,
+                  hd * isz);
   return out;
 }
 
@@ -240,6 +246,57 @@ f32_array linear_hook(f32_array x, py::array w, const std::string& dtype,
   return out;
 }
 
+// out (B, Hq, Tq, Dv) = attention of q (B, Hq, Tq, D) float32 over k (B, Hkv, Tk, D) and
+// v (B, Hkv, Tk, Dv) given as the uint16 words of bfloat16 / float16 (`dtype`), read as a KV
+// cache's are (widened in the kernel); optional key mask (B, Tk) (1 = may attend), causal,
+// window, scale (0: 1/sqrt(D)). For tests.
+f32_array attention_kv16_hook(f32_array q, py::array k, py::array v, const std::string& dtype,
+                              bool causal, std::int64_t window, double scale,
+                              std::optional<u8_array> key_mask) {
+  const char* fn = "_attention_kv16";
+  const WeightFormat f = parse_format(dtype);
+  expect(f != WeightFormat::f32, fn, "dtype must be 'bfloat16' or 'float16'");
+  expect(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, fn, "q, k, v must be 4-D");
+  expect((k.flags() & py::array::c_style) && (v.flags() & py::array::c_style), fn,
+         "k and v must be C-contiguous");
+  expect(k.itemsize() == 2 && v.itemsize() == 2, fn, "k and v must hold 16-bit words");
+  const std::size_t B = q.shape(0), Hq = q.shape(1), Tq = q.shape(2), D = q.shape(3);
+  const std::size_t Hkv = k.shape(1), Tk = k.shape(2), Dv = v.shape(3);
+  expect(k.shape(0) == q.shape(0) && v.shape(0) == q.shape(0) &&
+             static_cast<std::size_t>(k.shape(3)) == D && v.shape(1) == k.shape(1) &&
+             v.shape(2) == k.shape(2),
+         fn, "q, k, v shapes do not match");
+  expect(Hkv > 0 && Hq % Hkv == 0 && D > 0 && Dv > 0, fn, "need Hq % Hkv == 0, D, Dv > 0");
+  expect(window >= 0 && std::isfinite(scale) && scale >= 0.0, fn, "bad window or scale");
+  if (key_mask)
+    expect(key_mask->ndim() == 2 && static_cast<std::size_t>(key_mask->shape(0)) == B &&
+               static_cast<std::size_t>(key_mask->shape(1)) == Tk,
+           fn, "key_mask must have shape (B, Tk)");
+  f32_array out(std::vector<py::ssize_t>{q.shape(0), q.shape(1), q.shape(2), v.shape(3)});
+  attn_params<float> p{};
+  p.q = q.data();
+  p.kv_format = f;
+  p.k16 = static_cast<const std::uint16_t*>(k.data());
+  p.v16 = static_cast<const std::uint16_t*>(v.data());
+  p.out = out.mutable_data();
+  p.b = B, p.hq = Hq, p.hkv = Hkv, p.tq = Tq, p.tk = Tk, p.d = D, p.dv = Dv;
+  p.qs[2] = D, p.qs[1] = Tq * D, p.qs[0] = Hq * Tq * D;
+  p.ks[2] = D, p.ks[1] = Tk * D, p.ks[0] = Hkv * Tk * D;
+  p.vs[2] = Dv, p.vs[1] = Tk * Dv, p.vs[0] = Hkv * Tk * Dv;
+  p.os[2] = Dv, p.os[1] = Tq * Dv, p.os[0] = Hq * Tq * Dv;
+  p.scale = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  p.causal = causal;
+  p.window = window;
+  if (key_mask) {
+    p.mask_kind = AttnMask::boolean;
+    p.mask = key_mask->data();
+    p.mask_strides[0] = static_cast<std::int64_t>(Tk), p.mask_strides[3] = 1;
+  }
+  py::gil_scoped_release nogil;
+  if (B * Hq * Tq > 0) llmk::attention<float>(p);
+  return out;
+}
+
 }  // namespace
 
 void bind_modules(py::module_& m) {
@@ -247,6 +304,10 @@ void bind_modules(py::module_& m) {
   m.def("_linear", &linear_hook, "x"_a, "w"_a, "dtype"_a, "bias"_a = py::none(), "y"_a = py::none(),
         "y = x . w^T [+ bias] [+ y] through the modules' projection path, w (n, k) float32 or "
         "the uint16 words of bfloat16 / float16 weights (dtype); for tests.");
+  m.def("_attention_kv16", &attention_kv16_hook, "q"_a, "k"_a, "v"_a, "dtype"_a,
+        "causal"_a = false, "window"_a = 0, "scale"_a = 0.0, "key_mask"_a = py::none(),
+        "Attention of float32 q over K/V given as the uint16 words of bfloat16 / float16 "
+        "(dtype), read the way a KV cache of that dtype is (widened in the kernel); for tests.");
 
   py::class_<Norm, std::shared_ptr<Norm>>(m, "NormImpl")
       .def("forward", &run_norm, "x"_a)
@@ -293,8 +354,16 @@ void bind_modules(py::module_& m) {
       .def_readwrite("fused_names", &FeedForwardModule::fused_names);
 
   py::class_<KVCache, std::shared_ptr<KVCache>>(m, "KVCacheImpl")
-      .def(py::init<std::size_t, std::size_t, std::size_t, std::size_t, std::size_t>(), "batch"_a,
-           "max_len"_a, "n_kv_heads"_a, "head_dim"_a, "window"_a = 0)
+      .def(py::init([](std::size_t batch, std::size_t max_len, std::size_t n_kv_heads,
+                       std::size_t head_dim, std::size_t window, const std::string& dtype) {
+             return std::make_shared<KVCache>(batch, max_len, n_kv_heads, head_dim, window,
+                                              parse_format(dtype));
+           }),
+           "batch"_a, "max_len"_a, "n_kv_heads"_a, "head_dim"_a, "window"_a = 0,
+           "dtype"_a = "float32")
+      .def_property_readonly("dtype", [](const KVCache& c) { return format_name(c.format()); })
+      .def_property_readonly("nbytes",  // the K and V storage
+                             [](const KVCache& c) { return 2 * c.k.size() * c.itemsize(); })
       .def_readonly("batch", &KVCache::batch)
       .def_readonly("max_len", &KVCache::max_len)
       .def_readonly("n_kv_heads", &KVCache::n_kv_heads)

@@ -14,6 +14,14 @@
 //   P = exp(S^T - m_new); l = l * alpha + sum_j P
 //   O = O * alpha + P^T . V_tile                           micro-GEMM, vectors over Dv
 // Memory per thread: Q^T (D x 64), S^T (64 x 64), O (64 x Dv) -- never Tq x Tk.
+//
+// K/V stored in 16 bits (a bf16 / f16 KV cache, attn_params::kv_format) are widened to float32
+// as the tiles are loaded, through the load policies of the projections (PlainWeights,
+// Widen16 of kernels/gemv.hpp and weight16.hpp): in registers on decode-like tiles (the K dot
+// products, and V's rows as P . V's B operand), and into the tile buffers (a K tile, the V
+// copy) on larger tiles, which re-read each K/V element once per row block. Either way the
+// float arithmetic is the float32 kernel's, so the result is the float32 kernel's on the
+// widened K/V bit for bit; a 16-bit cache moves half the bytes.
 #pragma once
 
 #include <algorithm>
@@ -23,16 +31,18 @@
 
 #include "kernels/ops.hpp"
 #include "kernels/simd_common.hpp"
+#include "kernels/weight16.hpp"
 
 namespace llmk {
 namespace {
 
 // C[r, c*N + lane] (+)= sum_k A[r * a_rs + k * a_ks] * B[k * ldb + c*N + lane]
-// for r < R, c < C: R x C accumulators stay in registers for the whole k loop.
-template <class Arch, class T, int R, int C>
-inline void micro_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
-                       std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t k_len,
-                       bool accumulate) {
+// for r < R, c < C: R x C accumulators stay in registers for the whole k loop. B is read
+// through the load policy BL (stored as T, or 16-bit words widened in registers).
+template <class Arch, class T, int R, int C, class BL = PlainWeights<T>>
+inline void micro_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks,
+                       const typename BL::Stored* b, std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc,
+                       std::size_t k_len, bool accumulate) {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
   V acc[R][C];
@@ -41,7 +51,7 @@ inline void micro_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, con
       acc[r][j] = accumulate ? V::load_unaligned(c + r * ldc + j * N) : V(T(0));
   for (std::size_t k = 0; k < k_len; ++k) {
     V bv[C];
-    for (int j = 0; j < C; ++j) bv[j] = V::load_unaligned(b + k * ldb + j * N);
+    for (int j = 0; j < C; ++j) bv[j] = BL::load(Arch{}, b + k * ldb + j * N);
     for (int r = 0; r < R; ++r) {
       V av(a[r * a_rs + static_cast<std::ptrdiff_t>(k) * a_ks]);
       for (int j = 0; j < C; ++j) acc[r][j] = xsimd::fma(av, bv[j], acc[r][j]);
@@ -73,17 +83,18 @@ struct full_extent {
 // The rows [r, m) of one column block (C vectors at column vector j): blocks of R rows, then
 // 4, 2 and 1-row tails; k_of(r, rows, k_len) trims the k range of a row block (causal P . V:
 // probabilities past a row's causal limit are exactly 0 and are skipped).
-template <class Arch, class T, int R, int C, class KOf>
-inline void gemm_col_block(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
-                           std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t m,
-                           std::size_t k_len, bool accumulate, KOf k_of) {
+template <class Arch, class T, int R, int C, class BL, class KOf>
+inline void gemm_col_block(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks,
+                           const typename BL::Stored* b, std::ptrdiff_t ldb, T* c,
+                           std::ptrdiff_t ldc, std::size_t m, std::size_t k_len, bool accumulate,
+                           KOf k_of) {
   std::size_t r = 0;
   auto run = [&](auto rows_tag) {
     constexpr int RR = decltype(rows_tag)::value;
     const std::size_t kl = k_of(r, static_cast<std::size_t>(RR), k_len);
     if (kl > 0 || !accumulate)
-      micro_gemm<Arch, T, RR, C>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, kl,
-                                 accumulate);
+      micro_gemm<Arch, T, RR, C, BL>(a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, kl,
+                                     accumulate);
     r += RR;
   };
   while (r + R <= m) run(std::integral_constant<int, R>{});
@@ -98,12 +109,14 @@ inline void gemm_col_block(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks,
 // it, where rows outside had re-read all of B (32 KiB, the whole L1) per 3 rows. Each element
 // still sums over k in order, whatever the blocking. m_of(j, cols, m) trims the rows computed
 // for the column vectors [j, j + cols) (causal Q . K^T: keys past every row's limit; their
-// entries are left as they are and masked by the caller), k_of as in gemm_col_block.
-template <class Arch, class T, class MOf = full_extent, class KOf = full_extent>
-inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, const T* b,
-                       std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc, std::size_t m,
-                       std::size_t n_vec, std::size_t k_len, bool accumulate, MOf m_of = {},
-                       KOf k_of = {}) {
+// entries are left as they are and masked by the caller), k_of as in gemm_col_block. B is read
+// through the load policy BL (see micro_gemm).
+template <class Arch, class T, class BL = PlainWeights<T>, class MOf = full_extent,
+          class KOf = full_extent>
+inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks,
+                       const typename BL::Stored* b, std::ptrdiff_t ldb, T* c, std::ptrdiff_t ldc,
+                       std::size_t m, std::size_t n_vec, std::size_t k_len, bool accumulate,
+                       MOf m_of = {}, KOf k_of = {}) {
   constexpr std::size_t N = vec<Arch, T>::size;
   constexpr int R = gemm_rows<Arch>(), C = gemm_cols<Arch>();
   if (m < static_cast<std::size_t>(R)) {  // a decode tile (a GQA group's few rows): one row
@@ -118,35 +131,36 @@ inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, con
       std::size_t j = 0;
       for (; j + 4 <= n_vec; j += 4) {
         if (rows == RS)
-          micro_gemm<Arch, T, RS, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                     ldc, kl, accumulate);
+          micro_gemm<Arch, T, RS, 4, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
+                                         c + r * ldc + j * N, ldc, kl, accumulate);
         else
-          micro_gemm<Arch, T, 1, 4>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                    ldc, kl, accumulate);
+          micro_gemm<Arch, T, 1, 4, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
+                                        c + r * ldc + j * N, ldc, kl, accumulate);
       }
       for (; j < n_vec; ++j) {
         if (rows == RS)
-          micro_gemm<Arch, T, RS, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                     ldc, kl, accumulate);
+          micro_gemm<Arch, T, RS, 1, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
+                                         c + r * ldc + j * N, ldc, kl, accumulate);
         else
-          micro_gemm<Arch, T, 1, 1>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
-                                    ldc, kl, accumulate);
+          micro_gemm<Arch, T, 1, 1, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
+                                        c + r * ldc + j * N, ldc, kl, accumulate);
       }
     }
     return;
   }
   std::size_t j = 0;
   for (; j + C <= n_vec; j += C)
-    gemm_col_block<Arch, T, R, C>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc,
-                                  m_of(j, static_cast<std::size_t>(C), m), k_len, accumulate, k_of);
+    gemm_col_block<Arch, T, R, C, BL>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc,
+                                      m_of(j, static_cast<std::size_t>(C), m), k_len, accumulate,
+                                      k_of);
   if constexpr (C > 2) {
     for (; j + 2 <= n_vec; j += 2)
-      gemm_col_block<Arch, T, R, 2>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, m_of(j, 2, m),
-                                    k_len, accumulate, k_of);
+      gemm_col_block<Arch, T, R, 2, BL>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc,
+                                        m_of(j, 2, m), k_len, accumulate, k_of);
   }
   for (; j < n_vec; ++j)  // R x 1 accumulator chains: only an odd vector count's last
-    gemm_col_block<Arch, T, R, 1>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc, m_of(j, 1, m),
-                                  k_len, accumulate, k_of);
+    gemm_col_block<Arch, T, R, 1, BL>(a, a_rs, a_ks, b + j * N, ldb, c + j * N, ldc,
+                                      m_of(j, 1, m), k_len, accumulate, k_of);
 }
 
 // exp(x) for x <= 0 or NaN (a score minus its row's running max), as exp_flush computes it
@@ -190,27 +204,31 @@ inline void prefetch_row(const void* base, std::size_t offset, std::size_t bytes
 // D a multiple of N): blocks of RB rows x KB keys (RB * KB = N dot products) accumulate along D
 // in registers, each K vector loaded once for all RB rows, then N horizontal sums in one
 // reduce_lanes. Rows past nrows (up to a multiple of RB) hold zeros in q; the caller sets their
-// scores to -inf like every padded column. S^T has row stride attn_tile_stride<T>().
-template <class Arch, class T, std::size_t RB>
-inline void rowwise_scores(const T* q, std::size_t nrows, std::size_t D, const T* kt,
-                           std::size_t kr, const T* vt, std::size_t vr, std::size_t dv,
+// scores to -inf like every padded column. S^T has row stride attn_tile_stride<T>(). K (and V,
+// only prefetched here) are stored as KL::Stored and loaded through the policy KL (widened in
+// registers when 16-bit).
+template <class Arch, class T, std::size_t RB, class KL = PlainWeights<T>>
+inline void rowwise_scores(const T* q, std::size_t nrows, std::size_t D,
+                           const typename KL::Stored* kt, std::size_t kr,
+                           const typename KL::Stored* vt, std::size_t vr, std::size_t dv,
                            std::size_t nk, T* st) {
   using V = vec<Arch, T>;
+  using S = typename KL::Stored;
   constexpr std::size_t N = V::size, KB = N / RB, LS = attn_tile_stride<T>(), BK = kAttnKeyTile;
   std::size_t j = 0;
   for (; j + KB <= nk; j += KB) {
     // Decode streams K and V from memory with little work per byte: ask for the V rows of the
     // next tile and the K rows two tiles ahead now, so the loads overlap the math.
     for (std::size_t kk = 0; kk < KB; ++kk) {
-      prefetch_row(kt, (j + kk + 2 * BK) * kr * sizeof(T), D * sizeof(T));
-      prefetch_row(vt, (j + kk + BK) * vr * sizeof(T), dv * sizeof(T));
+      prefetch_row(kt, (j + kk + 2 * BK) * kr * sizeof(S), D * sizeof(S));
+      prefetch_row(vt, (j + kk + BK) * vr * sizeof(S), dv * sizeof(S));
     }
     for (std::size_t r0 = 0; r0 < nrows; r0 += RB) {
       V acc[N];
       for (std::size_t a = 0; a < N; ++a) acc[a] = V(T(0));
       for (std::size_t d = 0; d < D; d += N) {
         V kv[KB];
-        for (std::size_t kk = 0; kk < KB; ++kk) kv[kk] = V::load_unaligned(kt + (j + kk) * kr + d);
+        for (std::size_t kk = 0; kk < KB; ++kk) kv[kk] = KL::load(Arch{}, kt + (j + kk) * kr + d);
         for (std::size_t rr = 0; rr < RB; ++rr) {
           const V qv = V::load_unaligned(q + (r0 + rr) * D + d);
           for (std::size_t kk = 0; kk < KB; ++kk)
@@ -227,7 +245,7 @@ inline void rowwise_scores(const T* q, std::size_t nrows, std::size_t D, const T
     for (std::size_t r = 0; r < nrows; ++r) {
       V acc(T(0));
       for (std::size_t d = 0; d < D; d += N)
-        acc = xsimd::fma(V::load_unaligned(kt + j * kr + d), V::load_unaligned(q + r * D + d), acc);
+        acc = xsimd::fma(KL::load(Arch{}, kt + j * kr + d), V::load_unaligned(q + r * D + d), acc);
       st[j * LS + r] = xsimd::hadd(acc);
     }
   }
@@ -240,19 +258,31 @@ struct attn_tile_state {
   T* st;    // (BK, BQ)     scores / probabilities of the current key tile, transposed, stride LS
   T* o;     // (BQ, dv_pad) running output, row stride ldo = dv_pad + 64 bytes
   T* vpad;  // (BK, dv_pad) V tile copy (see v_tile), row stride ldo
+  T* kw;    // (BK, D)      K tile widened from 16 bits (see k_tile), when K/V are 16-bit
   T* lim;   // (BQ,)        causal limit per row relative to the key tile's start, in [-1, BK]
   T* lo;    // (BQ,)        window start per row relative to the key tile's start, in [0, BK+1]
   T* m;     // (BQ,)        running max
   T* l;     // (BQ,)        running sum
 };
 
-}  // namespace
+// n values of a K or V row, stored as KL::Stored, widened to T (the policy's vector loads,
+// then its scalar conversion for the tail)
+template <class Arch, class T, class KL>
+inline void widen_row(T* dst, const typename KL::Stored* src, std::size_t n) {
+  constexpr std::size_t N = vec<Arch, T>::size;
+  std::size_t d = 0;
+  for (; d + N <= n; d += N) KL::load(Arch{}, src + d).store_unaligned(dst + d);
+  for (; d < n; ++d) dst[d] = KL::scalar(src[d]);
+}
 
-template <class Arch, class T>
-void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn_item& it,
-                                       T* workspace, T* part_m, T* part_l, T* part_o,
-                                       std::uint8_t* flags) const {
+// The tile kernel's body; KV is the load policy of K and V (PlainWeights<T>: stored as T, at
+// kb / vb; Widen16<F>: 16-bit words of format F, T = float), kb / vb their base pointers.
+template <class Arch, class T, class KV>
+void attention_tile(const attn_params<T>& p, const attn_item& it, T* workspace, T* part_m,
+                    T* part_l, T* part_o, std::uint8_t* flags, const typename KV::Stored* kb,
+                    const typename KV::Stored* vb) {
   using V = vec<Arch, T>;
+  using KS = typename KV::Stored;
   constexpr std::size_t N = V::size;
   constexpr std::size_t BQ = kAttnRowTile, BK = kAttnKeyTile, LS = attn_tile_stride<T>();
   const std::size_t D = p.d, Dv = p.dv, dv_pad = attn_dv_pad_t<T>(Dv);
@@ -273,6 +303,7 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   s.lo = s.lim + BQ;
   s.m = s.lo + BQ;
   s.l = s.m + BQ;
+  s.kw = s.l + BQ;  // (attn_workspace_size counts it only for 16-bit K/V)
 
   const std::size_t nrows = it.nrows;
   // columns of S^T actually computed: the valid rows rounded up to whole vectors (a decode tile
@@ -383,8 +414,8 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     return e <= 0 ? std::size_t{0} : std::min(n, static_cast<std::size_t>(e));
   };
 
-  const T* kbase = p.k + it.b * p.ks[0] + it.g * p.ks[1];  // (Tk, D), row stride ks[2]
-  const T* vbase = p.v + it.b * p.vs[0] + it.g * p.vs[1];  // (Tk, Dv), row stride vs[2]
+  const KS* kbase = kb + it.b * p.ks[0] + it.g * p.ks[1];  // (Tk, D), row stride ks[2]
+  const KS* vbase = vb + it.b * p.vs[0] + it.g * p.vs[1];  // (Tk, Dv), row stride vs[2]
   const std::size_t kr = p.ks[2], vr = p.vs[2];
   // keys this item covers; causal: no row sees beyond max_lim; window: none before min_lo (so
   // a windowed call costs O(T * window), not O(T^2))
@@ -396,16 +427,16 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
 
   // Scores of key tile [k0, k0 + nk) into S^T with causal and mask applied.
   auto scores_rowwise = [&](std::size_t k0, std::size_t nk) {
-    const T* kt = kbase + k0 * kr;  // (nk, D), row stride kr
-    const T* vt = vbase + k0 * vr;  // (nk, Dv), row stride vr
+    const KS* kt = kbase + k0 * kr;  // (nk, D), row stride kr
+    const KS* vt = vbase + k0 * vr;  // (nk, Dv), row stride vr
     // as many rows per register block as the tile has (1, 2 or 4), so no FMA runs on padding
     const std::size_t rb = std::min<std::size_t>(nrows <= 2 ? nrows : 4, N);
     if (rb == 1) {
-      rowwise_scores<Arch, T, 1>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
+      rowwise_scores<Arch, T, 1, KV>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
     } else if (rb == 2) {
-      rowwise_scores<Arch, T, 2>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
+      rowwise_scores<Arch, T, 2, KV>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
     } else {
-      rowwise_scores<Arch, T, (N < 4 ? N : 4)>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
+      rowwise_scores<Arch, T, (N < 4 ? N : 4), KV>(s.qt, nrows, D, kt, kr, vt, vr, Dv, nk, s.st);
     }
   };
   // every row of the tile sees every key of [k0, k0 + nk)
@@ -413,22 +444,37 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
     return min_lim >= static_cast<std::int64_t>(k0 + nk) - 1 &&
            max_lo <= static_cast<std::int64_t>(k0);
   };
+  // K tile of keys [k0, k0 + nk) as the micro-GEMM's A operand, whose elements it broadcasts
+  // one at a time (and re-reads per column block): 16-bit keys are widened once per tile into
+  // s.kw (row stride D), float keys are read where they are
+  auto k_tile = [&](std::size_t k0, std::size_t nk, std::size_t* ldk) -> const T* {
+    if constexpr (KV::widens) {
+      for (std::size_t j = 0; j < nk; ++j)
+        widen_row<Arch, T, KV>(s.kw + j * D, kbase + (k0 + j) * kr, D);
+      *ldk = D;
+      return s.kw;
+    } else {
+      *ldk = kr;
+      return kbase + k0 * kr;
+    }
+  };
   auto scores = [&](std::size_t k0, std::size_t nk) {
     if (rowwise) {
       scores_rowwise(k0, nk);
     } else {
-      const T* kt = kbase + k0 * kr;
+      std::size_t ldk;
+      const T* kt = k_tile(k0, nk, &ldk);
       if (p.causal && !full_tile(k0, nk)) {
         // rows of S^T are keys: a column block of rows [j * N, (j + cols) * N) needs the keys
         // up to its last row's limit
         auto keys = [&](std::size_t j, std::size_t cols, std::size_t n) {
           return last_key(j * N, cols * N, k0, n);
         };
-        small_gemm<Arch, T>(kt, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
+        small_gemm<Arch, T>(kt, static_cast<std::ptrdiff_t>(ldk), 1, s.qt,
                             static_cast<std::ptrdiff_t>(LS), s.st, static_cast<std::ptrdiff_t>(LS),
                             nk, ncols / N, D, false, keys);
       } else {
-        small_gemm<Arch, T>(kt, static_cast<std::ptrdiff_t>(kr), 1, s.qt,
+        small_gemm<Arch, T>(kt, static_cast<std::ptrdiff_t>(ldk), 1, s.qt,
                             static_cast<std::ptrdiff_t>(LS), s.st, static_cast<std::ptrdiff_t>(LS),
                             nk, ncols / N, D, false);
       }
@@ -487,18 +533,37 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
   // V tile with a row stride that is a whole number of vectors. Also copied when its rows lie
   // a multiple of 512 bytes apart (Dv = 128 float32, contiguous) and several row blocks of P . V
   // re-read each column slice: those 64 lines would share 8 of L1's sets with O's and thrash.
-  const bool v_conflicts = (vr * sizeof(T)) % 512 == 0 && nrows > 2 * gemm_rows<Arch>();
-  auto v_tile = [&](std::size_t k0, std::size_t nk, std::ptrdiff_t* ldv) -> const T* {
-    if (Dv % N == 0 && !v_conflicts) {
-      *ldv = static_cast<std::ptrdiff_t>(vr);
-      return vbase + k0 * vr;
-    }
+  // 16-bit V is read in place (widened in registers) only by decode-like tiles, which load each
+  // element once or twice; larger tiles re-read it once per block of rows and widen a copy.
+  const bool v_conflicts = (vr * sizeof(KS)) % 512 == 0 && nrows > 2 * gemm_rows<Arch>();
+  const bool v_in_place = Dv % N == 0 && !v_conflicts && (!KV::widens || nrows <= 8);
+  auto v_copy = [&](std::size_t k0, std::size_t nk) -> const T* {
     for (std::size_t j = 0; j < nk; ++j) {
-      std::memcpy(s.vpad + j * ldo, vbase + (k0 + j) * vr, Dv * sizeof(T));
+      if constexpr (KV::widens)
+        widen_row<Arch, T, KV>(s.vpad + j * ldo, vbase + (k0 + j) * vr, Dv);
+      else
+        std::memcpy(s.vpad + j * ldo, vbase + (k0 + j) * vr, Dv * sizeof(T));
       std::memset(s.vpad + j * ldo + Dv, 0, (dv_pad - Dv) * sizeof(T));
     }
-    *ldv = static_cast<std::ptrdiff_t>(ldo);
     return s.vpad;
+  };
+  // O (rows x Dv) += P (rows x nk) . V (nk x Dv), with P[r][j] = S^T[j][r]; V's rows at vt
+  // (row stride ldv) read through the load policy of BL's type
+  auto p_dot_v = [&](auto bl, const auto* vt, std::ptrdiff_t ldv, std::size_t k0, std::size_t nk) {
+    using BL = decltype(bl);
+    // only the vectors that hold V's columns: when Dv is a multiple of this ISA's width, vt is
+    // V itself, and dv_pad (a multiple of the widest ISA's) may run past the end of its rows
+    if (p.causal && !full_tile(k0, nk)) {
+      auto keys = [&](std::size_t r0, std::size_t rows, std::size_t n) {
+        return last_key(r0, rows, k0, n);
+      };
+      small_gemm<Arch, T, BL>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
+                              static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true,
+                              full_extent{}, keys);
+    } else {
+      small_gemm<Arch, T, BL>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
+                              static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true);
+    }
   };
 
   // --- stream over key tiles: online softmax ------------------------------------------------
@@ -533,22 +598,10 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
           (V::load_unaligned(orow + d) * av).store_unaligned(orow + d);
       }
     }
-    // O (rows x Dv) += P (rows x nk) . V (nk x Dv), with P[r][j] = S^T[j][r]
-    std::ptrdiff_t ldv;
-    const T* vt = v_tile(k0, nk, &ldv);
-    // only the vectors that hold V's columns: when Dv is a multiple of this ISA's width, vt is
-    // V itself, and dv_pad (a multiple of the widest ISA's) may run past the end of its rows
-    if (p.causal && !full_tile(k0, nk)) {
-      auto keys = [&](std::size_t r0, std::size_t rows, std::size_t n) {
-        return last_key(r0, rows, k0, n);
-      };
-      small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
-                          static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true,
-                          full_extent{}, keys);
-    } else {
-      small_gemm<Arch, T>(s.st, 1, static_cast<std::ptrdiff_t>(LS), vt, ldv, s.o,
-                          static_cast<std::ptrdiff_t>(ldo), nrows, (Dv + N - 1) / N, nk, true);
-    }
+    if (v_in_place)
+      p_dot_v(KV{}, vbase + k0 * vr, static_cast<std::ptrdiff_t>(vr), k0, nk);
+    else
+      p_dot_v(PlainWeights<T>{}, v_copy(k0, nk), static_cast<std::ptrdiff_t>(ldo), k0, nk);
   }
 
   // --- rows whose scores left T's range (see flags in ops.hpp) ------------------------------
@@ -626,6 +679,24 @@ void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn
       }
     }
   }
+}
+
+}  // namespace
+
+template <class Arch, class T>
+void attention_tile_kernel::operator()(Arch, const attn_params<T>& p, const attn_item& it,
+                                       T* workspace, T* part_m, T* part_l, T* part_o,
+                                       std::uint8_t* flags) const {
+  if constexpr (std::is_same<T, float>::value) {  // 16-bit K/V: float32 arithmetic only
+    if (p.kv_format == WeightFormat::bf16)
+      return attention_tile<Arch, T, Widen16<WeightFormat::bf16>>(p, it, workspace, part_m, part_l,
+                                                                  part_o, flags, p.k16, p.v16);
+    if (p.kv_format == WeightFormat::f16)
+      return attention_tile<Arch, T, Widen16<WeightFormat::f16>>(p, it, workspace, part_m, part_l,
+                                                                 part_o, flags, p.k16, p.v16);
+  }
+  attention_tile<Arch, T, PlainWeights<T>>(p, it, workspace, part_m, part_l, part_o, flags, p.k,
+                                           p.v);
 }
 
 }  // namespace llmk

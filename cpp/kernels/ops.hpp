@@ -60,6 +60,14 @@ struct attn_params {
   double softcap;   // 0 = none; else scores become softcap * tanh(s / softcap) before the mask
   const T* sinks;   // (Hq,) or null: an extra logit per query head in the softmax denominator
   T* lse;           // (B, Hq, Tq) C-contiguous, or null: log-sum-exp of each row's scores
+  // How K and V are stored (a KV cache's dtype). f32 (the default of a value-initialised
+  // attn_params): k and v above, of type T. bf16 / f16 (T = float only): the 16-bit words at
+  // k16 / v16 (k and v unused), same strides in elements; the kernel widens them to float32 as
+  // it loads its K/V tiles (kernels/weight16.hpp's conversions), never a widened copy of the
+  // whole K/V, so a product equals the float32 kernel's on the widened values bit for bit.
+  WeightFormat kv_format;
+  const std::uint16_t* k16;
+  const std::uint16_t* v16;
 };
 
 // One work item: rows [row0, row0 + nrows) of KV head g's group (rows are (h, i) pairs,
@@ -78,12 +86,13 @@ constexpr std::size_t attn_tile_stride() {
 }
 
 // Elements of scratch one item needs (per thread): Q^T and the scores (rows of
-// attn_tile_stride), O and the V copy (rows of Dv padded, plus 64 bytes), 4 row values.
+// attn_tile_stride), O and the V copy (rows of Dv padded, plus 64 bytes), 4 row values; with
+// 16-bit K/V (kv16) also a widened K tile (kAttnKeyTile rows of D).
 template <class T>
-constexpr std::size_t attn_workspace_size(std::size_t d, std::size_t dv) {
+constexpr std::size_t attn_workspace_size(std::size_t d, std::size_t dv, bool kv16 = false) {
   return (d + kAttnKeyTile) * attn_tile_stride<T>() +
          (kAttnRowTile + kAttnKeyTile) * (attn_dv_pad_t<T>(dv) + 64 / sizeof(T)) +
-         4 * kAttnRowTile;
+         4 * kAttnRowTile + (kv16 ? kAttnKeyTile * d : 0);
 }
 
 // Folds a sink logit into a row's final softmax state (running max m, sum l, unnormalised

@@ -205,16 +205,77 @@ std::vector<Param> FeedForwardModule::params() {
 // ---------------------------------------------------------------------------------------------
 // attention
 
-KVCache::KVCache(std::size_t b, std::size_t l, std::size_t hkv, std::size_t hd, std::size_t w)
+KVCache::KVCache(std::size_t b, std::size_t l, std::size_t hkv, std::size_t hd, std::size_t w,
+                 WeightFormat format)
     : batch(b),
       max_len(l),
       n_kv_heads(hkv),
       head_dim(hd),
       window(w),
       slots(w > 0 && w < l ? w : l),
-      k(b * hkv * slots * hd, 0.f),
-      v(b * hkv * slots * hd, 0.f),
-      valid(b * slots, 0) {}
+      k(b * hkv * slots * hd, format),
+      v(b * hkv * slots * hd, format),
+      valid(b * slots, 0) {
+  if (format != WeightFormat::f32 && format != WeightFormat::bf16 && format != WeightFormat::f16)
+    throw std::invalid_argument("[KVCache] dtype must be float32, bfloat16 or float16");
+  // (slots past `length` are never read; zeros keep a fresh cache's bytes defined)
+  if (k.size()) {
+    std::memset(k.at(0), 0, k.size() * itemsize());
+    std::memset(v.at(0), 0, v.size() * itemsize());
+  }
+}
+
+namespace {
+
+// float32 -> bfloat16, rounded to nearest even (as ml_dtypes and torch round); NaN stays a
+// quiet NaN of the same sign
+inline std::uint16_t f32_to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+// float32 -> IEEE float16, rounded to nearest even (as NumPy's astype and F16C's vcvtps2ph):
+// past the largest half (65504, ties included) an infinity, below 2^-14 a subnormal; integer
+// arithmetic only, so the MXCSR (FTZ/DAZ) cannot change it. NaN stays a quiet NaN.
+inline std::uint16_t f32_to_f16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
+  if (u >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
+  if (u >= 0x38800000u) {  // a normal half: exponent rebased (127 -> 15), 13 bits rounded off
+    std::uint32_t r = u - (112u << 23);
+    r += 0xfffu + ((r >> 13) & 1u);
+    return static_cast<std::uint16_t>(sign | (r >> 13));
+  }
+  if (u <= 0x33000000u) return sign;  // <= 2^-25 (half the smallest subnormal, a tie): zero
+  // subnormal half: round(|f| / 2^-24), ties to even (2^-14 itself may come out of the rounding)
+  const std::uint32_t e = u >> 23, mant = (u & 0x7fffffu) | 0x800000u, shift = 126u - e;
+  std::uint32_t m = mant >> shift;
+  const std::uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (m & 1u))) ++m;
+  return static_cast<std::uint16_t>(sign | m);
+}
+
+// n float32 values into K/V storage of format f (a cache's, or a window copy) at element
+// `first` of `dst`, rounded to the format
+void store_kv(void* dst, WeightFormat f, std::size_t first, const float* src, std::size_t n) {
+  if (f == WeightFormat::bf16) {
+    auto* d = static_cast<std::uint16_t*>(dst) + first;
+    for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+  } else if (f == WeightFormat::f16) {
+    auto* d = static_cast<std::uint16_t*>(dst) + first;
+    for (std::size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+  } else {
+    std::memcpy(static_cast<float*>(dst) + first, src, n * sizeof(float));
+  }
+}
+
+}  // namespace
 
 MultiHeadAttentionModule::MultiHeadAttentionModule(
     std::size_t dim_, std::size_t n_heads_, std::size_t n_kv_heads_, std::size_t head_dim_,
@@ -344,16 +405,29 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
           const std::size_t slot = (len + t) % C;
           const float* kr = qkv + r * width + hq * hd;
           const float* vr = kr + hkv * hd;
-          for (std::size_t g = 0; g < hkv; ++g) {
+          for (std::size_t g = 0; g < hkv; ++g) {  // rounded to the cache's dtype
             std::size_t off = ((b * hkv + g) * C + slot) * hd;
-            std::memcpy(cache->k.data() + off, kr + g * hd, hd * sizeof(float));
-            std::memcpy(cache->v.data() + off, vr + g * hd, hd * sizeof(float));
+            store_kv(cache->k.at(0), p.kv_format, off, kr + g * hd, hd);
+            store_kv(cache->v.at(0), p.kv_format, off, vr + g * hd, hd);
           }
           cache->valid[b * C + slot] = key_mask ? (key_mask[r] ? 1 : 0) : 1;
         }
       });
     };
     p.mask_kind = AttnMask::boolean;
+    // K/V pointers of the attention: the cache's storage (float32, or 16-bit words the kernel
+    // widens in registers), or a window copy in the same format
+    p.kv_format = cache->format();
+    const bool kv16 = p.kv_format != WeightFormat::f32;
+    auto set_kv = [&](void* k, void* v) {
+      if (kv16) {
+        p.k16 = static_cast<const std::uint16_t*>(k);
+        p.v16 = static_cast<const std::uint16_t*>(v);
+      } else {
+        p.k = static_cast<const float*>(k);
+        p.v = static_cast<const float*>(v);
+      }
+    };
     if (len + seq <= C || seq == 1) {
       // In place. Either nothing wraps (slot = position), or one token is decoded past a
       // rolling buffer's end: its C slots then hold exactly the last C = window positions, all
@@ -362,8 +436,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       append(0);
       const std::size_t tk = std::min(len + seq, C);
       p.tk = tk;
-      p.k = cache->k.data();
-      p.v = cache->v.data();
+      set_kv(cache->k.at(0), cache->v.at(0));
       p.ks[0] = p.vs[0] = hkv * C * hd, p.ks[1] = p.vs[1] = C * hd, p.ks[2] = p.vs[2] = hd;
       p.mask = cache->valid.data();
       p.mask_strides[0] = static_cast<std::int64_t>(C), p.mask_strides[3] = 1;
@@ -372,25 +445,28 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       // window - 1 positions before it, which the later ones push out of the ring. Attention runs
       // over a copy of those P cached positions in order followed by the new tokens (the window
       // and causal masks then apply as without a cache), and the ring takes the new tokens after.
-      const std::size_t P = std::min(len, C - 1), tk = P + seq;
-      window_lease.emplace(batch * tk * (2 * hkv * hd * sizeof(float) + 1));
-      float* kw = window_lease->as<float>();                                   // (B, Hkv, tk, hd)
-      float* vw = kw + batch * hkv * tk * hd;                                  // (B, Hkv, tk, hd)
-      auto* mw = reinterpret_cast<std::uint8_t*>(vw + batch * hkv * tk * hd);  // (B, tk)
+      // The copy is in the cache's dtype (the new tokens rounded as the ring will hold them).
+      const std::size_t P = std::min(len, C - 1), tk = P + seq, isz = cache->itemsize();
+      window_lease.emplace(batch * tk * (2 * hkv * hd * isz + 1));
+      // (B, Hkv, tk, hd) each, in the cache's format
+      char* kw = window_lease->as<char>();
+      char* vw = kw + batch * hkv * tk * hd * isz;
+      auto* mw = reinterpret_cast<std::uint8_t*>(vw + batch * hkv * tk * hd * isz);  // (B, tk)
+      const auto* ck = static_cast<const char*>(cache->k.at(0));
+      const auto* cv = static_cast<const char*>(cache->v.at(0));
       parallel_for(batch * tk, 1, 2.0 * hkv * hd, [&](std::size_t b0, std::size_t b1) {
         for (std::size_t i = b0; i < b1; ++i) {
           const std::size_t b = i / tk, j = i % tk;
           for (std::size_t g = 0; g < hkv; ++g) {
-            float* kd = kw + ((b * hkv + g) * tk + j) * hd;
-            float* vd = vw + ((b * hkv + g) * tk + j) * hd;
+            const std::size_t dst = ((b * hkv + g) * tk + j) * hd;  // element offset
             if (j < P) {  // cached position len - P + j
               const std::size_t off = ((b * hkv + g) * C + (len - P + j) % C) * hd;
-              std::memcpy(kd, cache->k.data() + off, hd * sizeof(float));
-              std::memcpy(vd, cache->v.data() + off, hd * sizeof(float));
+              std::memcpy(kw + dst * isz, ck + off * isz, hd * isz);
+              std::memcpy(vw + dst * isz, cv + off * isz, hd * isz);
             } else {  // new token j - P
               const float* kr = qkv + (b * seq + j - P) * width + hq * hd;
-              std::memcpy(kd, kr + g * hd, hd * sizeof(float));
-              std::memcpy(vd, kr + (hkv + g) * hd, hd * sizeof(float));
+              store_kv(kw, p.kv_format, dst, kr + g * hd, hd);
+              store_kv(vw, p.kv_format, dst, kr + (hkv + g) * hd, hd);
             }
           }
           mw[b * tk + j] = j < P ? cache->valid[b * C + (len - P + j) % C]
@@ -399,8 +475,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       });
       append(seq > C ? seq - C : 0);  // only the last C tokens stay
       p.tk = tk;
-      p.k = kw;
-      p.v = vw;
+      set_kv(kw, vw);
       p.ks[0] = p.vs[0] = hkv * tk * hd, p.ks[1] = p.vs[1] = tk * hd, p.ks[2] = p.vs[2] = hd;
       p.mask = mw;
       p.mask_strides[0] = static_cast<std::int64_t>(tk), p.mask_strides[3] = 1;

@@ -142,16 +142,21 @@ class FeedForwardModule {
 // never looks further back). Otherwise slots = max_len and token p sits in slot p.
 // `mutex` is held by whoever appends to or reads the cache in a forward (and by reset);
 // `length` is atomic so that it can be read (Python's cache.length) while a forward runs.
+// k and v hold elements of `format`: float32, or bf16 / f16 words (half the bytes). Keys and
+// values are rounded to nearest even as they are written; attention reads them widened in
+// registers (kernels/attention.hpp), never a float32 copy of the cache.
 class KVCache {
  public:
   KVCache(std::size_t batch, std::size_t max_len, std::size_t n_kv_heads, std::size_t head_dim,
-          std::size_t window = 0);
+          std::size_t window = 0, WeightFormat format = WeightFormat::f32);
   std::size_t batch, max_len, n_kv_heads, head_dim;
   std::size_t window;  // 0: not a rolling buffer
   std::size_t slots;   // token slots per sequence and head
   std::atomic<std::size_t> length{0};
-  std::vector<float> k, v;
+  WeightBuffer k, v;  // (B, Hkv, slots, head_dim) each, zero-filled at construction
   std::vector<std::uint8_t> valid;
+  WeightFormat format() const { return k.format(); }
+  std::size_t itemsize() const { return WeightBuffer::itemsize(format()); }
   std::mutex mutex;
   void reset() { length = 0; }  // call with `mutex` held
   bool wrapped() const { return length.load() > slots; }

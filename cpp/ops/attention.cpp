@@ -31,14 +31,25 @@ constexpr std::size_t kKeySplit = 512;
 // the fast kernel cannot get right in T (scores past T's range while the reference's are
 // finite: huge scale, q or k), and for all rows when scale itself is not a normal T. Slow
 // (scalar), and only ever taken for such extreme inputs or NaN/Inf data.
-// acc: (Dv,) scratch.
+// acc: (Dv,) scratch; wide: (max(D, Dv),) scratch for a K or V row widened from 16 bits (when
+// p.kv_format is bf16 / f16, T = float).
 template <class T>
 void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, std::size_t i,
-                         double* acc) {
+                         double* acc, T* wide) {
   const std::size_t group = p.hq / p.hkv, g = h / group;
   const T* q = p.q + b * p.qs[0] + h * p.qs[1] + i * p.qs[2];  // (D,)
-  const T* kb = p.k + b * p.ks[0] + g * p.ks[1];               // (Tk, D), row stride ks[2]
-  const T* vb = p.v + b * p.vs[0] + g * p.vs[1];               // (Tk, Dv), row stride vs[2]
+  const std::size_t kofs = b * p.ks[0] + g * p.ks[1], vofs = b * p.vs[0] + g * p.vs[1];
+  // K row j (D,) and V row j (Dv,) of KV head g as T values: in place, or widened into `wide`
+  // (the kernels' own conversion)
+  auto kv_row = [&](const T* base, const std::uint16_t* base16, std::size_t ofs, std::size_t n) {
+    if constexpr (std::is_same<T, float>::value) {
+      if (p.kv_format != WeightFormat::f32) {
+        dispatch(widen_w16_kernel{}, wide, base16 + ofs, p.kv_format, n);
+        return static_cast<const T*>(wide);
+      }
+    }
+    return base + ofs;
+  };
   T* o = p.out + b * p.os[0] + h * p.os[1] + i * p.os[2];      // (Dv,)
   T* w = p.weights ? p.weights + ((b * p.hq + h) * p.tq + i) * p.tk : nullptr;  // (Tk,)
   // integer causal limit: the last key index this row may see
@@ -59,7 +70,7 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
     const std::int64_t mj = mbase + static_cast<std::int64_t>(j) * p.mask_strides[3];
     if (p.mask_kind == AttnMask::boolean && !static_cast<const std::uint8_t*>(p.mask)[mj])
       return false;
-    const T* kr = kb + j * p.ks[2];
+    const T* kr = kv_row(p.k, p.k16, kofs + j * p.ks[2], p.d);
     double dot = 0.0;
     for (std::size_t d = 0; d < p.d; ++d)
       dot += static_cast<double>(q[d]) * static_cast<double>(kr[d]);
@@ -88,7 +99,7 @@ void attention_row_exact(const attn_params<T>& p, std::size_t b, std::size_t h, 
     }
     const double e = std::exp(sc - m);
     l += e;
-    const T* vr = vb + j * p.vs[2];
+    const T* vr = kv_row(p.v, p.v16, vofs + j * p.vs[2], p.dv);
     for (std::size_t d = 0; d < p.dv; ++d) acc[d] += e * static_cast<double>(vr[d]);
   }
   if (p.sinks) {  // the sink joins the denominator (no value); a NaN or +inf sink: NaN row
@@ -158,6 +169,10 @@ void attention(const attn_params<T>& p) {
   const int max_threads = std::max(1, get_num_threads());
   const std::size_t acc_stride = std::max<std::size_t>(p.dv, 1);
   std::vector<double> exact_acc(static_cast<std::size_t>(max_threads) * acc_stride);
+  // (16-bit K/V: a widened K or V row per thread)
+  const std::size_t wide_stride =
+      p.kv_format != WeightFormat::f32 ? std::max<std::size_t>(std::max(p.d, p.dv), 1) : 0;
+  std::vector<T> exact_wide(static_cast<std::size_t>(max_threads) * wide_stride);
   auto exact_rows = [&](std::size_t rows, auto row_of) {
     const double cost = static_cast<double>(p.tk) * static_cast<double>(p.d + p.dv + 8);
     const int threads = static_cast<int>(
@@ -166,9 +181,10 @@ void attention(const attn_params<T>& p) {
     parallel_for_threads(threads, [&](int chunk, int) {
       ExactSubnormals exact;  // the merge and the exact path run outside the kernels
       double* acc = exact_acc.data() + static_cast<std::size_t>(chunk) * acc_stride;
+      T* wide = exact_wide.data() + static_cast<std::size_t>(chunk) * wide_stride;
       for (std::size_t r = next_row.fetch_add(1); r < rows; r = next_row.fetch_add(1)) {
         const std::size_t row = row_of(r);
-        attention_row_exact(p, row / (p.hq * p.tq), (row / p.tq) % p.hq, row % p.tq, acc);
+        attention_row_exact(p, row / (p.hq * p.tq), (row / p.tq) % p.hq, row % p.tq, acc, wide);
       }
     });
   };
@@ -180,7 +196,7 @@ void attention(const attn_params<T>& p) {
   }
 
   const std::size_t dv_pad = attn_dv_pad_t<T>(p.dv);
-  const std::size_t ws = attn_workspace_size<T>(p.d, p.dv);
+  const std::size_t ws = attn_workspace_size<T>(p.d, p.dv, p.kv_format != WeightFormat::f32);
   // key-split partial states, per item: m and l (R each) and O (R x dv_pad), R = the rows of
   // a tile (splits only happen when one tile holds a KV group's rows: decode-like shapes, R =
   // group * Tq <= kAttnRowTile, so a 4-head group keeps 4 rows of state, not 64)

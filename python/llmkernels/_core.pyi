@@ -60,13 +60,19 @@ class FeedForwardImpl:
     def hidden(self) -> int:
         ...
 class KVCacheImpl:
-    def __init__(self, batch: typing.SupportsInt | typing.SupportsIndex, max_len: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, window: typing.SupportsInt | typing.SupportsIndex = 0) -> None:
+    def __init__(self, batch: typing.SupportsInt | typing.SupportsIndex, max_len: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, window: typing.SupportsInt | typing.SupportsIndex = 0, dtype: str = 'float32') -> None:
         ...
-    def keys(self) -> numpy.typing.NDArray[numpy.float32]:
+    def keys(self) -> numpy.ndarray:
         ...
     def reset(self) -> None:
         ...
-    def values(self) -> numpy.typing.NDArray[numpy.float32]:
+    def values(self) -> numpy.ndarray:
+        ...
+    @property
+    def dtype(self) -> str:
+        ...
+    @property
+    def nbytes(self) -> int:
         ...
     @property
     def batch(self) -> int:
@@ -217,6 +223,10 @@ def _fast_silu(x: typing.Any, out: typing.Any) -> typing.Any:
 def _fast_swiglu(gate: typing.Any, up: typing.Any, out: typing.Any) -> typing.Any:
     """
     swiglu's common case in C++, or None.
+    """
+def _attention_kv16(q: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], k: numpy.ndarray, v: numpy.ndarray, dtype: str, causal: bool = False, window: typing.SupportsInt | typing.SupportsIndex = 0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None = None) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    Attention of float32 q over K/V given as the uint16 words of bfloat16 / float16 (dtype), read the way a KV cache of that dtype is (widened in the kernel); for tests.
     """
 def _linear(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], w: numpy.ndarray, dtype: str, bias: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None, y: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None) -> numpy.typing.NDArray[numpy.float32]:
     """

@@ -122,6 +122,24 @@ def _weight_dtype(fn: str, dtype: Any, allow_none: bool = False) -> str | None:
     return name
 
 
+_KV_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _kv_dtype(fn: str, arg: str, dtype: Any) -> str:
+    """A KV cache dtype (a name, a NumPy / ml_dtypes dtype or a torch dtype; None: float32) as
+    one of ``_KV_DTYPES``."""
+    try:
+        name = _weight_dtype(fn, dtype)
+    except ValueError:
+        name = None
+    if name not in _KV_DTYPES:
+        raise ValueError(
+            f"[{fn}] {arg} must be None, 'float32', 'bfloat16' or 'float16', got "
+            f"{str(dtype)[:40]!r}"
+        )
+    return str(name)
+
+
 def _rng(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(seed)
 
@@ -388,6 +406,13 @@ class KVCache:
     since the layer never looks further back -- and only a layer with that window may use it.
     ``keys()`` / ``values()`` then hold the last ``window`` tokens once more were appended.
 
+    ``dtype``: how keys and values are stored -- ``"float32"`` (default), ``"bfloat16"`` or
+    ``"float16"`` (half the bytes: ``nbytes``). They are rounded to nearest even as they are
+    written (as ``ml_dtypes`` / torch round) and attention reads them widened to float32 inside
+    the kernel (no float32 copy of the cache), so the result is float32 attention over the
+    rounded keys and values. ``keys()`` / ``values()`` return arrays of that dtype
+    (``ml_dtypes.bfloat16``, ``np.float16``).
+
     Threads: calls that use the same cache from several threads are serialised (each one sees
     the tokens the previous one appended, or raises "KV cache is full"); a cache is never
     appended to by two calls at once.
@@ -401,17 +426,24 @@ class KVCache:
     """
 
     def __init__(
-        self, batch: int, max_seq_len: int, n_kv_heads: int, head_dim: int, window: int = 0
+        self,
+        batch: int,
+        max_seq_len: int,
+        n_kv_heads: int,
+        head_dim: int,
+        window: int = 0,
+        dtype: Any = None,
     ) -> None:
         for name, v in (("batch", batch), ("max_seq_len", max_seq_len)):
             _positive_int("KVCache", name, v)
+        kv_dtype = _kv_dtype("KVCache", "dtype", dtype)
         if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 0:
             raise ValueError(f"[KVCache] window must be an int >= 0 (0: none), got {window!r}")
         window = int(window)
         slots = min(window, max_seq_len) if window else max_seq_len
         if batch * slots * n_kv_heads * head_dim > 1 << 33:
             raise ValueError("[KVCache] batch * max_seq_len * heads * head_dim is too large")
-        self._impl = _core.KVCacheImpl(batch, max_seq_len, n_kv_heads, head_dim, window)
+        self._impl = _core.KVCacheImpl(batch, max_seq_len, n_kv_heads, head_dim, window, kv_dtype)
         self.next_positions = np.zeros(batch, np.int64)
         # held from reading next_positions to updating them (the C++ call in between holds the
         # cache's own mutex, which also guards direct _core use)
@@ -421,12 +453,16 @@ class KVCache:
     max_seq_len = _from_impl("max_len")
     length = _from_impl("length")
     window = _from_impl("window")
+    dtype = _from_impl("dtype")  # "float32", "bfloat16" or "float16"
+    nbytes = _from_impl("nbytes")  # of the key and value storage (all slots)
 
     def keys(self) -> np.ndarray:
-        """``(B, Hkv, length, head_dim)`` view of the cached (rotated) keys."""
+        """``(B, Hkv, length, head_dim)`` view of the cached (rotated) keys, in the cache's
+        dtype."""
         return self._impl.keys()
 
     def values(self) -> np.ndarray:
+        """``(B, Hkv, length, head_dim)`` view of the cached values, in the cache's dtype."""
         return self._impl.values()
 
     def reset(self) -> None:
@@ -435,7 +471,10 @@ class KVCache:
             self.next_positions[:] = 0
 
     def __repr__(self) -> str:
-        return f"KVCache(batch={self.batch}, length={self.length}, max_seq_len={self.max_seq_len})"
+        dt = "" if self.dtype == "float32" else f", dtype={self.dtype}"
+        return (
+            f"KVCache(batch={self.batch}, length={self.length}, max_seq_len={self.max_seq_len}{dt})"
+        )
 
 
 class ModelCache:
@@ -460,6 +499,16 @@ class ModelCache:
     @property
     def next_positions(self) -> np.ndarray:
         return self.layers[0].next_positions
+
+    @property
+    def dtype(self) -> str:
+        """Storage dtype of the keys and values (see :class:`KVCache`)."""
+        return self.layers[0].dtype if self.layers else "float32"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key and value storage of every layer."""
+        return sum(c.nbytes for c in self.layers)
 
     def reset(self) -> None:
         with self._lock:
@@ -691,10 +740,15 @@ class MultiHeadAttention(_Module):
     head_dim = _from_impl("head_dim")
     dtype = _from_impl("dtype")
 
-    def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
+    def new_cache(self, batch: int, max_seq_len: int, dtype: Any = None) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_seq_len`` tokens (a rolling
-        buffer of ``window`` slots for a sliding-window layer: see :class:`KVCache`)."""
-        return KVCache(batch, max_seq_len, self.n_kv_heads, self.head_dim, self._impl.window)
+        buffer of ``window`` slots for a sliding-window layer), storing keys and values in
+        ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` (see
+        :class:`KVCache`)."""
+        kv_dtype = _kv_dtype("new_cache", "dtype", dtype)
+        return KVCache(
+            batch, max_seq_len, self.n_kv_heads, self.head_dim, self._impl.window, kv_dtype
+        )
 
     def __call__(
         self,
@@ -950,8 +1004,9 @@ class TransformerBlock(_Module):
         """Storage dtype of the projection matrices (those of the attention)."""
         return str(self.attention.dtype)
 
-    def new_cache(self, batch: int, max_seq_len: int) -> KVCache:
-        return self.attention.new_cache(batch, max_seq_len)
+    def new_cache(self, batch: int, max_seq_len: int, dtype: Any = None) -> KVCache:
+        """The attention's KV cache (see :meth:`MultiHeadAttention.new_cache`)."""
+        return self.attention.new_cache(batch, max_seq_len, dtype)
 
     def __call__(
         self, x: Any, *, positions: Any = None, mask: Any = None, cache: KVCache | None = None
@@ -1159,10 +1214,15 @@ class Transformer(_Module):
         }
         save_file(os.path.join(out, "model.safetensors"), tensors, dtype=wdtype)
 
-    def new_cache(self, batch: int, max_seq_len: int | None = None) -> ModelCache:
-        """Per-layer KV caches for ``batch`` sequences of up to ``max_seq_len`` tokens."""
+    def new_cache(
+        self, batch: int, max_seq_len: int | None = None, dtype: Any = None
+    ) -> ModelCache:
+        """Per-layer KV caches for ``batch`` sequences of up to ``max_seq_len`` tokens, keys and
+        values stored in ``dtype``: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``
+        (half the memory and the bytes decode reads; see :class:`KVCache`)."""
+        kv_dtype = _kv_dtype("new_cache", "dtype", dtype)
         length = self.config.max_seq_len if max_seq_len is None else max_seq_len
-        return ModelCache([b.new_cache(batch, length) for b in self.blocks])
+        return ModelCache([b.new_cache(batch, length, kv_dtype) for b in self.blocks])
 
     def __call__(
         self,
@@ -1246,6 +1306,7 @@ class Transformer(_Module):
         seed: int | None = None,
         mask: Any = None,
         progress: bool | None = None,
+        kv_dtype: Any = None,
     ) -> np.ndarray:
         """Autoregressive decoding with a KV cache: one prefill, then one C++ call per token.
 
@@ -1257,9 +1318,12 @@ class Transformer(_Module):
         ``(B, T)`` (left-padded with ``mask`` for prompts of different lengths; a right-padded
         batch is moved to the left) or a tokenizer's output (``BatchEncoding`` / dict with
         ``input_ids`` and ``attention_mask``). Returns ``(B, T + max_new_tokens)``.
-        ``progress``: a tqdm bar (default: on when stderr is a terminal). No stopping at EOS
-        here: :func:`llmkernels.generate` works on text and stops at EOS and stop strings.
+        ``progress``: a tqdm bar (default: on when stderr is a terminal). ``kv_dtype``: the KV
+        cache's dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"`` (see
+        :class:`KVCache`). No stopping at EOS here: :func:`llmkernels.generate` works on text
+        and stops at EOS and stop strings.
         """
+        kv = _kv_dtype("generate", "kv_dtype", kv_dtype)
         ids, mask = _model_inputs("generate", ids, mask)
         ids_arr = np.asarray(ids)
         if ids_arr.ndim == 1:
@@ -1280,7 +1344,7 @@ class Transformer(_Module):
         if steps == 0:
             return ids_arr.astype(np.int64)
         _check_cache_size("generate", "max_new_tokens", self.config, b, t, steps)
-        cache = self.new_cache(b, t + steps)
+        cache = self.new_cache(b, t + steps, kv)
         sampler = sampling.sampler(b, self.config.vocab_size)
         sampler.see(ids_arr, mask)
         out = [ids_arr.astype(np.int64)]

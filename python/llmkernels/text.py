@@ -38,6 +38,7 @@ from .modules import (
     _check_load_dtype,
     _check_max_tokens,
     _checkpoint_dir,
+    _kv_dtype,
     _Sampling,
 )
 from .tokenizer import Tokenizer
@@ -265,9 +266,10 @@ def _stream(
     params: _Sampling,
     stops: list[str],
     session: ChatSession | None = None,
+    kv_dtype: str = "float32",
 ) -> Iterator[GenerationResponse]:
     """Generate for one prompt; with ``session``, reuse its KV cache where the new prompt
-    extends the tokens it holds."""
+    extends the tokens it holds (else a new cache of ``kv_dtype``)."""
     eos = set(tokenizer.eos_token_ids)
     sampler = params.sampler(1, model.config.vocab_size)
     sampler.see(np.asarray([ids]))
@@ -276,7 +278,7 @@ def _stream(
         cache, todo = session._prepare(ids, max_tokens)
     else:
         _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), max_tokens)
-        cache, todo = model.new_cache(1, len(ids) + max(max_tokens, 1)), ids
+        cache, todo = model.new_cache(1, len(ids) + max(max_tokens, 1), kv_dtype), ids
     logits = model(np.asarray([todo], np.int64), cache=cache, last_only=True)[:, -1]
     t1 = time.perf_counter()
     prompt_tps = len(todo) / max(t1 - t0, 1e-9)
@@ -353,10 +355,12 @@ def stream_generate(
     repetition_penalty: float | None = None,
     seed: int | None = None,
     stop: str | Sequence[str] | None = None,
+    kv_dtype: Any = None,
 ) -> Iterator[GenerationResponse]:
     """Yield :class:`GenerationResponse` pieces as they are decoded (see the module doc for the
     prompt forms, stopping and sampling defaults). ``"".join(r.text for r in ...)`` equals
-    :func:`generate`'s text.
+    :func:`generate`'s text. ``kv_dtype``: the KV cache's dtype (``"float32"`` default,
+    ``"bfloat16"``, ``"float16"``; see :class:`llmkernels.KVCache`).
 
     Example:
         >>> import tempfile, llmkernels as lk
@@ -369,13 +373,14 @@ def stream_generate(
         (8, 'length')
     """
     fn = "stream_generate"
+    kv = _kv_dtype(fn, "kv_dtype", kv_dtype)
     steps, params, stops = _arguments(
         fn, model, tokenizer, max_tokens, stop, temperature=temperature, top_k=top_k,
         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
     ids = _prompt_ids(fn, tokenizer, prompt)
     _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
-    return _stream(fn, model, tokenizer, ids, steps, params, stops)
+    return _stream(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv)
 
 
 def generate(
@@ -392,9 +397,11 @@ def generate(
     seed: int | None = None,
     stop: str | Sequence[str] | None = None,
     verbose: bool = False,
+    kv_dtype: Any = None,
 ) -> str | list[str]:
     """The generated text for a prompt (a list of prompts: a list of texts, generated as one
     left-padded batch). ``verbose``: print the prompt and generation speeds after.
+    ``kv_dtype``: the KV cache's dtype (``"float32"`` default, ``"bfloat16"``, ``"float16"``).
 
     Example:
         >>> import tempfile, llmkernels as lk
@@ -407,6 +414,7 @@ def generate(
         2
     """
     fn = "generate"
+    kv = _kv_dtype(fn, "kv_dtype", kv_dtype)
     steps, params, stops = _arguments(
         fn, model, tokenizer, max_tokens, stop, temperature=temperature, top_k=top_k,
         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
@@ -421,7 +429,7 @@ def generate(
     if not batch:
         ids = _prompt_ids(fn, tokenizer, prompt)
         pieces, last = [], None
-        for r in _stream(fn, model, tokenizer, ids, steps, params, stops):
+        for r in _stream(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv):
             pieces.append(r.text)
             last = r
         if verbose and last is not None:
@@ -436,6 +444,7 @@ def generate(
         params,
         stops,
         verbose,
+        kv,
     )
 
 
@@ -448,6 +457,7 @@ def _generate_batch(
     params: _Sampling,
     stops: list[str],
     verbose: bool,
+    kv_dtype: str = "float32",
 ) -> list[str]:
     b, t = len(prompts), max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -462,7 +472,7 @@ def _generate_batch(
     eos = set(tokenizer.eos_token_ids)
     sampler = params.sampler(b, model.config.vocab_size)
     sampler.see(ids, mask)
-    cache = model.new_cache(b, t + steps)
+    cache = model.new_cache(b, t + steps, kv_dtype)
     t0 = time.perf_counter()
     logits = model(ids, mask=mask, cache=cache, last_only=True)[:, -1]
     t1 = time.perf_counter()
@@ -519,6 +529,8 @@ class ChatSession:
         messages: the conversation so far.
         prefilled: tokens prefilled by the last turn (``len(prompt)`` when the cache was not
             reused).
+        kv_dtype: the KV cache's dtype (``kv_dtype=`` of the constructor: ``"float32"``
+            default, ``"bfloat16"`` or ``"float16"``).
 
     Example:
         >>> import tempfile, llmkernels as lk
@@ -533,9 +545,15 @@ class ChatSession:
     """
 
     def __init__(
-        self, model: Transformer, tokenizer: Tokenizer, *, system: str | None = None
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        *,
+        system: str | None = None,
+        kv_dtype: Any = None,
     ) -> None:
         _check_model("ChatSession", model, tokenizer)
+        self.kv_dtype = _kv_dtype("ChatSession", "kv_dtype", kv_dtype)  # of the KV cache
         self.model, self.tokenizer = model, tokenizer
         self.messages: list[dict[str, Any]] = (
             [{"role": "system", "content": system}] if system else []
@@ -566,7 +584,7 @@ class ChatSession:
         if need > capacity:
             # room for a few more turns without reallocating
             capacity = min(max(need, 2 * capacity, 1024), max(need, cfg.max_seq_len))
-            self._cache = self.model.new_cache(1, capacity)
+            self._cache = self.model.new_cache(1, capacity, self.kv_dtype)
         else:
             self._cache.reset()
         self._cached = []
