@@ -119,8 +119,8 @@ inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks, con
       auto block = [&](std::size_t j, auto cols) {
         constexpr int CB = decltype(cols)::value;
         if (rows == RS)
-          micro_gemm<Arch, T, RS, CB>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
-                                      c + r * ldc + j * N, ldc, kl, accumulate);
+          micro_gemm<Arch, T, RS, CB>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
+                                      ldc, kl, accumulate);
         else
           micro_gemm<Arch, T, 1, CB>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb, c + r * ldc + j * N,
                                      ldc, kl, accumulate);
