@@ -8,10 +8,13 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import llmkernels as lk
 import numpy as np
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # the SIMD paths as the core lists them (cpp/common/isa_list.hpp), lowest first
 ISA_ORDER = list(lk._core.isa_names)
@@ -51,6 +54,31 @@ def run_python(
         out, err = proc.communicate()
         pytest.fail(f"subprocess hung (killed after {timeout} s)\nstdout:\n{out}\nstderr:\n{err}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_interpreter(
+    *args: str,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``python *args`` (a script, or ``-m llmkernels ...``) from the repository root in a
+    fresh interpreter, the environment plus ``env``, ``stdin`` as its input; output captured."""
+    return subprocess.run(
+        [sys.executable, *args], input=stdin, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})}, cwd=ROOT, check=False,
+    )  # fmt: skip
+
+
+def run_bench(
+    script: str, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/<script> *args`` with warnings as errors (plus ``env``): the smoke runs of
+    tests/test_bench_*.py."""
+    path = str(ROOT / "benchmarks" / script)
+    return run_interpreter(
+        path, *args, timeout=timeout, env={"PYTHONWARNINGS": "error", **(env or {})}
+    )
 
 
 @pytest.fixture(params=SUPPORTED_ISAS)

@@ -7,22 +7,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "bench_attention_peers.py"
+from conftest import run_bench
+
 CASES = ["prefill", "prefill, causal", "small, causal", "decode, GQA"]
 
 
 def test_bench_attention_peers_quick(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONWARNINGS": "error"}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path), "--quiet-wait", "0"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False,
-    )  # fmt: skip
+    proc = run_bench(
+        "bench_attention_peers.py", "--quick", "--out", str(tmp_path), "--quiet-wait", "0"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "WARNING" not in proc.stderr and "Warning" not in proc.stderr
     report = json.loads((tmp_path / "attention_peers.json").read_text())

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import run_bench
 
 
 def test_bench_families_quick(tmp_path: Path) -> None:
     """The smoke run: every family loads, its logits are checked against transformers' before
     timing, and the table has a row per family and thread count (no figure is asserted)."""
-    env = {**os.environ, "PYTHONWARNINGS": "error"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_families.py"), "--quick", "--out",
-         str(tmp_path)],
-        capture_output=True, text=True, timeout=900, env=env, cwd=ROOT, check=False,
-    )  # fmt: skip
+    proc = run_bench("bench_families.py", "--quick", "--out", str(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "families.md").read_text()
     families = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"]

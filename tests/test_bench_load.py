@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import run_bench
 
 
 def test_bench_load_runs_on_a_tiny_checkpoint(tmp_path: Path) -> None:
     """Both checkpoints (bf16 and f32) measured with the old path too: one table row each,
     with the load/read ratio and the peak over the model (no figure is asserted: speed lives
     in the benchmark's output, not in the tests)."""
-    env = {**os.environ, "BENCH_TMP": str(tmp_path), "PYTHONWARNINGS": "error"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_load.py"), "--layers", "1", "--dim",
-         "64", "--hidden", "128", "--heads", "4", "--kv-heads", "2", "--vocab", "300",
-         "--repeats", "1", "--old"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False,
+    proc = run_bench(
+        "bench_load.py", "--layers", "1", "--dim", "64", "--hidden", "128", "--heads", "4",
+        "--kv-heads", "2", "--vocab", "300", "--repeats", "1", "--old",
+        env={"BENCH_TMP": str(tmp_path)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines()[2:]]

@@ -3,23 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import run_bench
 
 
 def test_bench_precision_quick_writes_every_row(tmp_path: Path) -> None:
     """``--quick``: a row per thread count and weight dtype with tokens/s, bytes per token and
     the fraction of the triad bandwidth (no figure is asserted: speed lives in the report)."""
-    env = {**os.environ, "PYTHONWARNINGS": "error"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_precision.py"), "--quick", "--out",
-         str(tmp_path), "--quiet-wait", "0"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False,
-    )  # fmt: skip
+    proc = run_bench("bench_precision.py", "--quick", "--out", str(tmp_path), "--quiet-wait", "0")
     assert proc.returncode == 0, proc.stderr
     res = json.loads((tmp_path / "precision.json").read_text())
     rows = {(r["threads"], r["dtype"]): r for r in res["rows"]}

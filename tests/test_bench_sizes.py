@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import run_bench
 
 
 def test_bench_sizes_quick_writes_results_and_plot(tmp_path: Path) -> None:
     """``--quick``: every op at every quick size with its peers (outputs cross-checked: no
     warning), per-call times, the overhead rows with their targets, sizes.md/json/png."""
-    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONWARNINGS": "error"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_sizes.py"), "--quick", "--out",
-         str(tmp_path), "--quiet-wait", "0"],
-        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False,
+    proc = run_bench(
+        "bench_sizes.py", "--quick", "--out", str(tmp_path), "--quiet-wait", "0",
+        env={"MPLBACKEND": "Agg"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "WARNING" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr

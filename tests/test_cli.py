@@ -6,14 +6,13 @@ tokenizer, chat template); the reference is the in-process text API on the same 
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import llmkernels as lk
 import pytest
+from conftest import run_interpreter
 from llmkernels.text import write_tiny_model
 
 TIMEOUT = 120
@@ -25,15 +24,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run(
-        [sys.executable, "-m", "llmkernels", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        env=env,
-        check=False,
+    return run_interpreter(
+        "-m", "llmkernels", *args, stdin=stdin, timeout=TIMEOUT, env={"PYTHONIOENCODING": "utf-8"}
     )
 
 

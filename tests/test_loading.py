@@ -602,37 +602,22 @@ def _first_shard(wm: dict) -> str:
     return sorted(set(wm.values()))[0]
 
 
+def _norm_in(shard: object) -> Callable[[dict], None]:
+    """The index change that lists model.norm.weight in ``shard``."""
+    return lambda wm: wm.update({"model.norm.weight": shard})
+
+
 INDEX_CASES: dict[str, tuple[Callable[[dict], None], type, str]] = {
     "missing shard": (
-        lambda wm: wm.update({"model.norm.weight": "model-00009-of-00009.safetensors"}),
+        _norm_in("model-00009-of-00009.safetensors"),
         CheckpointNotFoundError,
         "does not exist",
     ),
-    "parent directory": (
-        lambda wm: wm.update({"model.norm.weight": "../model.safetensors"}),
-        CheckpointError,
-        "not a plain",
-    ),
-    "absolute path": (
-        lambda wm: wm.update({"model.norm.weight": "/etc/passwd.safetensors"}),
-        CheckpointError,
-        "not a plain",
-    ),
-    "subdirectory": (
-        lambda wm: wm.update({"model.norm.weight": "sub/x.safetensors"}),
-        CheckpointError,
-        "not a plain",
-    ),
-    "dot dot name": (
-        lambda wm: wm.update({"model.norm.weight": "..safetensors"}),
-        CheckpointError,
-        "not a plain",
-    ),
-    "not a safetensors name": (
-        lambda wm: wm.update({"model.norm.weight": "config.json"}),
-        CheckpointError,
-        "not a plain",
-    ),
+    "parent directory": (_norm_in("../model.safetensors"), CheckpointError, "not a plain"),
+    "absolute path": (_norm_in("/etc/passwd.safetensors"), CheckpointError, "not a plain"),
+    "subdirectory": (_norm_in("sub/x.safetensors"), CheckpointError, "not a plain"),
+    "dot dot name": (_norm_in("..safetensors"), CheckpointError, "not a plain"),
+    "not a safetensors name": (_norm_in("config.json"), CheckpointError, "not a plain"),
     "tensor absent from its shard": (
         lambda wm: wm.update({"model.extra.weight": _first_shard(wm)}),
         CheckpointError,
@@ -650,11 +635,7 @@ INDEX_CASES: dict[str, tuple[Callable[[dict], None], type, str]] = {
         CheckpointError,
         "'model.norm.weight' is (listed|not listed|also)",
     ),
-    "shard value not a string": (
-        lambda wm: wm.update({"model.norm.weight": 3}),
-        CheckpointError,
-        "must be a file name",
-    ),
+    "shard value not a string": (_norm_in(3), CheckpointError, "must be a file name"),
 }
 
 

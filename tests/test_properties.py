@@ -34,6 +34,7 @@ from hypothesis import assume, given, note
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from llmkernels import reference as ref
+from llmkernels._rope_scaling import ROPE_TYPES
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 ATTN_TOL = {F32: {"rtol": 1e-4, "atol": 1e-5}, F64: {"rtol": 1e-10, "atol": 1e-12}}
@@ -763,21 +764,7 @@ POW2_DIMS = st.sampled_from([2, 4, 8, 16, 32, 64, 128, 256])
 
 @st.composite
 def scaling_dicts(draw: Any, dim: int) -> dict[str, Any] | None:
-    kind = draw(
-        st.sampled_from(
-            [
-                "none",
-                "default",
-                "linear",
-                "dynamic",
-                "yarn",
-                "llama3",
-                "longrope",
-                "p-rope",
-                "proportional",
-            ]
-        )
-    )
+    kind = draw(st.sampled_from(["none", *ROPE_TYPES]))  # every type the package accepts
     ctx = draw(st.sampled_from([512, 1024, 2048, 4096, 8192]))
     factor = draw(st.sampled_from([0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 40.0]) | st.floats(1.0, 64.0))
     if kind == "none":
@@ -825,6 +812,7 @@ def scaling_dicts(draw: Any, dim: int) -> dict[str, Any] | None:
         return s
     if kind == "p-rope":
         return {"rope_type": "p-rope", "p": draw(st.floats(0.0, 1.0))}
+    assert kind == "proportional", f"no scaling dicts for rope_type {kind!r}"
     return {
         "rope_type": "proportional",
         "partial_rotary_factor": draw(st.sampled_from([0.25, 0.5, 1.0])),

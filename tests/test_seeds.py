@@ -10,17 +10,16 @@
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import llmkernels
 import numpy as np
 import pytest
+from conftest import ROOT, run_interpreter
 from llmkernels import reference
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(ROOT / "examples"))
 from seed_examples import (  # noqa: E402  (the seed audit lives in examples/, not the package)
     EXAMPLES,
     OK,
@@ -329,16 +328,11 @@ def test_classify_rule() -> None:
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     """``examples/demo.py`` for the demo, the package's CLI for the rest."""
-    env = {**os.environ, "PYTHONWARNINGS": "error"}
-    demo = str(Path(__file__).resolve().parents[1] / "examples" / "demo.py")
-    return subprocess.run(
-        [sys.executable, *((demo,) if args[0] == "demo" else ("-m", "llmkernels")), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        check=False,
-    )
+    demo = str(ROOT / "examples" / "demo.py")
+    return run_interpreter(
+        *((demo,) if args[0] == "demo" else ("-m", "llmkernels")), *args,
+        env={"PYTHONWARNINGS": "error"},
+    )  # fmt: skip
 
 
 def test_demo_runs() -> None:

@@ -128,23 +128,19 @@ inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks,
       const std::size_t rows = m - r >= RS ? RS : 1;
       const std::size_t kl = k_of(r, rows, k_len);
       if (kl == 0 && accumulate) continue;
+      // the rows' block of cols vectors from column vector j
+      auto block = [&](std::size_t j, auto cols) {
+        constexpr int CB = decltype(cols)::value;
+        if (rows == RS)
+          micro_gemm<Arch, T, RS, CB, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
+                                          c + r * ldc + j * N, ldc, kl, accumulate);
+        else
+          micro_gemm<Arch, T, 1, CB, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
+                                         c + r * ldc + j * N, ldc, kl, accumulate);
+      };
       std::size_t j = 0;
-      for (; j + 4 <= n_vec; j += 4) {
-        if (rows == RS)
-          micro_gemm<Arch, T, RS, 4, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
-                                         c + r * ldc + j * N, ldc, kl, accumulate);
-        else
-          micro_gemm<Arch, T, 1, 4, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
-                                        c + r * ldc + j * N, ldc, kl, accumulate);
-      }
-      for (; j < n_vec; ++j) {
-        if (rows == RS)
-          micro_gemm<Arch, T, RS, 1, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
-                                         c + r * ldc + j * N, ldc, kl, accumulate);
-        else
-          micro_gemm<Arch, T, 1, 1, BL>(a + r * a_rs, a_rs, a_ks, b + j * N, ldb,
-                                        c + r * ldc + j * N, ldc, kl, accumulate);
-      }
+      for (; j + 4 <= n_vec; j += 4) block(j, std::integral_constant<int, 4>{});
+      for (; j < n_vec; ++j) block(j, std::integral_constant<int, 1>{});
     }
     return;
   }

@@ -26,10 +26,11 @@
 //          int8 weights, on the unsigned nibbles and x for int4 -- two blocks per 32-byte load,
 //          8 * sum(x) subtracted per group -- then _mm256_madd_epi16; SSE2: _mm_madd_epi16 on
 //          int16), scaled by s_w * s_x.
-// ISA paths: the code below is written with SSE2 intrinsics and with AVX2 ones; each per-ISA
-// translation unit compiles the one its flags allow (#if __AVX2__: the avx2 and avx512 units
-// run the 256-bit code; AVX-512 has no cheaper int8 dot product without VNNI), and the float
-// GEMM tile product is plain xsimd on the unit's own batch type.
+// ISA paths: the integer code below is written with SSE2 intrinsics and with AVX2 ones; each
+// per-ISA translation unit compiles the one its flags allow (#if __AVX2__: the avx2 and avx512
+// units run the 256-bit code; AVX-512 has no cheaper int8 dot product without VNNI). The float
+// side (float activations, the dequantized tile) is written once on xsimd batches of that width
+// (QF), and the float GEMM tile product is gemm.hpp's on the unit's own batch type.
 //
 // Every row goes through the same arithmetic whatever block of rows it is computed in, so
 // results do not depend on how rows are split across threads.
@@ -46,27 +47,30 @@
 namespace llmk {
 namespace {
 
-// float16 bit pattern -> float32, exact for every value (subnormal halves through an int ->
-// float conversion, so no subnormal float32 is formed and DAZ cannot change the answer)
-inline float qhalf_to_float(std::uint16_t h) {
-  const std::uint32_t em = h & 0x7fffu;
-  float mag;
-  if (em >= 0x0400u) {
-    std::uint32_t b = (em << 13) + (std::uint32_t(127 - 15) << 23);
-    if (em >= 0x7c00u) b = (em << 13) | 0x7f800000u;  // Inf / NaN (not made by quantize)
-    std::memcpy(&mag, &b, sizeof mag);
-  } else {
-    mag = static_cast<float>(em) * 0x1p-24f;
-  }
-  // the sign by a bit operation: int4 scales are negative half the time, and a branch on it
-  // mispredicted often enough to triple the time of an int4 GEMV
-  std::uint32_t bits;
-  std::memcpy(&bits, &mag, sizeof bits);
-  bits |= static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::memcpy(&mag, &bits, sizeof mag);
-  return mag;
+// The float side of the kernels (dequantized weights, float activations, accumulators) is
+// written once on QF, the batch of the integer code's width: 256-bit in the avx2 and avx512
+// units, 128-bit in the sse2 unit. The integer side (codes -> int32 / float, int8 dot products)
+// is per ISA below.
+#if defined(__AVX2__)
+using QArch = xsimd::fma3<xsimd::avx2>;
+#else
+using QArch = xsimd::sse2;
+#endif
+using QF = vec<QArch, float>;
+constexpr std::size_t kQF = QF::size;                  // floats per vector
+constexpr std::size_t kQBlockVectors = kQBlock / kQF;  // float vectors per block of codes
+
+// acc + w * x: one FMA on AVX2; on SSE2 a product and a sum, in this operand order (which
+// decides the payload when both are NaN)
+inline QF qmadd(const QF& w, const QF& x, const QF& acc) {
+#if defined(__AVX2__)
+  return xsimd::fma(w, x, acc);
+#else
+  return acc + w * x;
+#endif
 }
 
+// float16 scales -> float32: half_to_float (quant_types.hpp), n at a time per ISA below
 inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n);
 
 // The row functions convert the float16 scales of R rows kScaleChunk groups at a time into
@@ -79,18 +83,44 @@ inline void load_scales(const qweights& w, std::size_t r0, std::size_t g0, float
   for (int r = 0; r < R; ++r) scales_to_float(w.scales + (r0 + r) * ng + g0, sc[r], n);
 }
 
+// s[r] = the scale of row r0 + r in group g, for the rows of a block (sc refilled from the
+// float16 scales every kScaleChunk groups)
+template <int R, std::size_t C>
+inline void group_scales(const qweights& w, std::size_t r0, std::size_t g, float (*sc)[C],
+                         float* s) {
+  if (g % kScaleChunk == 0) load_scales<R>(w, r0, g, sc);
+  for (int r = 0; r < R; ++r) s[r] = sc[r][g % kScaleChunk];
+}
+
+// The final store of every row kernel: y[t, row] (+)= sum (+ bias[row])
+inline void qstore(const qgemv_args& a, std::size_t row, std::size_t t, float sum) {
+  float& dst = a.y[t * a.ldy + row];
+  dst = a.accumulate ? dst + sum : sum;
+  if (a.bias) dst += a.bias[row];
+}
+
+// Software prefetch of the same bytes one block of R rows further on. The rows of a block are
+// consecutive, so this runs the reads ahead as one sequential stream: with rows of 1-2 KiB
+// (int4 / int8 at k = 2048) the hardware prefetchers, which stop at 4 KiB pages and track a few
+// streams, left a DRAM-resident matrix (the 2048 -> 32000 output projection) at half the
+// bandwidth of an fp32 sgemv.
+template <int R>
+inline void prefetch_next_rows(const std::uint8_t* p, std::size_t row_bytes) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes), _MM_HINT_T0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // AVX2 (256-bit): a block of 32 codes is one __m256i of int8.
 #if defined(__AVX2__)
 
-inline float hsum_avx2(__m256 v) {
+inline float qhsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
   return _mm_cvtss_f32(s);
 }
 
-// n float16 scales -> float32, 8 at a time (qhalf_to_float's cases as lane selects): a scalar
+// n float16 scales -> float32, 8 at a time (half_to_float's cases as lane selects): a scalar
 // conversion per (row, group) cost as much as the dot product of a 32-element group
 inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
   std::size_t i = 0;
@@ -109,17 +139,7 @@ inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
                          _mm256_castsi256_ps(_mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x3ff))));
     _mm256_storeu_ps(out + i, _mm256_or_ps(mag, _mm256_castsi256_ps(sign)));
   }
-  for (; i < n; ++i) out[i] = qhalf_to_float(h[i]);
-}
-
-// Software prefetch of the same bytes one block of R rows further on. The rows of a block are
-// consecutive, so this runs the reads ahead as one sequential stream: with rows of 1-2 KiB
-// (int4 / int8 at k = 2048) the hardware prefetchers, which stop at 4 KiB pages and track a few
-// streams, left a DRAM-resident matrix (the 2048 -> 32000 output projection) at half the
-// bandwidth of an fp32 sgemv.
-template <int R>
-inline void prefetch_next_rows(const std::uint8_t* p, std::size_t row_bytes) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes), _MM_HINT_T0);
+  for (; i < n; ++i) out[i] = half_to_float(h[i]);
 }
 
 // the 32 codes of block b of a row (int8, in element order)
@@ -136,7 +156,7 @@ inline __m256i qblock_avx2(const std::uint8_t* row, std::size_t b) {
 
 // the codes of block b as 4 float vectors (elements 8j .. 8j + 7)
 template <int Bits>
-inline void qblock_float_avx2(const std::uint8_t* row, std::size_t b, __m256 f[4]) {
+inline void qblock_float(const std::uint8_t* row, std::size_t b, QF f[kQBlockVectors]) {
   if constexpr (Bits == 8) {  // widened straight from memory, 8 codes a load
     const std::uint8_t* p = row + b * kQBlock;
     for (int j = 0; j < 4; ++j)
@@ -150,46 +170,6 @@ inline void qblock_float_avx2(const std::uint8_t* row, std::size_t b, __m256 f[4
     f[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
     f[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
   }
-}
-
-// rows [r0, r0 + R) against M tokens, float activations
-template <int Bits, int R, int M>
-inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
-  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock;
-  const std::size_t row_bytes = Bits == 8 ? k : k / 2;
-  constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token): cover the FMA latency
-  __m256 acc[A][R][M];
-  for (int i = 0; i < A; ++i)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < M; ++t) acc[i][r][t] = _mm256_setzero_ps();
-  alignas(32) float sc[R][kScaleChunk];
-  for (std::size_t g = 0; g < ng; ++g) {
-    __m256 s[R];
-    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
-    for (int r = 0; r < R; ++r) s[r] = _mm256_set1_ps(sc[r][g % kScaleChunk]);
-    for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
-      for (int r = 0; r < R; ++r) {
-        __m256 f[4];
-        prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock * Bits / 8, row_bytes);
-        qblock_float_avx2<Bits>(a.w.q + (r0 + r) * row_bytes, b, f);
-        for (int j = 0; j < 4; ++j) {
-          const __m256 wv = _mm256_mul_ps(f[j], s[r]);  // the dequantized weights, exact
-          for (int t = 0; t < M; ++t)
-            acc[j % A][r][t] = _mm256_fmadd_ps(
-                wv, _mm256_loadu_ps(a.x + t * a.ldx + b * kQBlock + 8 * j), acc[j % A][r][t]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) {
-      __m256 v = acc[0][r][t];
-      for (int i = 1; i < A; ++i) v = _mm256_add_ps(v, acc[i][r][t]);
-      const float sum = hsum_avx2(v);
-      float& dst = a.y[t * a.ldy + r0 + r];
-      dst = a.accumulate ? dst + sum : sum;
-      if (a.bias) dst += a.bias[r0 + r];
-    }
 }
 
 // rows [r0, r0 + R) against M tokens, int8 activations: per block and (row, token) one integer
@@ -213,8 +193,7 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
   alignas(32) float sc[R][kScaleChunk];
   for (std::size_t g = 0; g < ng; ++g) {
     float s[R];
-    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
-    for (int r = 0; r < R; ++r) s[r] = sc[r][g % kScaleChunk];
+    group_scales<R>(a.w, r0, g, sc, s);
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
       __m256i xq[M], xa[M];
       float xs[M];
@@ -248,32 +227,7 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
         for (int t = 0; t < M; ++t) corr[r][t] += s[r] * a.act.c8[t * ng + g];
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) {
-      const float sum = hsum_avx2(acc[r][t]) - corr[r][t];
-      float& dst = a.y[t * a.ldy + r0 + r];
-      dst = a.accumulate ? dst + sum : sum;
-      if (a.bias) dst += a.bias[r0 + r];
-    }
-}
-
-// rows [r0, r0 + n) of the matrix, columns [c0, c0 + kc) (whole groups), dequantized into
-// tile (n, kc)
-template <int Bits>
-inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std::size_t c0,
-                          std::size_t kc, float* tile) {
-  const std::size_t ng = w.k / w.group, bpg = w.group / kQBlock;
-  const std::size_t row_bytes = Bits == 8 ? w.k : w.k / 2;
-  for (std::size_t r = 0; r < n; ++r) {
-    const std::uint8_t* row = w.q + (r0 + r) * row_bytes;
-    for (std::size_t b = c0 / kQBlock; b < (c0 + kc) / kQBlock; ++b) {
-      const __m256 s =
-          _mm256_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
-      __m256 f[4];
-      qblock_float_avx2<Bits>(row, b, f);
-      float* dst = tile + r * kc + (b * kQBlock - c0);
-      for (int j = 0; j < 4; ++j) _mm256_storeu_ps(dst + 8 * j, _mm256_mul_ps(f[j], s));
-    }
-  }
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]) - corr[r][t]);
 }
 
 // int4 weights x int8 activations, two blocks per step: one 32-byte load holds the nibbles of
@@ -350,17 +304,12 @@ inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
     group_done(b);
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) {
-      const float sum = hsum_avx2(acc[r][t]) - corr[r][t];
-      float& dst = a.y[t * a.ldy + r0 + r];
-      dst = a.accumulate ? dst + sum : sum;
-      if (a.bias) dst += a.bias[r0 + r];
-    }
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]) - corr[r][t]);
 }
 
 #else  // SSE2 (128-bit): a block of 32 codes is two __m128i of int8.
 
-inline float hsum_sse2(__m128 s) {
+inline float qhsum(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
   return _mm_cvtss_f32(s);
@@ -386,7 +335,7 @@ inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
         _mm_or_si128(_mm_and_si128(is_normal, normal), _mm_andnot_si128(is_normal, sub));
     _mm_storeu_ps(out + i, _mm_castsi128_ps(_mm_or_si128(mag, sign)));
   }
-  for (; i < n; ++i) out[i] = qhalf_to_float(h[i]);
+  for (; i < n; ++i) out[i] = half_to_float(h[i]);
 }
 
 // the 32 codes of block b of a row: v[0] elements 0-15, v[1] 16-31
@@ -411,7 +360,7 @@ inline void widen_i8_sse2(__m128i v, __m128i h[2]) {
 
 // the codes of block b as 8 float vectors (elements 4j .. 4j + 3)
 template <int Bits>
-inline void qblock_float_sse2(const std::uint8_t* row, std::size_t b, __m128 f[8]) {
+inline void qblock_float(const std::uint8_t* row, std::size_t b, QF f[kQBlockVectors]) {
   __m128i v[2];
   qblock_sse2<Bits>(row, b, v);
   for (int i = 0; i < 2; ++i) {
@@ -422,45 +371,6 @@ inline void qblock_float_sse2(const std::uint8_t* row, std::size_t b, __m128 f[8
       f[4 * i + 2 * j + 1] = _mm_cvtepi32_ps(_mm_srai_epi32(_mm_unpackhi_epi16(h[j], h[j]), 16));
     }
   }
-}
-
-template <int Bits, int R, int M>
-inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
-  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock;
-  const std::size_t row_bytes = Bits == 8 ? k : k / 2;
-  constexpr int A = M == 1 ? 2 : 1;
-  __m128 acc[A][R][M];
-  for (int i = 0; i < A; ++i)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < M; ++t) acc[i][r][t] = _mm_setzero_ps();
-  alignas(32) float sc[R][kScaleChunk];
-  for (std::size_t g = 0; g < ng; ++g) {
-    __m128 s[R];
-    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
-    for (int r = 0; r < R; ++r) s[r] = _mm_set1_ps(sc[r][g % kScaleChunk]);
-    for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
-      for (int r = 0; r < R; ++r) {
-        __m128 f[8];
-        qblock_float_sse2<Bits>(a.w.q + (r0 + r) * row_bytes, b, f);
-        for (int j = 0; j < 8; ++j) {
-          const __m128 wv = _mm_mul_ps(f[j], s[r]);
-          for (int t = 0; t < M; ++t)
-            acc[j % A][r][t] =
-                _mm_add_ps(acc[j % A][r][t],
-                           _mm_mul_ps(wv, _mm_loadu_ps(a.x + t * a.ldx + b * kQBlock + 4 * j)));
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) {
-      __m128 v = acc[0][r][t];
-      for (int i = 1; i < A; ++i) v = _mm_add_ps(v, acc[i][r][t]);
-      const float sum = hsum_sse2(v);
-      float& dst = a.y[t * a.ldy + r0 + r];
-      dst = a.accumulate ? dst + sum : sum;
-      if (a.bias) dst += a.bias[r0 + r];
-    }
 }
 
 // int8 activations: _mm_madd_epi16 on the codes widened to int16 (SSE2 has no maddubs)
@@ -474,8 +384,7 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
   alignas(32) float sc[R][kScaleChunk];
   for (std::size_t g = 0; g < ng; ++g) {
     float s[R];
-    if (g % kScaleChunk == 0) load_scales<R>(a.w, r0, g, sc);
-    for (int r = 0; r < R; ++r) s[r] = sc[r][g % kScaleChunk];
+    group_scales<R>(a.w, r0, g, sc, s);
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
       for (int r = 0; r < R; ++r) {
         __m128i v[2], w16[4];
@@ -496,14 +405,53 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
     }
   }
   for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]));
+}
+
+#endif
+
+// rows [r0, r0 + R) against M tokens, float activations: each block's codes widened to float,
+// times the group's scale (the dequantized weights, exact), FMA'd into the accumulators
+template <int Bits, int R, int M>
+inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock;
+  const std::size_t row_bytes = Bits == 8 ? k : k / 2;
+  constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token): cover the FMA latency
+  QF acc[A][R][M];
+  for (int i = 0; i < A; ++i)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) acc[i][r][t] = QF(0.f);
+  alignas(32) float sc[R][kScaleChunk];
+  for (std::size_t g = 0; g < ng; ++g) {
+    float sg[R];
+    group_scales<R>(a.w, r0, g, sc, sg);
+    QF s[R];
+    for (int r = 0; r < R; ++r) s[r] = QF(sg[r]);
+    for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+      for (int r = 0; r < R; ++r) {
+        QF f[kQBlockVectors];
+        prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock * Bits / 8, row_bytes);
+        qblock_float<Bits>(a.w.q + (r0 + r) * row_bytes, b, f);
+        for (std::size_t j = 0; j < kQBlockVectors; ++j) {
+          const QF wv = f[j] * s[r];  // the dequantized weights, exact
+          for (int t = 0; t < M; ++t) {
+            const QF xv = QF::load_unaligned(a.x + t * a.ldx + b * kQBlock + kQF * j);
+            acc[j % A][r][t] = qmadd(wv, xv, acc[j % A][r][t]);
+          }
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) {
-      const float sum = hsum_sse2(acc[r][t]);
-      float& dst = a.y[t * a.ldy + r0 + r];
-      dst = a.accumulate ? dst + sum : sum;
-      if (a.bias) dst += a.bias[r0 + r];
+      QF v = acc[0][r][t];
+      for (int i = 1; i < A; ++i) v += acc[i][r][t];
+      qstore(a, r0 + r, t, qhsum(v));
     }
 }
 
+// rows [r0, r0 + n) of the matrix, columns [c0, c0 + kc) (whole groups), dequantized into
+// tile (n, kc)
 template <int Bits>
 inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std::size_t c0,
                           std::size_t kc, float* tile) {
@@ -512,17 +460,14 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
   for (std::size_t r = 0; r < n; ++r) {
     const std::uint8_t* row = w.q + (r0 + r) * row_bytes;
     for (std::size_t b = c0 / kQBlock; b < (c0 + kc) / kQBlock; ++b) {
-      const __m128 s =
-          _mm_set1_ps(qhalf_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
-      __m128 f[8];
-      qblock_float_sse2<Bits>(row, b, f);
+      const QF s(half_to_float(w.scales[(r0 + r) * ng + b / bpg]));  // once per 32
+      QF f[kQBlockVectors];
+      qblock_float<Bits>(row, b, f);
       float* dst = tile + r * kc + (b * kQBlock - c0);
-      for (int j = 0; j < 8; ++j) _mm_storeu_ps(dst + 4 * j, _mm_mul_ps(f[j], s));
+      for (std::size_t j = 0; j < kQBlockVectors; ++j) (f[j] * s).store_unaligned(dst + kQF * j);
     }
   }
 }
-
-#endif
 
 // int8 activations: int4 weights on AVX2 two blocks a step (qgemv_rows_int4_pairs)
 template <int Bits, int R, int M>

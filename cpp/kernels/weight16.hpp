@@ -91,27 +91,25 @@ inline vec<xsimd::sse2, float> load_w16(xsimd::sse2, const std::uint16_t* p) {
 }
 
 #if defined(__AVX2__)
-// AVX2 (+F16C): 8 weights (16 bytes)
-template <WeightFormat F>
-inline vec<xsimd::fma3<xsimd::avx2>, float> load_w16(xsimd::fma3<xsimd::avx2>,
-                                                     const std::uint16_t* p) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  if constexpr (F == WeightFormat::bf16)
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-  else
-    return _mm256_cvtph_ps(raw);
-}
-#endif
-
+// AVX2 (+F16C): 8 weights (16 bytes); AVX-512: 16 weights (32 bytes). The same two conversions
+// at either width: bf16 zero-extended into the high half of a float32, f16 by F16C (exact).
+template <WeightFormat F, class Arch>
+inline vec<Arch, float> load_w16(Arch, const std::uint16_t* p) {
 #if defined(__AVX512F__)
-// AVX-512: 16 weights (32 bytes)
-template <WeightFormat F>
-inline vec<xsimd::avx512bw, float> load_w16(xsimd::avx512bw, const std::uint16_t* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  if constexpr (F == WeightFormat::bf16)
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-  else
-    return _mm512_cvtph_ps(raw);
+  if constexpr (std::is_same<Arch, xsimd::avx512bw>::value) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return F == WeightFormat::bf16
+               ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))
+               : _mm512_cvtph_ps(raw);
+  } else
+#endif
+  {
+    static_assert(std::is_same<Arch, xsimd::fma3<xsimd::avx2>>::value, "an ISA of isa_list.hpp");
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return F == WeightFormat::bf16
+               ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))
+               : _mm256_cvtph_ps(raw);
+  }
 }
 #endif
 

@@ -14,6 +14,7 @@
 #include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
+#include "kernels/quant_types.hpp"  // half_to_float
 #include "ops/ops.hpp"
 
 namespace llmk::ops {
@@ -21,25 +22,6 @@ namespace {
 
 constexpr std::size_t kRowBlock = 256;     // rows per task of the thread split (fixed by the shape)
 constexpr std::size_t kGemvMaxTokens = 8;  // above: the tile GEMM
-
-float half_bits_to_float(std::uint16_t h) {
-  const std::uint32_t em = h & 0x7fffu;
-  float mag;
-  if (em >= 0x0400u) {
-    std::uint32_t b = (em << 13) + (std::uint32_t(127 - 15) << 23);
-    if (em >= 0x7c00u) b = (em << 13) | 0x7f800000u;
-    std::memcpy(&mag, &b, sizeof mag);
-  } else {
-    mag = static_cast<float>(em) * 0x1p-24f;
-  }
-  // the sign by a bit operation: int4 scales are negative half the time, and a branch on it
-  // mispredicted often enough to triple the time of an int4 GEMV
-  std::uint32_t bits;
-  std::memcpy(&bits, &mag, sizeof bits);
-  bits |= static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  std::memcpy(&mag, &bits, sizeof mag);
-  return mag;
-}
 
 // The smallest float16 >= d (d >= 0 finite), as bits; >= 0x7c00 when d > 65504 (too large).
 std::uint16_t half_ceil(float d) {
@@ -137,7 +119,7 @@ RowStatus quantize_row(const float* w, std::size_t k, std::size_t group, int bit
     }
     const std::uint16_t sh = static_cast<std::uint16_t>(h | (d < 0.f ? 0x8000u : 0u));
     scales[g] = sh;
-    const float s = half_bits_to_float(sh);
+    const float s = half_to_float(sh);
     const float lo = bits == 8 ? -127.f : -8.f, hi = bits == 8 ? 127.f : 7.f;
     for (std::size_t i = 0; i < group; ++i) {
       const float c = s == 0.f ? 0.f : std::nearbyint(wg[i] / s);  // round half to even
@@ -260,7 +242,7 @@ py::array dequantize(py::array q, py::array scales, long long bits_arg, long lon
     parallel_for(w.rows, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t r0, std::size_t r1) {
       for (std::size_t r = r0; r < r1; ++r)
         for (std::size_t i = 0; i < w.k; ++i) {
-          const float s = half_bits_to_float(w.scales[r * (w.k / group) + i / group]);
+          const float s = half_to_float(w.scales[r * (w.k / group) + i / group]);
           int c;
           if (bits == 8) {
             c = static_cast<std::int8_t>(w.q[r * w.k + i]);

@@ -745,21 +745,6 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
 def read_config_json(path: str | os.PathLike[str]) -> ModelConfig:
     """Read an HF (or canonical) ``config.json`` into a :class:`ModelConfig`.
 
@@ -770,7 +755,7 @@ def read_config_json(path: str | os.PathLike[str]) -> ModelConfig:
         ConfigError: ``"[config] <file>: <problem>"`` for an unreadable or malformed file,
             ``"[config] <key>: <problem>"`` for an invalid configuration.
     """
-    from ._files import read_small
+    from ._files import DuplicateKey, no_duplicate_keys, read_small
 
     name = os.fspath(path)
     # opened first, then checked (a FIFO swapped in cannot block the open): see _files
@@ -785,8 +770,8 @@ def read_config_json(path: str | os.PathLike[str]) -> ModelConfig:
     except UnicodeDecodeError as exc:
         raise _err(name, f"not valid UTF-8 (byte offset {exc.start})") from None
     try:
-        data = json.loads(text, object_pairs_hook=_reject_duplicates)
-    except _DuplicateKey as exc:
+        data = json.loads(text, object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as exc:
         raise _err(name, f"duplicate key {exc.key!r:.80} in JSON") from None
     except RecursionError:
         raise _err(name, "JSON nested too deeply") from None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -69,6 +69,26 @@ def read_small(
     if len(raw) > limit:
         raise error(f"file exceeds the {_human(limit)} limit")
     return raw
+
+
+class DuplicateKey(Exception):
+    """A JSON object holding ``key`` twice (raised by :func:`no_duplicate_keys`)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook`` for the model files (config.json, safetensors
+    headers and indexes): a key given twice raises :class:`DuplicateKey` instead of the last
+    value winning silently."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 def _human(n: int) -> str:

@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ._files import open_regular, read_small
+from ._files import DuplicateKey, no_duplicate_keys, open_regular, read_small
 
 __all__ = [
     "DTYPES",
@@ -106,21 +106,6 @@ def _short(text: object, limit: int = 80) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
-class _DuplicateKey(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
 def _no_constants(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
@@ -132,8 +117,8 @@ def _parse_json(file: str, raw: bytes, what: str) -> Any:
     except UnicodeDecodeError as exc:
         raise _err(file, f"{what} is not valid UTF-8 (byte {exc.start})") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
-    except _DuplicateKey as exc:
+        return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constants)
+    except DuplicateKey as exc:
         raise _err(file, f"duplicate key {_short(exc.key)} in {what}") from None
     except RecursionError:
         raise _err(file, f"{what} is nested too deeply") from None

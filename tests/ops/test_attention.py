@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 
 import llmkernels as lk
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_python
 from llmkernels import pure
 from llmkernels import reference as ref
 
@@ -712,21 +708,9 @@ print(json.dumps(report))
 
 @pytest.mark.slow
 def test_memory_is_streaming():
-    proc = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(MEMORY_SCRIPT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"memory subprocess hung\n{stdout}\n{stderr}")
-    assert proc.returncode == 0, stderr
-    r = json.loads(stdout.strip().splitlines()[-1])
+    proc = run_python(MEMORY_SCRIPT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
     mib = 1 << 20
     out_bytes = r["io"] // 4
     # inputs and the preallocated out are already resident in "base"
