@@ -6,7 +6,7 @@ What "right" means here:
   mean KL divergence of the next-token distributions ``KL(p_f32 || p_q)`` and top-1 agreement
   (formulas beside the tests). Asserted at int8: KL <= 1e-3 and top-1 >= 98% (DESIGN.md §4),
   for the prefill path (float activations) and the decode path (int8 activations). int4 is held
-  to the looser bound of docs/quantization.md (KL <= 2e-2, top-1 >= 90%).
+  to the looser bound of docs/quantization.md (KL <= 1e-2, top-1 >= 90%).
 * the storage -- a quantized matrix holds exactly ``lk.quantize``'s bits of the float matrix,
   whichever way the model got there (``quantize()``, ``from_pretrained(dtype="int8")``,
   ``Transformer(dtype="int8", seed=s)``, ``to("int8")``, ``load_state_dict`` of float weights);
@@ -45,7 +45,7 @@ CFG = {
 TRAINED = Path(__file__).resolve().parent / "data" / "quant_lm"
 N_PROMPTS, PROMPT_LEN = 64, 16
 # asserted bounds (docs/quantization.md, "Accuracy of quantized models")
-BOUNDS = {8: (1e-3, 0.98), 4: (1e-2, 0.93)}
+BOUNDS = {8: (1e-3, 0.98), 4: (1e-2, 0.90)}
 
 
 def quantized_matrices(sd: dict[str, np.ndarray]) -> list[str]:
@@ -176,7 +176,9 @@ def test_quantize_stores_lk_quantize_bits(base: lk.Transformer, bits: int, group
         if not key.endswith("proj.weight") and key != "lm_head.weight":
             np.testing.assert_array_equal(sd[key], floats[key])
     # nbytes: int8 codes 1 byte (int4: 0.5) + a float16 scale per group, the rest float32
-    want = sum(v.nbytes for k, v in floats.items() if not k.endswith(("proj.weight", "lm_head.weight")))
+    want = sum(
+        v.nbytes for k, v in floats.items() if not k.endswith(("proj.weight", "lm_head.weight"))
+    )
     for name in names:
         rows, k = floats[name + ".weight"].shape
         want += rows * k * bits // 8 + rows * (k // group) * 2
@@ -261,7 +263,7 @@ def test_dequantize_back_to_float(base: lk.Transformer) -> None:
         np.testing.assert_array_equal(deq.state_dict()[name + ".weight"], w)  # exact
 
 
-# --- determinism -----------------------------------------------------------------------------------
+# --- determinism ---------------------------------------------------------------------------------
 
 
 @pytest.mark.usefixtures("threads")

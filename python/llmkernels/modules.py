@@ -329,9 +329,7 @@ class _Module:
         own = self.state_dict()
         group = self._group_size()
         if group:  # float X.weight entries quantized into X.qweight / X.scales
-            state_dict, _ = _quant_sources(
-                f"{self._name}.load_state_dict", own, state_dict, group
-            )
+            state_dict, _ = _quant_sources(f"{self._name}.load_state_dict", own, state_dict, group)
         unexpected = [k for k in state_dict if k not in own]
         missing = [k for k in own if k not in state_dict]
         if strict and (unexpected or missing):
@@ -514,9 +512,7 @@ class FeedForward(_Module):
             )
         dim = _positive_int(self._name, "dim", dim)
         hidden_dim = _positive_int(self._name, "hidden_dim", hidden_dim)
-        group = _check_group(
-            self._name, wdtype, group_size, {"dim": dim, "hidden_dim": hidden_dim}
-        )
+        group = _check_group(self._name, wdtype, group_size, {"dim": dim, "hidden_dim": hidden_dim})
         self._impl = _core.FeedForwardImpl(
             dim, hidden_dim, bool(bias), activation == "gelu_tanh", wdtype, group or 32
         )
