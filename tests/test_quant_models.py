@@ -26,6 +26,7 @@ from typing import Any
 import llmkernels as lk
 import numpy as np
 import pytest
+from conftest import run_python
 from llmkernels.quant import ref_dequantize, ref_quantize
 
 # small enough for CI; the group sizes 32, 64 and 128 divide every input dimension
@@ -427,3 +428,66 @@ def test_requantize_and_save_errors(tmp_path: Path) -> None:
         lk.Transformer.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"^\[Transformer\] dtype must be None, .*'int8'"):
         lk.Transformer(CFG, dtype=np.int8)  # NumPy's int8 dtype is not a quantization request
+
+
+# --- memory and threads ---------------------------------------------------------------------------
+
+
+def test_loading_int8_never_holds_a_float32_matrix(tmp_path: Path) -> None:
+    # a 256 MiB float32 checkpoint loaded as int8: the peak resident set grows by the int8
+    # model plus the reader's bounded window (as a float load: tests/test_loading.py), never by
+    # a float32 copy of a matrix (the largest, 32 MiB) or of the model
+    cfg = {"dim": 1024, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "hidden_dim": 2816,
+           "vocab_size": 8192, "max_seq_len": 64}  # fmt: skip
+    lk.Transformer(cfg, seed=0).save_pretrained(tmp_path)
+    code = f"""
+        import llmkernels as lk
+        from llmkernels._safetensors import _MAP_WINDOW, _CHUNK_BYTES
+        def hwm():
+            return next(int(line.split()[1]) << 10 for line in open("/proc/self/status")
+                        if line.startswith("VmHWM"))
+        small = {{**{cfg!r}, "dim": 64, "hidden_dim": 64, "vocab_size": 64}}
+        small["n_heads"] = small["n_kv_heads"] = 2
+        lk.Transformer(small, seed=0, dtype="int8").nbytes  # imports, code paths warmed up
+        base = hwm()
+        model = lk.Transformer.from_pretrained({str(tmp_path)!r}, dtype="int8")
+        assert model.dtype == "int8"
+        print((hwm() - base - model.nbytes) / (_MAP_WINDOW + _CHUNK_BYTES), model.nbytes)
+    """
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    ratio, nbytes = proc.stdout.split()
+    assert int(nbytes) < 100 << 20  # int8 codes, float16 scales, float32 embedding
+    assert float(ratio) < 1.5, proc.stdout
+
+
+def test_quantize_while_other_threads_run_the_model(base: lk.Transformer) -> None:
+    # quantize() swaps each matrix atomically: a forward running meanwhile uses the matrices it
+    # started with (old or new, never freed memory), and finishes with finite logits
+    import threading
+
+    model = copy_of(base)
+    ids = prompts()[:2]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            while not stop.is_set():
+                assert np.isfinite(model(ids)).all()
+                assert np.isfinite(model(ids[:, :1])).all()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for _ in range(3):
+        model.quantize(8, 32)
+        model.to("float32")
+        model.quantize(4, 64)
+        model.to("float32")
+    stop.set()
+    for w in workers:
+        w.join()
+    assert not errors, errors
