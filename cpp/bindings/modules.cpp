@@ -38,27 +38,74 @@ WeightFormat parse_format(const std::string& name) {
   if (name == "float32") return WeightFormat::f32;
   if (name == "bfloat16") return WeightFormat::bf16;
   if (name == "float16") return WeightFormat::f16;
-  fail("modules", "weight dtype must be 'float32', 'bfloat16' or 'float16', got '" + name + "'");
+  if (name == "int8") return WeightFormat::q8;
+  if (name == "int4") return WeightFormat::q4;
+  fail("modules",
+       "weight dtype must be 'float32', 'bfloat16', 'float16', 'int8' or 'int4', got '" + name +
+           "'");
 }
 std::string format_name(WeightFormat f) {
-  return f == WeightFormat::bf16 ? "bfloat16" : f == WeightFormat::f16 ? "float16" : "float32";
+  switch (f) {
+    case WeightFormat::bf16: return "bfloat16";
+    case WeightFormat::f16: return "float16";
+    case WeightFormat::q8: return "int8";
+    case WeightFormat::q4: return "int4";
+    default: return "float32";
+  }
 }
 
-// the NumPy dtype of a weight format: bf16 is ml_dtypes.bfloat16 (NumPy has none)
+// the group size of a quantized format (checked: 32, 64, 128), 0 for the float ones
+std::size_t parse_group(WeightFormat f, long long group) {
+  if (!is_quantized(f)) return 0;
+  if (group != 32 && group != 64 && group != 128)
+    fail("modules", "group_size must be 32, 64 or 128, got " + std::to_string(group));
+  return static_cast<std::size_t>(group);
+}
+
+// the NumPy dtype of a parameter's storage: bf16 is ml_dtypes.bfloat16 (NumPy has none); int8
+// codes are int8, int4 codes uint8 (two a byte)
 py::dtype format_dtype(WeightFormat f) {
-  if (f == WeightFormat::f32) return py::dtype::of<float>();
-  if (f == WeightFormat::f16) return py::dtype("float16");
-  return py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16"));
+  switch (f) {
+    case WeightFormat::f32: return py::dtype::of<float>();
+    case WeightFormat::f16: return py::dtype("float16");
+    case WeightFormat::q8: return py::dtype::of<std::int8_t>();
+    case WeightFormat::q4: return py::dtype::of<std::uint8_t>();
+    default: return py::dtype::from_args(py::module_::import("ml_dtypes").attr("bfloat16"));
+  }
 }
 
-// name -> zero-copy view of each parameter, in its storage dtype; `owner` keeps the module alive
+// name -> zero-copy view of each parameter, in its storage dtype; the view keeps alive the
+// module (`owner`), or the weight storage it shows (which quantize() may replace)
 py::dict param_views(std::vector<Param> params, py::handle owner) {
   py::dict d;
   for (auto& p : params) {
     std::vector<py::ssize_t> shape(p.shape.begin(), p.shape.end());
-    d[py::str(p.name)] = py::array(format_dtype(p.format), shape, p.data, owner);
+    py::object base = py::reinterpret_borrow<py::object>(owner);
+    if (p.keep)
+      base = py::capsule(new std::shared_ptr<void>(p.keep),
+                         [](void* k) { delete static_cast<std::shared_ptr<void>*>(k); });
+    d[py::str(p.name)] = py::array(format_dtype(p.format), shape, p.data, base);
   }
   return d;
+}
+
+// Module.converted(dtype, group_size, fn) -> staged matrices; Module.assign(staged)
+template <class Module, class Class>
+void bind_conversion(Class& c) {
+  using namespace pybind11::literals;
+  c.def(
+       "converted",
+       [](const Module& self, const std::string& dtype, long long group, const std::string& fn) {
+         const WeightFormat f = parse_format(dtype);
+         const std::size_t g = parse_group(f, group);
+         py::gil_scoped_release nogil;
+         return self.converted(f, g, fn);
+       },
+       "dtype"_a, "group_size"_a, "fn"_a,
+       "The weight matrices converted to dtype ('int8', 'int4' in groups of group_size, or "
+       "'float32'), not yet in use: assign() swaps them in.")
+      .def("assign", &Module::assign, "staged"_a)
+      .def_property_readonly("group_size", [](const Module& s) { return s.group(); });
 }
 
 // Module.params: name -> view, the views keeping the module alive
@@ -220,6 +267,8 @@ f32_array linear_hook(f32_array x, py::array w, const std::string& dtype,
                       std::optional<f32_array> bias, std::optional<f32_array> y) {
   const char* fn = "_linear";
   const WeightFormat f = parse_format(dtype);
+  expect(!is_quantized(f), fn, "dtype must be float32, bfloat16 or float16 (int8 / int4: "
+                               "llmkernels.quantized_linear)");
   expect(x.ndim() == 2, fn, "x must have shape (m, k)");
   expect(w.ndim() == 2 && w.shape(1) == x.shape(1), fn, "w must have shape (n, k)");
   expect(w.flags() & py::array::c_style, fn, "w must be C-contiguous");
@@ -323,13 +372,19 @@ void bind_modules(py::module_& m) {
       .def_property_readonly("eps", &LayerNormModule::eps)
       .def_property_readonly("has_bias", &LayerNormModule::has_bias);
 
-  py::class_<FeedForwardModule, std::shared_ptr<FeedForwardModule>>(m, "FeedForwardImpl")
+  py::class_<StagedWeights, std::shared_ptr<StagedWeights>>(m, "StagedWeights");
+
+  py::class_<FeedForwardModule, std::shared_ptr<FeedForwardModule>> ffn(m, "FeedForwardImpl");
+  bind_conversion<FeedForwardModule>(ffn);
+  ffn
       .def(py::init([](std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh,
-                       const std::string& dtype) {
-             return std::make_shared<FeedForwardModule>(dim, hidden, bias, gelu_tanh,
-                                                        parse_format(dtype));
+                       const std::string& dtype, long long group) {
+             const WeightFormat f = parse_format(dtype);
+             return std::make_shared<FeedForwardModule>(dim, hidden, bias, gelu_tanh, f,
+                                                        parse_group(f, group));
            }),
-           "dim"_a, "hidden"_a, "bias"_a, "gelu_tanh"_a = false, "dtype"_a = "float32")
+           "dim"_a, "hidden"_a, "bias"_a, "gelu_tanh"_a = false, "dtype"_a = "float32",
+           "group_size"_a = 32)
       .def_property_readonly("gelu_tanh", &FeedForwardModule::gelu_tanh)
       .def_property_readonly("dtype",
                              [](const FeedForwardModule& s) { return format_name(s.format()); })
@@ -387,21 +442,24 @@ void bind_modules(py::module_& m) {
         return locked(c, [&] { return cache_view(self, c, c.v); });
       });
 
-  py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>>(
-      m, "MultiHeadAttentionImpl")
-      .def(py::init([](std::size_t dim, std::size_t n_heads, std::size_t n_kv_heads,
+  py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>> mha(
+      m, "MultiHeadAttentionImpl");
+  bind_conversion<MultiHeadAttentionModule>(mha);
+  mha.def(py::init([](std::size_t dim, std::size_t n_heads, std::size_t n_kv_heads,
                        std::size_t head_dim, std::vector<double> inv_freq, double attention_factor,
                        bool qkv_bias, bool o_bias, bool causal, std::int64_t window, double softcap,
                        double scale, bool sinks, bool qk_norm, double qk_norm_eps,
-                       const std::string& dtype) {
+                       const std::string& dtype, long long group) {
+             const WeightFormat f = parse_format(dtype);
              return std::make_shared<MultiHeadAttentionModule>(
                  dim, n_heads, n_kv_heads, head_dim, std::move(inv_freq), attention_factor,
-                 qkv_bias, o_bias, causal, window, softcap, scale, sinks, qk_norm, qk_norm_eps,
-                 parse_format(dtype));
+                 qkv_bias, o_bias, causal, window, softcap, scale, sinks, qk_norm, qk_norm_eps, f,
+                 parse_group(f, group));
            }),
            "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a, "inv_freq"_a, "attention_factor"_a,
            "qkv_bias"_a, "o_bias"_a, "causal"_a, "window"_a = 0, "softcap"_a = 0.0, "scale"_a = 0.0,
-           "sinks"_a = false, "qk_norm"_a = false, "qk_norm_eps"_a = 1e-6, "dtype"_a = "float32")
+           "sinks"_a = false, "qk_norm"_a = false, "qk_norm_eps"_a = 1e-6, "dtype"_a = "float32",
+           "group_size"_a = 32)
       .def_property_readonly(
           "dtype", [](const MultiHeadAttentionModule& s) { return format_name(s.format()); })
       .def(
@@ -457,18 +515,28 @@ void bind_modules(py::module_& m) {
       .def_readonly("ffn_norm", &TransformerBlockModule::ffn_norm)
       .def_readonly("pre_norm", &TransformerBlockModule::pre_norm);
 
-  py::class_<TransformerModule, std::shared_ptr<TransformerModule>>(m, "TransformerImpl")
+  py::class_<TransformerModule, std::shared_ptr<TransformerModule>> model(m, "TransformerImpl");
+  bind_conversion<TransformerModule>(model);
+  model
       .def(py::init([](std::size_t vocab, std::size_t dim,
                        std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
                        std::shared_ptr<Norm> final_norm, bool tie, double embed_scale,
-                       double final_softcap, const std::string& dtype) {
+                       double final_softcap, const std::string& dtype,
+                       std::optional<std::string> head_dtype, long long group) {
+             const WeightFormat f = parse_format(dtype);
+             const WeightFormat hf = head_dtype ? parse_format(*head_dtype) : f;
+             if (is_quantized(f)) fail("Transformer", "the embedding is stored in a float dtype");
              return std::make_shared<TransformerModule>(vocab, dim, std::move(blocks),
                                                         std::move(final_norm), tie, embed_scale,
-                                                        final_softcap, parse_format(dtype));
+                                                        final_softcap, f, hf, parse_group(hf, group));
            }),
            "vocab"_a, "dim"_a, "blocks"_a, "final_norm"_a, "tie_embeddings"_a,
-           "embed_scale"_a = 0.0, "final_softcap"_a = 0.0, "dtype"_a = "float32")
-      .def_property_readonly("dtype",
+           "embed_scale"_a = 0.0, "final_softcap"_a = 0.0, "dtype"_a = "float32",
+           "head_dtype"_a = py::none(), "group_size"_a = 32)
+      // the LM head's (what the model's dtype reports: int8 / int4 once quantized)
+      .def_property_readonly(
+          "dtype", [](const TransformerModule& s) { return format_name(s.head_format()); })
+      .def_property_readonly("embed_dtype",
                              [](const TransformerModule& s) { return format_name(s.format()); })
       .def(
           "forward",

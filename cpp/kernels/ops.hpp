@@ -17,8 +17,11 @@ namespace llmk {
 
 // How a projection's weights are stored (cpp/modules, ops/linear.hpp): float32, or 16 bits per
 // weight -- bfloat16 (the checkpoints' usual dtype) or IEEE float16 -- converted to float32 in
-// registers by the kernels of kernels/weight16.hpp. Room for int8 / int4 with group scales.
-enum class WeightFormat : std::uint8_t { f32, bf16, f16 };
+// registers by the kernels of kernels/weight16.hpp, or group-wise quantized int8 / int4 codes
+// with float16 scales (kernels/quant.hpp, docs/quantization.md).
+enum class WeightFormat : std::uint8_t { f32, bf16, f16, q8, q4 };
+
+inline bool is_quantized(WeightFormat f) { return f == WeightFormat::q8 || f == WeightFormat::q4; }
 
 // --- attention -----------------------------------------------------------------------------
 // Tiles: up to kAttnRowTile query rows (of one KV head's group) against kAttnKeyTile keys.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "common/isa.hpp"
 #include "common/rope_tables.hpp"
@@ -18,24 +19,69 @@
 #include "kernels/ops.hpp"
 #include "ops/attention.hpp"
 #include "ops/linear.hpp"
+#include "ops/quant.hpp"
 
 namespace llmk {
 
-WeightBuffer::WeightBuffer(std::size_t n, WeightFormat format) : n_(n), format_(format) {
-  if (n == 0) return;
+namespace {
+
+// `bytes` uninitialised bytes (see WeightBuffer): 64-byte aligned, 2 MiB aligned with huge pages
+// requested from 4 MiB on
+void* alloc_weights(std::size_t bytes) {
   constexpr std::size_t kHuge = std::size_t{2} << 20;
-  if (n > (SIZE_MAX - kHuge) / itemsize(format)) throw std::bad_alloc();
-  std::size_t bytes = n * itemsize(format);
+  if (bytes > SIZE_MAX - kHuge) throw std::bad_alloc();
   bool huge = bytes >= 2 * kHuge;
   std::size_t align = huge ? kHuge : 64;
   bytes = (bytes + align - 1) / align * align;  // aligned_alloc wants a multiple of the alignment
   void* p = std::aligned_alloc(align, bytes);
   if (!p) throw std::bad_alloc();
   if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: ignored where THP is off
-  p_.reset(p);
+  return p;
+}
+
+// bytes of the codes / values of n weights in format f
+std::size_t data_bytes(std::size_t n, WeightFormat f) {
+  if (f == WeightFormat::q8) return n;
+  if (f == WeightFormat::q4) return n / 2;
+  if (n > SIZE_MAX / 4) throw std::bad_alloc();
+  return n * WeightBuffer::itemsize(f);
+}
+
+}  // namespace
+
+WeightBuffer::WeightBuffer(std::size_t n, WeightFormat format, std::size_t group)
+    : s_(std::make_shared<Storage>()) {
+  s_->n = n;
+  s_->format = format;
+  if (is_quantized(format)) {
+    if (group != 32 && group != 64 && group != 128)
+      throw std::invalid_argument("[modules] group_size must be 32, 64 or 128, got " +
+                                  std::to_string(group));
+    if (n % group) throw std::invalid_argument("[modules] the matrix is not whole groups");
+    s_->group = group;
+  }
+  if (n == 0) return;
+  s_->data.reset(alloc_weights(data_bytes(n, format)));
+  if (is_quantized(format)) s_->scales.reset(alloc_weights(n / group * sizeof(std::uint16_t)));
 }
 
 void WeightBuffer::Free::operator()(void* p) const { std::free(p); }
+
+std::size_t WeightBuffer::nbytes() const {
+  if (!s_) return 0;
+  return data_bytes(s_->n, s_->format) +
+         (is_quantized(s_->format) ? s_->n / s_->group * sizeof(std::uint16_t) : 0);
+}
+
+void* WeightBuffer::at(std::size_t first) const {
+  if (!s_) return nullptr;
+  return static_cast<char*>(s_->data.get()) + data_bytes(first, s_->format);
+}
+
+std::uint16_t* WeightBuffer::scales_at(std::size_t first) const {
+  if (!s_ || !s_->group) return nullptr;
+  return static_cast<std::uint16_t*>(s_->scales.get()) + first / s_->group;
+}
 
 namespace {
 
@@ -104,10 +150,80 @@ float* scratch(Slot which, std::size_t n) {
 }
 
 // y (m, n) [+]= x (m, k) . w^T [+ bias]: the package's one projection path (ops/linear.hpp),
-// weights in HF's (out, in) layout, float32 or 16-bit (converted in registers)
+// weights in HF's (out, in) layout, float32, 16-bit or int8 / int4 (converted in registers)
 void project(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
              const float* bias, float* y, bool accumulate) {
   linear(x, m, k, w, n, bias, y, accumulate);
+}
+
+// The parameters of the (rows, k) matrix stored in b from weight `first` on: name.weight, or
+// for int8 / int4 name.qweight (codes) and name.scales (float16), the layout of
+// save_pretrained's quantized checkpoints (docs/quantization.md)
+void add_matrix(std::vector<Param>& p, const std::string& name, const WeightBuffer& b,
+                std::size_t first, std::size_t rows, std::size_t k) {
+  const WeightFormat f = b.format();
+  if (!is_quantized(f)) {
+    p.push_back({name + ".weight", {rows, k}, b.at(first), f, b.keep()});
+    return;
+  }
+  p.push_back(
+      {name + ".qweight", {rows, f == WeightFormat::q8 ? k : k / 2}, b.at(first), f, b.keep()});
+  p.push_back({name + ".scales", {rows, k / b.group()}, b.scales_at(first), WeightFormat::f16,
+               b.keep()});
+}
+
+// The matrix src, seen as (src.size() / k, k), in format `to`: int8 / int4 in groups of `group`
+// (ops/quant.hpp's quantizer, the bits of lk.quantize) or float32 (exact from every format).
+// Row blocks are widened to a float32 tile (at most 1 MiB) and encoded from it: never a float32
+// copy of the whole matrix. Throws std::invalid_argument("[fn] <what> ...") for weights that
+// cannot be quantized (non-finite, or beyond float16 scales).
+WeightBuffer convert_matrix(const WeightBuffer& src, std::size_t k, WeightFormat to,
+                            std::size_t group, const std::string& fn, const std::string& what) {
+  const std::size_t n = src.size();
+  if (is_quantized(to) && k % group)
+    throw std::invalid_argument("[" + fn + "] group_size=" + std::to_string(group) +
+                                " does not divide the input dimension " + std::to_string(k) +
+                                " of " + what);
+  WeightBuffer dst(n, to, group);
+  if (n == 0 || k == 0) return dst;
+  if (!is_quantized(to) && to != WeightFormat::f32)
+    throw std::invalid_argument("[" + fn + "] conversion to bf16 / f16 is not done here");
+  const std::size_t rows = n / k;
+  const std::size_t block = std::max<std::size_t>(1, (std::size_t{1} << 18) / k);
+  std::vector<float> tile;
+  const WeightFormat from = src.format();
+  for (std::size_t r0 = 0; r0 < rows; r0 += block) {
+    const std::size_t nr = std::min(block, rows - r0);
+    const float* f;
+    if (from == WeightFormat::f32) {
+      f = static_cast<const float*>(src.at(r0 * k));
+    } else {
+      tile.resize(block * k);
+      if (is_quantized(from)) {
+        const qweights qw{static_cast<const std::uint8_t*>(src.at(r0 * k)), src.scales_at(r0 * k),
+                          nr, k, src.group()};
+        ops::dequantize_rows(qw, from == WeightFormat::q8 ? 8 : 4, tile.data());
+      } else {
+        dispatch(widen_w16_kernel{}, tile.data(),
+                 static_cast<const std::uint16_t*>(src.at(r0 * k)), from, nr * k);
+      }
+      f = tile.data();
+    }
+    if (to == WeightFormat::f32) {
+      std::memcpy(dst.at(r0 * k), f, nr * k * sizeof(float));
+      continue;
+    }
+    const int bits = to == WeightFormat::q8 ? 8 : 4;
+    ops::QuantStatus st =
+        ops::quantize_rows(f, nr, k, group, bits, static_cast<std::uint8_t*>(dst.at(r0 * k)),
+                           dst.scales_at(r0 * k));
+    if (st.code) {
+      st.row += r0;
+      throw std::invalid_argument("[" + fn + "] " + what + " cannot be quantized: " +
+                                  ops::quant_status_message(st, bits));
+    }
+  }
+  return dst;
 }
 
 }  // namespace
@@ -156,14 +272,14 @@ std::vector<Param> LayerNormModule::params() {
 // feed-forward
 
 FeedForwardModule::FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh,
-                                     WeightFormat format)
+                                     WeightFormat format, std::size_t group)
     : dim_(dim),
       hidden_(hidden),
       bias_(bias),
       gelu_tanh_(gelu_tanh),
-      w_gate_up_(2 * hidden * dim, format),
+      w_gate_up_(2 * hidden * dim, format, group),
       b_gate_up_(bias ? 2 * hidden : 0, 0.f),
-      w_down_(dim * hidden, format),
+      w_down_(dim * hidden, format, group),
       b_down_(bias ? dim : 0, 0.f) {}
 
 void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
@@ -172,28 +288,42 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
   const std::size_t h = hidden_;
   float* gu = scratch(kGateUp, m * 2 * h);  // (m, 2h): [gate | up]
   float* act = scratch(kHidden, m * h);     // (m, h)
-  project(x, m, dim_, w_gate_up_.ref(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
+  const WeightBuffer w_gate_up = w_gate_up_.load(), w_down = w_down_.load();
+  project(x, m, dim_, w_gate_up.ref(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
   swiglu_rows<float>(act, gu, gu + h, m, h, 2 * h, gelu_tanh_);
   if (residual && residual != out) std::memcpy(out, residual, m * dim_ * sizeof(float));
-  project(act, m, h, w_down_.ref(), dim_, bias_ ? b_down_.data() : nullptr, out,
+  project(act, m, h, w_down.ref(), dim_, bias_ ? b_down_.data() : nullptr, out,
           residual != nullptr);
 }
 
+StagedWeights FeedForwardModule::converted(WeightFormat to, std::size_t group,
+                                           const std::string& fn) const {
+  const std::string what = fused_names ? "gate_up_proj" : "gate_proj / up_proj";
+  return {{convert_matrix(w_gate_up_.load(), dim_, to, group, fn, what),
+           convert_matrix(w_down_.load(), hidden_, to, group, fn, "down_proj")}};
+}
+
+void FeedForwardModule::assign(const StagedWeights& w) {
+  w_gate_up_.store(w.buffers.at(0));
+  w_down_.store(w.buffers.at(1));
+}
+
 std::vector<Param> FeedForwardModule::params() {
+  const WeightBuffer w_gate_up = w_gate_up_.load(), w_down = w_down_.load();
   if (fused_names) {
-    std::vector<Param> p{
-        {"gate_up_proj.weight", {2 * hidden_, dim_}, w_gate_up_.at(0), w_gate_up_.format()},
-        {"down_proj.weight", {dim_, hidden_}, w_down_.at(0), w_down_.format()}};
+    std::vector<Param> p;
+    add_matrix(p, "gate_up_proj", w_gate_up, 0, 2 * hidden_, dim_);
+    add_matrix(p, "down_proj", w_down, 0, dim_, hidden_);
     if (bias_) {
       p.push_back({"gate_up_proj.bias", {2 * hidden_}, b_gate_up_.data()});
       p.push_back({"down_proj.bias", {dim_}, b_down_.data()});
     }
     return p;
   }
-  const WeightFormat f = w_down_.format();
-  std::vector<Param> p{{"gate_proj.weight", {hidden_, dim_}, w_gate_up_.at(0), f},
-                       {"up_proj.weight", {hidden_, dim_}, w_gate_up_.at(hidden_ * dim_), f},
-                       {"down_proj.weight", {dim_, hidden_}, w_down_.at(0), f}};
+  std::vector<Param> p;
+  add_matrix(p, "gate_proj", w_gate_up, 0, hidden_, dim_);
+  add_matrix(p, "up_proj", w_gate_up, hidden_ * dim_, hidden_, dim_);
+  add_matrix(p, "down_proj", w_down, 0, dim_, hidden_);
   if (bias_) {
     p.push_back({"gate_proj.bias", {hidden_}, b_gate_up_.data()});
     p.push_back({"up_proj.bias", {hidden_}, b_gate_up_.data() + hidden_});
@@ -281,7 +411,7 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(
     std::size_t dim_, std::size_t n_heads_, std::size_t n_kv_heads_, std::size_t head_dim_,
     std::vector<double> inv_freq_, double attention_factor_, bool qkv_bias_, bool o_bias_,
     bool causal_, std::int64_t window_, double softcap_, double scale_, bool sinks_on,
-    bool qk_norm_, double qk_norm_eps_, WeightFormat format)
+    bool qk_norm_, double qk_norm_eps_, WeightFormat format, std::size_t group)
     : dim(dim_),
       n_heads(n_heads_),
       n_kv_heads(n_kv_heads_),
@@ -297,9 +427,9 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(
       sinks(sinks_on),
       qk_norm(qk_norm_),
       qk_norm_eps(qk_norm_eps_),
-      w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_, format),
+      w_qkv_((n_heads_ + 2 * n_kv_heads_) * head_dim_ * dim_, format, group),
       b_qkv_(qkv_bias_ ? (n_heads_ + 2 * n_kv_heads_) * head_dim_ : 0, 0.f),
-      w_o_(dim_ * n_heads_ * head_dim_, format),
+      w_o_(dim_ * n_heads_ * head_dim_, format, group),
       b_o_(o_bias_ ? dim_ : 0, 0.f),
       sinks_(sinks_on ? n_heads_ : 0, 0.f),
       q_norm_(qk_norm_ ? head_dim_ : 0, 1.f),
@@ -315,25 +445,34 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(
                                 std::to_string(inv_freq.size()));
 }
 
+StagedWeights MultiHeadAttentionModule::converted(WeightFormat to, std::size_t group,
+                                                  const std::string& fn) const {
+  const std::string what = fused_names ? "qkv_proj" : "q_proj / k_proj / v_proj";
+  return {{convert_matrix(w_qkv_.load(), dim, to, group, fn, what),
+           convert_matrix(w_o_.load(), n_heads * head_dim, to, group, fn, "o_proj")}};
+}
+
+void MultiHeadAttentionModule::assign(const StagedWeights& w) {
+  w_qkv_.store(w.buffers.at(0));
+  w_o_.store(w.buffers.at(1));
+}
+
 std::vector<Param> MultiHeadAttentionModule::params() {
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
+  const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
   std::vector<Param> p;
   if (fused_names) {  // Phi-3: [q; k; v] is one tensor, as it is stored
-    p.push_back({"qkv_proj.weight", {q + 2 * kv, dim}, w_qkv_.at(0), w_qkv_.format()});
+    add_matrix(p, "qkv_proj", w_qkv, 0, q + 2 * kv, dim);
     if (qkv_bias) p.push_back({"qkv_proj.bias", {q + 2 * kv}, b_qkv_.data()});
   } else {
     const char* names[3] = {"q_proj", "k_proj", "v_proj"};
     const std::size_t rows[3] = {q, kv, kv}, first[3] = {0, q, q + kv};
-    for (int i = 0; i < 3; ++i)
-      p.push_back({std::string(names[i]) + ".weight",
-                   {rows[i], dim},
-                   w_qkv_.at(first[i] * dim),
-                   w_qkv_.format()});
-    p.push_back({"o_proj.weight", {dim, q}, w_o_.at(0), w_o_.format()});
+    for (int i = 0; i < 3; ++i) add_matrix(p, names[i], w_qkv, first[i] * dim, rows[i], dim);
+    add_matrix(p, "o_proj", w_o, 0, dim, q);
     for (int i = 0; qkv_bias && i < 3; ++i)
       p.push_back({std::string(names[i]) + ".bias", {rows[i]}, b_qkv_.data() + first[i]});
   }
-  if (fused_names) p.push_back({"o_proj.weight", {dim, q}, w_o_.at(0), w_o_.format()});
+  if (fused_names) add_matrix(p, "o_proj", w_o, 0, dim, q);
   if (o_bias) p.push_back({"o_proj.bias", {dim}, b_o_.data()});
   if (sinks) p.push_back({"sinks", {n_heads}, sinks_.data()});
   if (qk_norm) {
@@ -357,7 +496,8 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   float* qkv = scratch(kQKV, m * width);         // (B*T, width)
   float* rope_tab = scratch(kRope, m * hd);      // (B*T, [cos half | sin half])
   float* attn = scratch(kAttnOut, m * hq * hd);  // (B*T, Hq*hd)
-  project(x, m, dim, w_qkv_.ref(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
+  const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
+  project(x, m, dim, w_qkv.ref(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
 
   // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
   static const std::vector<std::int64_t> zeros(4096, 0);
@@ -495,7 +635,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   if (cache) cache->length += seq;
 
   if (residual && residual != out) std::memcpy(out, residual, m * dim * sizeof(float));
-  project(attn, m, hq * hd, w_o_.ref(), dim, o_bias ? b_o_.data() : nullptr, out,
+  project(attn, m, hq * hd, w_o.ref(), dim, o_bias ? b_o_.data() : nullptr, out,
           residual != nullptr);
 }
 
@@ -554,7 +694,8 @@ void TransformerBlockModule::forward(const float* x, std::size_t batch, std::siz
 TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
                                      std::vector<std::shared_ptr<TransformerBlockModule>> b,
                                      std::shared_ptr<Norm> n, bool tie, double embed_scale_,
-                                     double final_softcap_, WeightFormat format)
+                                     double final_softcap_, WeightFormat format,
+                                     WeightFormat head_format, std::size_t group)
     : vocab(vocab_),
       dim(dim_),
       blocks(std::move(b)),
@@ -563,15 +704,40 @@ TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
       embed_scale(embed_scale_),
       final_softcap(final_softcap_),
       embed_(vocab_ * dim_, format),
-      lm_head_(tie ? 0 : vocab_ * dim_, format) {}
+      lm_head_(tie && !is_quantized(head_format) ? 0 : vocab_ * dim_, head_format, group) {
+  if (is_quantized(format))
+    throw std::invalid_argument("[Transformer] the embedding is stored in a float format");
+  if (!tie && !is_quantized(head_format) && head_format != format)
+    throw std::invalid_argument("[Transformer] a float LM head has the embedding's format");
+}
+
+WeightFormat TransformerModule::head_format() const {
+  const WeightBuffer head = lm_head_.load();
+  return head.size() ? head.format() : embed_.format();
+}
+
+StagedWeights TransformerModule::converted(WeightFormat to, std::size_t group,
+                                           const std::string& fn) const {
+  if (tie_embeddings) {  // the head is the embedding, or a quantized copy of it
+    if (!is_quantized(to)) return {{WeightBuffer(0, to)}};
+    return {{convert_matrix(embed_, dim, to, group, fn, "lm_head (the tied embedding)")}};
+  }
+  return {{convert_matrix(lm_head_.load(), dim, to, group, fn, "lm_head")}};
+}
+
+void TransformerModule::assign(const StagedWeights& w) { lm_head_.store(w.buffers.at(0)); }
 
 std::vector<Param> TransformerModule::params() {
-  std::vector<Param> p{{"model.embed_tokens.weight", {vocab, dim}, embed_.at(0), embed_.format()}};
-  // tied: HF's state dict still lists lm_head.weight (the same tensor); so do we, as a view
-  p.push_back({"lm_head.weight",
-               {vocab, dim},
-               tie_embeddings ? embed_.at(0) : lm_head_.at(0),
-               embed_.format()});
+  std::vector<Param> p{
+      {"model.embed_tokens.weight", {vocab, dim}, embed_.at(0), embed_.format(), embed_.keep()}};
+  const WeightBuffer head = lm_head_.load();
+  if (head.size()) {
+    add_matrix(p, "lm_head", head, 0, vocab, dim);
+  } else {
+    // tied: HF's state dict still lists lm_head.weight (the same tensor); so do we, as a view
+    p.push_back(
+        {"lm_head.weight", {vocab, dim}, embed_.at(0), embed_.format(), embed_.keep()});
+  }
   return p;
 }
 
@@ -600,7 +766,8 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
                        inv_freq_override);
     std::swap(x, y);
   }
-  const WeightRef head = tie_embeddings ? embed_.ref() : lm_head_.ref();
+  const WeightBuffer lm_head = lm_head_.load();  // empty when tied (and not quantized)
+  const WeightRef head = lm_head.size() ? lm_head.ref() : embed_.ref();
   if (last_only) {  // gather the last position of each sequence, normalise only those rows
     for (std::size_t b = 0; b < batch; ++b)
       std::memcpy(y + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));

@@ -1,6 +1,8 @@
 // C++ module classes: the layers of a LLaMA-style decoder, holding weights in HF LLaMA layout
 // ((out, in) for projections): projection and embedding matrices in float32, bf16 or f16 (the
-// kernels convert them in registers), norms, biases and sinks in float32. Each forward is one C++
+// kernels convert them in registers), projections (and the LM head) also as group-wise int8 /
+// int4 codes with float16 scales (docs/quantization.md; the embedding stays float), norms,
+// biases and sinks in float32. Each forward is one C++
 // call (the GIL is released by the binding) that strings BLAS projections and the package's kernels
 // together; scratch buffers are thread-local and reused (bounded between calls, see modules.cpp),
 // so a steady-state call allocates nothing and one module can be shared by several threads. A KV
@@ -21,12 +23,17 @@
 namespace llmk {
 
 // A named parameter owned by its module (views are handed to Python without copies): float32,
-// or for a projection / embedding matrix the module's weight format (bf16 / f16 words).
+// or for a projection / embedding matrix the module's weight format (bf16 / f16 words; for
+// int8 / int4 matrices two parameters: the codes, format q8 (int8) / q4 (uint8 nibble pairs),
+// and the scales, format f16).
 struct Param {
   std::string name;
   std::vector<std::size_t> shape;
   void* data;  // points into the module's storage
   WeightFormat format = WeightFormat::f32;
+  // the storage `data` points into when it is a WeightBuffer's (null: the module's own vectors):
+  // a view keeps it alive, so a view taken before quantize() replaced the matrix stays valid
+  std::shared_ptr<void> keep = nullptr;
   std::size_t size() const {
     std::size_t n = 1;
     for (auto s : shape) n *= s;
@@ -40,27 +47,53 @@ struct Param {
 // boundaries with transparent huge pages requested (madvise), so first writing them faults once
 // per 2 MiB instead of once per 4 KiB. Throws std::bad_alloc (MemoryError in Python).
 // The buffer holds n weights in `format` (4 bytes each for float32, 2 for bf16 / f16): the
-// matrix stays at the checkpoint's precision and the kernels convert it in registers.
+// matrix stays at the checkpoint's precision and the kernels convert it in registers. int8 /
+// int4 (q8 / q4, with the quantization `group`): n codes (1 byte each, or two a byte) and n /
+// group float16 scales, in two allocations; a row block starting at weight `first` (a row
+// start, so a multiple of the group) has its codes at at(first) and scales at scales_at(first).
+//
+// The storage is shared (a WeightBuffer is a handle): quantize() replaces a module's matrices
+// while other threads may run a forward or hold state_dict views, so a forward takes its
+// handles once with load() (an atomic snapshot) and a view keeps the storage it shows alive
+// (Param::keep); store() swaps a new matrix in atomically.
 class WeightBuffer {
  public:
   WeightBuffer() = default;
-  explicit WeightBuffer(std::size_t n, WeightFormat format = WeightFormat::f32);
-  WeightFormat format() const { return format_; }
-  std::size_t size() const { return n_; }
+  explicit WeightBuffer(std::size_t n, WeightFormat format = WeightFormat::f32,
+                        std::size_t group = 0);
+  WeightFormat format() const { return s_ ? s_->format : WeightFormat::f32; }
+  std::size_t size() const { return s_ ? s_->n : 0; }
+  std::size_t group() const { return s_ ? s_->group : 0; }
+  // bytes per weight of the float formats (f32, bf16, f16)
   static std::size_t itemsize(WeightFormat f) { return f == WeightFormat::f32 ? 4 : 2; }
+  std::size_t nbytes() const;  // codes / values plus scales
   // the storage from weight number `first` on (a row block of the matrix)
-  void* at(std::size_t first) const {
-    return static_cast<char*>(p_.get()) + first * itemsize(format_);
+  void* at(std::size_t first) const;
+  std::uint16_t* scales_at(std::size_t first) const;  // q8 / q4
+  WeightRef ref(std::size_t first = 0) const {
+    return {at(first), format(), is_quantized(format()) ? scales_at(first) : nullptr, group()};
   }
-  WeightRef ref(std::size_t first = 0) const { return {at(first), format_}; }
+  std::shared_ptr<void> keep() const { return s_; }
+  WeightBuffer load() const { return WeightBuffer(std::atomic_load(&s_)); }
+  void store(const WeightBuffer& b) { std::atomic_store(&s_, b.s_); }
 
  private:
   struct Free {
     void operator()(void* p) const;
   };
-  std::unique_ptr<void, Free> p_;
-  std::size_t n_ = 0;
-  WeightFormat format_ = WeightFormat::f32;
+  struct Storage {
+    std::size_t n = 0, group = 0;
+    WeightFormat format = WeightFormat::f32;
+    std::unique_ptr<void, Free> data, scales;
+  };
+  explicit WeightBuffer(std::shared_ptr<Storage> s) : s_(std::move(s)) {}
+  std::shared_ptr<Storage> s_;
+};
+
+// New matrices for a module's quantize() / dequantize, staged before any is swapped in: a
+// module (or a whole model) either converts all its matrices or, on bad weights, none.
+struct StagedWeights {
+  std::vector<WeightBuffer> buffers;
 };
 
 class Norm {
@@ -111,9 +144,10 @@ class LayerNormModule : public Norm {
 class FeedForwardModule {
  public:
   // gelu_tanh: GeGLU (Gemma), gelu_tanh(gate) * up, instead of SwiGLU's silu(gate) * up
-  // format: how gate_up and down are stored (float32, bf16, f16)
+  // format: how gate_up and down are stored (float32, bf16, f16, or int8 / int4 in groups of
+  // `group` along the input dimension)
   FeedForwardModule(std::size_t dim, std::size_t hidden, bool bias, bool gelu_tanh = false,
-                    WeightFormat format = WeightFormat::f32);
+                    WeightFormat format = WeightFormat::f32, std::size_t group = 0);
   // out (m, dim) = [residual +] ffn(x (m, dim)); residual may be out (in-place accumulate)
   void forward(const float* x, std::size_t m, float* out, const float* residual) const;
   std::vector<Param> params();
@@ -121,7 +155,13 @@ class FeedForwardModule {
   std::size_t hidden() const { return hidden_; }
   bool has_bias() const { return bias_; }
   bool gelu_tanh() const { return gelu_tanh_; }
-  WeightFormat format() const { return w_down_.format(); }
+  WeightFormat format() const { return w_down_.load().format(); }
+  std::size_t group() const { return w_down_.load().group(); }
+  // gate_up and down converted to `to` (q8 / q4 in groups of `group`, or f32); throws
+  // std::invalid_argument("[fn] ...") for weights that cannot be quantized. assign() swaps
+  // them in.
+  StagedWeights converted(WeightFormat to, std::size_t group, const std::string& fn) const;
+  void assign(const StagedWeights& w);
   // params() names the fused [gate; up] weight as one tensor, gate_up_proj (Phi-3's layout,
   // which is this module's storage): set before the parameters are first read
   bool fused_names = false;
@@ -169,7 +209,7 @@ class MultiHeadAttentionModule {
                            double attention_factor, bool qkv_bias, bool o_bias, bool causal,
                            std::int64_t window = 0, double softcap = 0.0, double scale = 0.0,
                            bool sinks = false, bool qk_norm = false, double qk_norm_eps = 1e-6,
-                           WeightFormat format = WeightFormat::f32);
+                           WeightFormat format = WeightFormat::f32, std::size_t group = 0);
   // out (B*T, dim) = [residual +] attn(x (B*T, dim)). positions (B, T): RoPE positions.
   // key_mask: null or (B, T) (no cache) / (B, T) for the new tokens (with cache): 1 = real.
   // With a cache, the new K/V are appended at cache->length and attention covers the cache.
@@ -179,7 +219,10 @@ class MultiHeadAttentionModule {
                const std::uint8_t* key_mask, KVCache* cache, float* out, const float* residual,
                const double* inv_freq_override = nullptr) const;
   std::vector<Param> params();
-  WeightFormat format() const { return w_o_.format(); }  // of the QKV and O matrices
+  WeightFormat format() const { return w_o_.load().format(); }  // of the QKV and O matrices
+  std::size_t group() const { return w_o_.load().group(); }
+  StagedWeights converted(WeightFormat to, std::size_t group, const std::string& fn) const;
+  void assign(const StagedWeights& w);  // qkv and o (see FeedForwardModule::converted)
   std::size_t dim, n_heads, n_kv_heads, head_dim;
   bool qkv_bias, o_bias, causal;
   std::vector<double> inv_freq;
@@ -229,14 +272,23 @@ class TransformerModule {
   TransformerModule(std::size_t vocab, std::size_t dim,
                     std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
                     std::shared_ptr<Norm> final_norm, bool tie_embeddings, double embed_scale = 0.0,
-                    double final_softcap = 0.0, WeightFormat format = WeightFormat::f32);
+                    double final_softcap = 0.0, WeightFormat format = WeightFormat::f32,
+                    WeightFormat head_format = WeightFormat::f32, std::size_t group = 0);
   // logits (B, T or 1, vocab) for ids (B, T); last_only: logits of the last position only
   void forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                const std::int64_t* positions, const std::uint8_t* key_mask,
                std::vector<KVCache*> caches, bool last_only, float* logits,
                const double* inv_freq_override = nullptr) const;
-  std::vector<Param> params();  // embed_tokens, lm_head (a view of the embedding when tied)
-  WeightFormat format() const { return embed_.format(); }  // of the embedding and LM head
+  // embed_tokens, lm_head (a view of the embedding when tied, unless the head is quantized)
+  std::vector<Param> params();
+  WeightFormat format() const { return embed_.format(); }  // of the embedding
+  WeightFormat head_format() const;                       // of the LM head
+  std::size_t group() const { return lm_head_.load().group(); }
+  // the LM head converted to `to` (q8 / q4, or f32: see FeedForwardModule::converted); with
+  // tied embeddings a quantized head is a quantized copy of the embedding (which stays float),
+  // and converting back to float drops it (the embedding is the head again)
+  StagedWeights converted(WeightFormat to, std::size_t group, const std::string& fn) const;
+  void assign(const StagedWeights& w);
   std::size_t vocab, dim;
   std::vector<std::shared_ptr<TransformerBlockModule>> blocks;
   std::shared_ptr<Norm> final_norm;
@@ -247,7 +299,8 @@ class TransformerModule {
   double final_softcap;  // logits become c * tanh(logits / c) (Gemma 2); 0 = none
 
  private:
-  WeightBuffer embed_, lm_head_;  // (vocab, dim)
+  WeightBuffer embed_;    // (vocab, dim), float formats only
+  WeightBuffer lm_head_;  // (vocab, dim); empty when tied (and not quantized)
 };
 
 }  // namespace llmk

@@ -10,6 +10,7 @@
 #include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
+#include "ops/quant.hpp"
 
 namespace llmk {
 namespace {
@@ -130,6 +131,12 @@ void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size
     return;
   }
   if (m == 0 || n == 0) return;
+  if (is_quantized(w.format)) {
+    const qweights qw{static_cast<const std::uint8_t*>(w.data), w.scales, n, k, w.group};
+    ops::qlinear(x, m, qw, w.format == WeightFormat::q8 ? 8 : 4, bias, y, accumulate,
+                 /*int8_acts=*/true);
+    return;
+  }
   const auto* wp = static_cast<const std::uint16_t*>(w.data);
   const WeightFormat fmt = w.format;
   const std::size_t blocks = (n + kColBlock - 1) / kColBlock;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/ops.hpp"
 
@@ -23,18 +24,24 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
             std::size_t n, const T* bias, T* y, bool accumulate);
 
 // A projection's weights as the modules store them: (n, k) row-major (HF's (out, in) layout) in
-// `format` (kernels/ops.hpp WeightFormat): float32, or 16-bit bf16 / f16 words. Next: int8 /
-// int4 codes with group-wise scales (a scales pointer and the group size join here).
+// `format` (kernels/ops.hpp WeightFormat): float32, 16-bit bf16 / f16 words, or int8 / int4
+// codes (q8: (n, k) int8; q4: (n, k / 2) bytes of two nibbles) with `scales` (n, k / group)
+// float16 bits (docs/quantization.md).
 struct WeightRef {
   const void* data;
   WeightFormat format;
+  const std::uint16_t* scales = nullptr;  // q8 / q4 only
+  std::size_t group = 0;                  // q8 / q4 only: 32, 64 or 128, k % group == 0
 };
 
 // y (m, n) [+]= x (m, k) . W^T [+ bias (n,) or null], W a WeightRef. float32 weights take
 // linear<float>(..., WeightLayout::out_in, ...) above; 16-bit weights are converted in registers
 // (kernels/weight16.hpp): matrix-vector products up to 8 tokens, packed tokens (gemm_xt_w16)
 // below 512; from 512 tokens on, one column block at a time widened into a per-thread tile
-// (kColBlock rows) for the BLAS. Results do not depend on the thread count.
+// (kColBlock rows) for the BLAS. int8 / int4 weights go through ops/quant.hpp's qlinear (the
+// kernels of lk.quantized_linear): up to 8 tokens the codes are read in place with the tokens
+// quantized per block of 32 (int8 activations, llama.cpp's q8_0), above that tiles dequantized
+// in the cache with float activations. Results do not depend on the thread count.
 void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
             const float* bias, float* y, bool accumulate);
 

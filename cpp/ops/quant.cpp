@@ -16,6 +16,7 @@
 #include "kernels/ops.hpp"
 #include "kernels/quant_types.hpp"  // half_to_float
 #include "ops/ops.hpp"
+#include "ops/quant.hpp"
 
 namespace llmk::ops {
 namespace {
@@ -188,109 +189,72 @@ void pack_panels(const float* x, std::size_t m, std::size_t k, float* xt) {
 
 }  // namespace
 
-py::tuple quantize(py::array w, long long bits_arg, long long group_arg) {
-  const char* fn = "quantize";
-  const int bits = check_bits(fn, bits_arg);
-  const std::size_t group = check_group(fn, group_arg);
-  check_dtype(fn, "w", w, py::dtype::of<float>(), "float32");
-  if (w.ndim() != 2) fail(fn, "w must have shape (rows, k), got " + shape_str(w));
-  const std::size_t rows = static_cast<std::size_t>(w.shape(0));
-  const std::size_t k = static_cast<std::size_t>(w.shape(1));
-  if (k % group != 0)
-    fail(fn, "w's k = " + std::to_string(k) + " (shape " + shape_str(w) +
-                 ") must be a multiple of group_size = " + std::to_string(group));
-  py::array q = bits == 8 ? py::array(py::array_t<std::int8_t>({rows, k}))
-                          : py::array(py::array_t<std::uint8_t>({rows, k / 2}));
-  py::array scales(float16_dtype(), std::vector<py::ssize_t>{static_cast<py::ssize_t>(rows),
-                                                             static_cast<py::ssize_t>(k / group)});
-  const float* wp = static_cast<const float*>(w.data());
-  auto* qp = static_cast<std::uint8_t*>(q.mutable_data());
-  auto* sp = static_cast<std::uint16_t*>(scales.mutable_data());
+std::string quant_status_message(const QuantStatus& st, int bits) {
+  if (st.code == 1)
+    return "w must be finite: row " + std::to_string(st.row) + ", group " +
+           std::to_string(st.group) + " holds NaN or Inf";
+  return "w row " + std::to_string(st.row) + ", group " + std::to_string(st.group) +
+         ": max |w| = " + std::to_string(st.amax) +
+         " needs a scale beyond float16's range (max |w| must stay below " +
+         (bits == 8 ? "8.3e6" : "5.2e5") + ")";
+}
+
+QuantStatus quantize_rows(const float* wp, std::size_t rows, std::size_t k, std::size_t group,
+                          int bits, std::uint8_t* qp, std::uint16_t* sp) {
   const std::size_t row_bytes = bits == 8 ? k : k / 2;
   std::vector<RowStatus> status(rows);
-  {
-    py::gil_scoped_release nogil;
-    parallel_for(rows, 1, 4.0 * static_cast<double>(k), [&](std::size_t r0, std::size_t r1) {
-      ExactSubnormals exact;  // float16 rounding of tiny scales must not see DAZ
-      for (std::size_t r = r0; r < r1; ++r)
-        status[r] =
-            quantize_row(wp + r * k, k, group, bits, qp + r * row_bytes, sp + r * (k / group));
-    });
-  }
-  for (std::size_t r = 0; r < rows; ++r) {
-    if (status[r].code == 1)
-      fail(fn, "w must be finite: row " + std::to_string(r) + ", group " +
-                   std::to_string(status[r].group) + " holds NaN or Inf");
-    if (status[r].code == 2)
-      fail(fn, "w row " + std::to_string(r) + ", group " + std::to_string(status[r].group) +
-                   ": max |w| = " + std::to_string(status[r].amax) +
-                   " needs a scale beyond float16's range (max |w| must stay below " +
-                   (bits == 8 ? "8.3e6" : "5.2e5") + ")");
-  }
-  return py::make_tuple(q, scales);
+  parallel_for(rows, 1, 4.0 * static_cast<double>(k), [&](std::size_t r0, std::size_t r1) {
+    ExactSubnormals exact;  // float16 rounding of tiny scales must not see DAZ
+    for (std::size_t r = r0; r < r1; ++r)
+      status[r] = quantize_row(wp + r * k, k, group, bits, qp + r * row_bytes, sp + r * (k / group));
+  });
+  QuantStatus st;
+  for (std::size_t r = 0; r < rows; ++r)
+    if (status[r].code) {
+      st.code = status[r].code;
+      st.row = r;
+      st.group = status[r].group;
+      st.amax = status[r].amax;
+      break;
+    }
+  return st;
 }
 
-py::array dequantize(py::array q, py::array scales, long long bits_arg, long long group_arg) {
-  const char* fn = "dequantize";
-  const int bits = check_bits(fn, bits_arg);
-  const std::size_t group = check_group(fn, group_arg);
-  const qweights w = check_qweights(fn, q, scales, bits, group);
-  py::array_t<float> out({w.rows, w.k});
-  float* op = out.mutable_data();
-  {
-    py::gil_scoped_release nogil;
-    parallel_for(w.rows, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t r0, std::size_t r1) {
-      for (std::size_t r = r0; r < r1; ++r)
-        for (std::size_t i = 0; i < w.k; ++i) {
-          const float s = half_to_float(w.scales[r * (w.k / group) + i / group]);
-          int c;
-          if (bits == 8) {
-            c = static_cast<std::int8_t>(w.q[r * w.k + i]);
-          } else {
-            const std::size_t b = i / kQBlock, j = i % kQBlock;
-            const std::uint8_t byte = w.q[r * (w.k / 2) + b * 16 + j % 16];
-            c = (j < 16 ? byte & 0x0f : byte >> 4) - 8;
-          }
-          op[r * w.k + i] = static_cast<float>(c) * s;
+void dequantize_rows(const qweights& w, int bits, float* op) {
+  const std::size_t group = w.group;
+  parallel_for(w.rows, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t r0, std::size_t r1) {
+    for (std::size_t r = r0; r < r1; ++r)
+      for (std::size_t i = 0; i < w.k; ++i) {
+        const float s = half_to_float(w.scales[r * (w.k / group) + i / group]);
+        int c;
+        if (bits == 8) {
+          c = static_cast<std::int8_t>(w.q[r * w.k + i]);
+        } else {
+          const std::size_t b = i / kQBlock, j = i % kQBlock;
+          const std::uint8_t byte = w.q[r * (w.k / 2) + b * 16 + j % 16];
+          c = (j < 16 ? byte & 0x0f : byte >> 4) - 8;
         }
-    });
-  }
-  return std::move(out);
+        op[r * w.k + i] = static_cast<float>(c) * s;
+      }
+  });
 }
 
-py::array quantized_linear(py::array x, py::array q, py::array scales, long long bits_arg,
-                           long long group_arg, std::optional<py::array> bias,
-                           const std::string& activations) {
-  const char* fn = "quantized_linear";
-  const int bits = check_bits(fn, bits_arg);
-  const std::size_t group = check_group(fn, group_arg);
-  const qweights w = check_qweights(fn, q, scales, bits, group);
-  if (activations != "float32" && activations != "int8")
-    fail(fn, "activations must be 'float32' or 'int8', got '" + activations + "'");
-  check_dtype(fn, "x", x, py::dtype::of<float>(), "float32");
-  if (x.ndim() != 2 || static_cast<std::size_t>(x.shape(1)) != w.k)
-    fail(fn, "x must have shape (m, " + std::to_string(w.k) + ") for q " + shape_str(q) + ", got " +
-                 shape_str(x));
-  if (bias) {
-    check_dtype(fn, "bias", *bias, py::dtype::of<float>(), "float32");
-    check_vector(fn, "bias", *bias, static_cast<py::ssize_t>(w.rows));
-  }
-  const std::size_t m = static_cast<std::size_t>(x.shape(0));
-  py::array_t<float> out({m, w.rows});
-  if (m == 0 || w.rows == 0) return std::move(out);
+void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const float* bias,
+             float* y, bool accumulate, bool int8_acts) {
+  if (m == 0 || w.rows == 0) return;
+  const std::size_t group = w.group;
   qgemv_args a{};
-  a.y = out.mutable_data();
+  a.y = y;
   a.ldy = w.rows;
   a.w = w;
-  a.x = static_cast<const float*>(x.data());
+  a.x = x;
   a.ldx = w.k;
   a.m = m;
-  a.accumulate = false;
-  a.bias = bias ? static_cast<const float*>(bias->data()) : nullptr;
+  a.accumulate = accumulate;
+  a.bias = bias;
   const bool gemv = m <= kGemvMaxTokens;
-  const bool int8_acts = gemv && activations == "int8";
+  int8_acts = gemv && int8_acts;
   {
-    py::gil_scoped_release nogil;
     // scratch before the parallel region (kernels never allocate): int8 activations, or the
     // packed tokens of the GEMM
     const std::size_t nb = w.k / kQBlock;
@@ -357,6 +321,77 @@ py::array quantized_linear(py::array x, py::array q, py::array scales, long long
                    else
                      dispatch(gemv_q4_kernel{}, static_cast<const qgemv_args&>(part));
                  });
+  }
+}
+
+py::tuple quantize(py::array w, long long bits_arg, long long group_arg) {
+  const char* fn = "quantize";
+  const int bits = check_bits(fn, bits_arg);
+  const std::size_t group = check_group(fn, group_arg);
+  check_dtype(fn, "w", w, py::dtype::of<float>(), "float32");
+  if (w.ndim() != 2) fail(fn, "w must have shape (rows, k), got " + shape_str(w));
+  const std::size_t rows = static_cast<std::size_t>(w.shape(0));
+  const std::size_t k = static_cast<std::size_t>(w.shape(1));
+  if (k % group != 0)
+    fail(fn, "w's k = " + std::to_string(k) + " (shape " + shape_str(w) +
+                 ") must be a multiple of group_size = " + std::to_string(group));
+  py::array q = bits == 8 ? py::array(py::array_t<std::int8_t>({rows, k}))
+                          : py::array(py::array_t<std::uint8_t>({rows, k / 2}));
+  py::array scales(float16_dtype(), std::vector<py::ssize_t>{static_cast<py::ssize_t>(rows),
+                                                             static_cast<py::ssize_t>(k / group)});
+  const float* wp = static_cast<const float*>(w.data());
+  auto* qp = static_cast<std::uint8_t*>(q.mutable_data());
+  auto* sp = static_cast<std::uint16_t*>(scales.mutable_data());
+  QuantStatus st;
+  {
+    py::gil_scoped_release nogil;
+    st = quantize_rows(wp, rows, k, group, bits, qp, sp);
+  }
+  if (st.code) fail(fn, quant_status_message(st, bits));
+  return py::make_tuple(q, scales);
+}
+
+py::array dequantize(py::array q, py::array scales, long long bits_arg, long long group_arg) {
+  const char* fn = "dequantize";
+  const int bits = check_bits(fn, bits_arg);
+  const std::size_t group = check_group(fn, group_arg);
+  const qweights w = check_qweights(fn, q, scales, bits, group);
+  py::array_t<float> out({w.rows, w.k});
+  float* op = out.mutable_data();
+  {
+    py::gil_scoped_release nogil;
+    dequantize_rows(w, bits, op);
+  }
+  return std::move(out);
+}
+
+py::array quantized_linear(py::array x, py::array q, py::array scales, long long bits_arg,
+                           long long group_arg, std::optional<py::array> bias,
+                           const std::string& activations) {
+  const char* fn = "quantized_linear";
+  const int bits = check_bits(fn, bits_arg);
+  const std::size_t group = check_group(fn, group_arg);
+  const qweights w = check_qweights(fn, q, scales, bits, group);
+  if (activations != "float32" && activations != "int8")
+    fail(fn, "activations must be 'float32' or 'int8', got '" + activations + "'");
+  check_dtype(fn, "x", x, py::dtype::of<float>(), "float32");
+  if (x.ndim() != 2 || static_cast<std::size_t>(x.shape(1)) != w.k)
+    fail(fn, "x must have shape (m, " + std::to_string(w.k) + ") for q " + shape_str(q) + ", got " +
+                 shape_str(x));
+  if (bias) {
+    check_dtype(fn, "bias", *bias, py::dtype::of<float>(), "float32");
+    check_vector(fn, "bias", *bias, static_cast<py::ssize_t>(w.rows));
+  }
+  const std::size_t m = static_cast<std::size_t>(x.shape(0));
+  py::array_t<float> out({m, w.rows});
+  if (m == 0 || w.rows == 0) return std::move(out);
+  const float* xp = static_cast<const float*>(x.data());
+  const float* bp = bias ? static_cast<const float*>(bias->data()) : nullptr;
+  float* yp = out.mutable_data();
+  const bool int8_acts = activations == "int8";
+  {
+    py::gil_scoped_release nogil;
+    qlinear(xp, m, w, bits, bp, yp, false, int8_acts);
   }
   return std::move(out);
 }

@@ -70,8 +70,9 @@ def _text_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        choices=("float32", "bfloat16", "float16"),
-        help="weights dtype (default: the checkpoint's; a bf16 checkpoint stays bf16)",
+        choices=("float32", "bfloat16", "float16", "int8", "int4"),
+        help="weights dtype (default: the checkpoint's; a bf16 checkpoint stays bf16; int8 / "
+        "int4 quantize the projections while loading, groups of 32)",
     )
 
 

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'dequantize', 'get_num_threads', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'dequantize', 'get_num_threads', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -36,10 +36,18 @@ class LayerNormImpl(NormImpl):
     @property
     def has_bias(self) -> bool:
         ...
+class StagedWeights:
+    pass
 class FeedForwardImpl:
     fused_names: bool
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, hidden: typing.SupportsInt | typing.SupportsIndex, bias: bool, gelu_tanh: bool = False, dtype: str = 'float32') -> None:
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, hidden: typing.SupportsInt | typing.SupportsIndex, bias: bool, gelu_tanh: bool = False, dtype: str = 'float32', group_size: typing.SupportsInt | typing.SupportsIndex = 32) -> None:
         ...
+    def assign(self, staged: StagedWeights) -> None:
+        ...
+    def converted(self, dtype: str, group_size: typing.SupportsInt | typing.SupportsIndex, fn: str) -> StagedWeights:
+        """
+        The weight matrices converted to dtype ('int8', 'int4' in groups of group_size, or 'float32'), not yet in use: assign() swaps them in.
+        """
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
     def params(self) -> dict:
@@ -52,6 +60,9 @@ class FeedForwardImpl:
         ...
     @property
     def gelu_tanh(self) -> bool:
+        ...
+    @property
+    def group_size(self) -> int:
         ...
     @property
     def has_bias(self) -> bool:
@@ -97,8 +108,14 @@ class KVCacheImpl:
         ...
 class MultiHeadAttentionImpl:
     fused_names: bool
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: bool = False, qk_norm: bool = False, qk_norm_eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, dtype: str = 'float32') -> None:
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: bool = False, qk_norm: bool = False, qk_norm_eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, dtype: str = 'float32', group_size: typing.SupportsInt | typing.SupportsIndex = 32) -> None:
         ...
+    def assign(self, staged: StagedWeights) -> None:
+        ...
+    def converted(self, dtype: str, group_size: typing.SupportsInt | typing.SupportsIndex, fn: str) -> StagedWeights:
+        """
+        The weight matrices converted to dtype ('int8', 'int4' in groups of group_size, or 'float32'), not yet in use: assign() swaps them in.
+        """
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, cache: KVCacheImpl, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
     def params(self) -> dict:
@@ -114,6 +131,9 @@ class MultiHeadAttentionImpl:
         ...
     @property
     def dtype(self) -> str:
+        ...
+    @property
+    def group_size(self) -> int:
         ...
     @property
     def head_dim(self) -> int:
@@ -172,8 +192,14 @@ class TransformerBlockImpl:
     def pre_norm(self) -> bool:
         ...
 class TransformerImpl:
-    def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool, embed_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, final_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, dtype: str = 'float32') -> None:
+    def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool, embed_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, final_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, dtype: str = 'float32', head_dtype: str | None = None, group_size: typing.SupportsInt | typing.SupportsIndex = 32) -> None:
         ...
+    def assign(self, staged: StagedWeights) -> None:
+        ...
+    def converted(self, dtype: str, group_size: typing.SupportsInt | typing.SupportsIndex, fn: str) -> StagedWeights:
+        """
+        The weight matrices converted to dtype ('int8', 'int4' in groups of group_size, or 'float32'), not yet in use: assign() swaps them in.
+        """
     def forward(self, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, caches: collections.abc.Sequence[KVCacheImpl], last_only: bool, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
     def params(self) -> dict:
@@ -188,7 +214,13 @@ class TransformerImpl:
     def dtype(self) -> str:
         ...
     @property
+    def embed_dtype(self) -> str:
+        ...
+    @property
     def final_norm(self) -> NormImpl:
+        ...
+    @property
+    def group_size(self) -> int:
         ...
     @property
     def tie_embeddings(self) -> bool:

@@ -403,9 +403,19 @@ class _Reader:
     def close(self) -> None:
         self._handle = None  # drops the mapping (no slice object outlives a chunk)
 
-    def read_into(self, name: str, info: TensorInfo, dst: np.ndarray) -> None:
+    def read_into(self, name: str, info: TensorInfo, dst: Any) -> None:
         """Tensor ``name`` into ``dst``, a C-contiguous array of its shape, converted slice by
-        slice (rows of the first dimension): no tensor-sized temporary."""
+        slice (rows of the first dimension): no tensor-sized temporary. ``dst`` may also be a
+        row sink (:class:`RowSink`: a matrix quantized as it is read), given the slices."""
+        if not isinstance(dst, np.ndarray):
+            itemsize = DTYPES[info.dtype].itemsize
+            row = math.prod(info.shape[1:])
+            step = max(1, _CHUNK_BYTES // max(1, row * itemsize))
+            for r0 in range(0, info.shape[0], step):
+                piece = self._get_handle().get_slice(name)[r0 : min(info.shape[0], r0 + step)]
+                self._mapped += piece.nbytes
+                dst.write_rows(r0, piece)
+            return
         flat = dst.reshape(-1)
         if flat.size == 0:
             return
@@ -450,7 +460,10 @@ def _fill(
     try:
         for name in sorted(dests, key=lambda k: tensors[k].offsets):
             info, dst = tensors[name], dests[name]
-            if dst.shape != info.shape or not dst.flags.c_contiguous:
+            if not isinstance(dst, np.ndarray):  # a RowSink
+                if tuple(dst.shape) != info.shape:
+                    raise ValueError(f"{_PREFIX} {name}: destination must have shape {info.shape}")
+            elif dst.shape != info.shape or not dst.flags.c_contiguous:
                 raise ValueError(f"{_PREFIX} {name}: destination must be C-contiguous {info.shape}")
             reader.read_into(name, info, dst)
             if progress is not None:
@@ -721,16 +734,19 @@ def _check_layer_count(cfg: Any, located: Mapping[str, Any], source: str) -> Non
     )
 
 
-def read_pretrained(path: str | os.PathLike[str]) -> tuple[Any, dict[str, tuple[str, TensorInfo]]]:
+def read_pretrained(path: str | os.PathLike[str], with_quantization: bool = False) -> Any:
     """Check an HF LLaMA directory from ``config.json`` and the safetensors headers only.
 
     Every tensor the config implies must be in the files with its shape and a floating dtype
     (and nothing else, but HF's RoPE buffers and a tied ``lm_head.weight``), so nothing is
-    allocated for a config the files do not back.
+    allocated for a config the files do not back. A config with llmkernels'
+    ``quantization_config`` (:func:`read_quantization_config`) expects the quantized layout
+    instead (:func:`quantized_key_shapes`; codes I8 / U8, scales F16).
 
     Returns:
         ``(ModelConfig, {hf_key: (file, TensorInfo)})`` for the expected keys, in
-        :func:`llmkernels._config.hf_key_shapes` order.
+        :func:`llmkernels._config.hf_key_shapes` order; with ``with_quantization`` a third
+        item, the :class:`QuantConfig` or None. Without it a quantized checkpoint is refused.
     """
     from ._config import hf_key_shapes, read_config_json
 
@@ -740,18 +756,133 @@ def read_pretrained(path: str | os.PathLike[str]) -> tuple[Any, dict[str, tuple[
     if not os.path.lexists(config_path):
         raise CheckpointNotFoundError(f"{_PREFIX} {config_path}: no such file")
     cfg = read_config_json(config_path)
+    quant = read_quantization_config(config_path)
     located = read_checkpoint_index(directory)
     _check_layer_count(cfg, located, directory)
     expected = hf_key_shapes(cfg)
+    if quant is not None:
+        expected = quantized_key_shapes(expected, quant, cfg.tie_embeddings, config_path)
     ignore = ("lm_head.weight",) if cfg.tie_embeddings else ()
     check_key_shapes(
         {k: v[1].shape for k, v in located.items()}, expected, source=directory, ignore=ignore
     )
     for key in expected:
         file, info = located[key]
-        if info.dtype not in _FLOAT_DTYPES:
+        want = _quantized_tensor_dtype(key, quant)
+        if want is not None:
+            if info.dtype != want:
+                raise _err(file, f"tensor {key} has dtype {info.dtype}, expected {want}")
+        elif info.dtype not in _FLOAT_DTYPES:
             raise _err(file, f"tensor {key} has dtype {info.dtype}; weights must be floating")
-    return cfg, {key: located[key] for key in expected}
+    found = {key: located[key] for key in expected}
+    if with_quantization:
+        return cfg, found, quant
+    if quant is not None:
+        raise _err(directory, "holds a quantized model: load it with Transformer.from_pretrained")
+    return cfg, found
+
+
+#: ``quantization_config["quant_method"]`` of the checkpoints save_pretrained writes for int8 /
+#: int4 models (docs/quantization.md)
+QUANT_METHOD = "llmkernels"
+
+
+class QuantConfig(NamedTuple):
+    """The ``quantization_config`` of a quantized checkpoint: ``bits`` (8 or 4) and
+    ``group_size`` (32, 64 or 128)."""
+
+    bits: int
+    group_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quant_method": QUANT_METHOD,
+            "bits": self.bits,
+            "group_size": self.group_size,
+            "format": "int8" if self.bits == 8 else "int4-q4_0",
+            "scale_dtype": "float16",
+            "symmetric": True,
+            "modules": "every *_proj and lm_head; embed_tokens and norms stay float",
+        }
+
+
+def read_quantization_config(config_path: str) -> QuantConfig | None:
+    """The ``quantization_config`` of ``config.json`` (None when absent). Only llmkernels' own
+    int8 / int4 format is understood: another ``quant_method`` (GPTQ, AWQ, bitsandbytes...) is
+    refused by name."""
+    raw = read_small(
+        config_path,
+        MAX_INDEX_BYTES,
+        lambda problem: _err(config_path, problem),
+        lambda: CheckpointNotFoundError(f"{_PREFIX} {config_path}: no such file"),
+    )
+    data = _parse_json(config_path, raw, "config")
+    qc = data.get("quantization_config") if isinstance(data, dict) else None
+    if qc is None:
+        return None
+    if not isinstance(qc, dict):
+        raise _err(config_path, "quantization_config must be an object")
+    method = qc.get("quant_method")
+    if method != QUANT_METHOD:
+        raise _err(
+            config_path,
+            f"quantization_config: quant_method {_short(method)} is not supported (llmkernels "
+            f"reads its own {QUANT_METHOD!r} int8 / int4 layout; load the float checkpoint "
+            "and quantize it with dtype='int8' or 'int4')",
+        )
+    bits, group = qc.get("bits"), qc.get("group_size")
+    if not _is_int(bits) or bits not in (4, 8):
+        raise _err(config_path, f"quantization_config: bits must be 8 or 4, got {_short(bits)}")
+    if not _is_int(group) or group not in (32, 64, 128):
+        raise _err(
+            config_path,
+            f"quantization_config: group_size must be 32, 64 or 128, got {_short(group)}",
+        )
+    return QuantConfig(bits, group)
+
+
+def is_quantized_key(key: str) -> bool:
+    """Whether an HF key names a matrix a quantized model stores as codes + scales: the
+    projections (``*_proj.weight``) and the LM head; the embedding and norms stay float."""
+    return key.endswith("proj.weight") or key == "lm_head.weight"
+
+
+def quantized_key_shapes(
+    expected: Mapping[str, tuple[int, ...]], quant: QuantConfig, tied: bool, source: str
+) -> dict[str, tuple[int, ...]]:
+    """The keys of a quantized checkpoint: each matrix ``X.weight`` (rows, k) of
+    :func:`is_quantized_key` becomes ``X.qweight`` (rows, k) int8 or (rows, k / 2) uint8 and
+    ``X.scales`` (rows, k / group_size) float16; with tied embeddings the quantized LM head is
+    stored too (``lm_head.qweight`` / ``.scales``, a quantized copy of the embedding)."""
+    items = dict(expected)
+    if tied:
+        items["lm_head.weight"] = expected["model.embed_tokens.weight"]
+    out: dict[str, tuple[int, ...]] = {}
+    for key, shape in items.items():
+        if not is_quantized_key(key):
+            out[key] = shape
+            continue
+        rows, k = shape
+        if k % quant.group_size:
+            raise _err(
+                source,
+                f"quantization_config: group_size {quant.group_size} does not divide the input "
+                f"dimension {k} of {key}",
+            )
+        base = key[: -len(".weight")]
+        out[base + ".qweight"] = (rows, k if quant.bits == 8 else k // 2)
+        out[base + ".scales"] = (rows, k // quant.group_size)
+    return out
+
+
+def _quantized_tensor_dtype(key: str, quant: QuantConfig | None) -> str | None:
+    if quant is None:
+        return None
+    if key.endswith(".qweight"):
+        return "I8" if quant.bits == 8 else "U8"
+    if key.endswith(".scales"):
+        return "F16"
+    return None
 
 
 def load_pretrained(
@@ -775,6 +906,10 @@ def load_pretrained(
     return cfg, _load_located(located, list(located), _check_dtype(dtype))
 
 
+#: the storage dtype names of the float safetensors dtypes (F64 loads as float32)
+DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
 def checkpoint_weight_dtype(located: Mapping[str, tuple[str, TensorInfo]]) -> str:
     """The storage dtype that keeps a checkpoint's matrices (projections, embedding, LM head)
     at their precision: ``"bfloat16"`` or ``"float16"`` when every one of them is stored so,
@@ -794,10 +929,10 @@ def checkpoint_weight_dtype(located: Mapping[str, tuple[str, TensorInfo]]) -> st
 def save_file(
     path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray], dtype: Any = None
 ) -> None:
-    """Write float32/float16/float64/bfloat16 (``ml_dtypes``) tensors as a safetensors file (what
-    ``load_file`` and the ``safetensors`` package read). ``dtype``: convert every tensor to
-    this (``"float32"``, ``"bfloat16"``, ``"float16"``) as it is written, one at a time;
-    ``None`` keeps each tensor's dtype."""
+    """Write float32/float16/float64/bfloat16 (``ml_dtypes``) tensors, and int8 / uint8 ones
+    (quantized codes), as a safetensors file (what ``load_file`` and the ``safetensors``
+    package read). ``dtype``: convert every tensor to this (``"float32"``, ``"bfloat16"``,
+    ``"float16"``) as it is written, one at a time; ``None`` keeps each tensor's dtype."""
     import ml_dtypes
 
     codes = {
@@ -805,6 +940,8 @@ def save_file(
         np.dtype("<f2"): "F16",
         np.dtype("<f8"): "F64",
         np.dtype(ml_dtypes.bfloat16): "BF16",
+        np.dtype("i1"): "I8",  # int8 / int4 codes of a quantized model (docs/quantization.md)
+        np.dtype("u1"): "U8",
     }
     target = None if dtype is None else np.dtype(getattr(ml_dtypes, dtype, dtype))
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
@@ -812,7 +949,7 @@ def save_file(
     for name, value in tensors.items():
         arr = np.asarray(value)
         out_dtype = arr.dtype if target is None else target
-        if out_dtype.byteorder == "=":
+        if out_dtype.byteorder == "=" and out_dtype.itemsize > 1:
             out_dtype = out_dtype.newbyteorder("<")
         code = codes.get(out_dtype)
         if code is None:

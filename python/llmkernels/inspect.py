@@ -156,8 +156,18 @@ def _rms(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def _linear(x: np.ndarray, params: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     """``x @ W.T (+ b)`` in float32, ``W (out, in)`` from a module's zero-copy state dict."""
-    # bf16 / f16 weight storage: widened here (the inspection path is NumPy, not the kernels)
-    y = x @ params[name + ".weight"].astype(np.float32, copy=False).T
+    if name + ".qweight" in params:  # int8 / int4: the model's own quantized kernels
+        from .quant import quantized_linear
+
+        q, scales = params[name + ".qweight"], params[name + ".scales"]
+        bits = 8 if q.dtype == np.int8 else 4
+        group = x.shape[-1] // scales.shape[1]
+        lead = x.shape[:-1]
+        y = quantized_linear(x.reshape(-1, x.shape[-1]), q, scales, bits, group)
+        y = y.reshape(*lead, y.shape[-1])
+    else:
+        # bf16 / f16 weight storage: widened here (the inspection path is NumPy, not the kernels)
+        y = x @ params[name + ".weight"].astype(np.float32, copy=False).T
     bias = params.get(name + ".bias")
     return y + bias if bias is not None else y
 
@@ -252,8 +262,8 @@ def _forward(
             weights_per_layer.append(w)
         x = y
     final = model.norm(x)
-    head = params["lm_head.weight"].astype(np.float32, copy=False)  # tied: the embedding
-    logits = (final[:, -1:] if last_only else final) @ head.T
+    # tied: lm_head.weight is the embedding (unless the head is quantized: its own codes)
+    logits = _linear(final[:, -1:] if last_only else final, params, "lm_head")
     return Trace(
         logits=np.ascontiguousarray(logits, dtype=np.float32),
         attention=weights_per_layer,

@@ -6,7 +6,10 @@ shows them to Python without copying (:meth:`state_dict`), and replaces them wit
 (:meth:`load_state_dict`, strict by default). Projection and embedding matrices are stored in
 the module's ``dtype`` -- float32 (default), bfloat16 (``ml_dtypes.bfloat16`` views) or float16
 -- and converted to float32 in registers by the kernels; norms, biases and sinks are float32,
-and so are activations. Calling a module runs its whole forward in
+and so are activations. Projections (and a model's LM head) may also be group-wise int8 / int4
+(``dtype="int8"|"int4"``, or :meth:`quantize` in place): their state-dict entries are then
+``<name>.qweight`` (the codes) and ``<name>.scales`` (float16), see docs/quantization.md; the
+embedding stays float. Calling a module runs its whole forward in
 one C++ call with the GIL released::
 
     block = TransformerBlock.from_config({"dim": 512, "n_heads": 8, "hidden_dim": 1408}, seed=0)
@@ -90,7 +93,12 @@ def _torch_int16() -> Any:
 
 
 #: weight storage dtypes by name (what the C++ modules take), and the aliases accepted
-_WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+_FLOAT_WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
+#: group-wise quantized storage (docs/quantization.md): name -> bits. Only these strings name
+#: them: NumPy's int8 dtype object is not a quantization request.
+_QUANT_DTYPES = {"int8": 8, "int4": 4}
+_WEIGHT_DTYPES = _FLOAT_WEIGHT_DTYPES + tuple(_QUANT_DTYPES)
+_GROUP_SIZES = (32, 64, 128)
 _DTYPE_ALIASES = {
     "f32": "float32",
     "fp32": "float32",
@@ -114,10 +122,10 @@ def _weight_dtype(fn: str, dtype: Any, allow_none: bool = False) -> str | None:
         except TypeError:
             pass
     name = _DTYPE_ALIASES.get(name, name)
-    if name not in _WEIGHT_DTYPES:
+    if name not in _WEIGHT_DTYPES or (name in _QUANT_DTYPES and not isinstance(dtype, str)):
         raise ValueError(
-            f"[{fn}] dtype must be None, 'float32', 'bfloat16' or 'float16', got "
-            f"{str(dtype)[:40]!r}"
+            f"[{fn}] dtype must be None, 'float32', 'bfloat16', 'float16', 'int8' or 'int4', "
+            f"got {str(dtype)[:40]!r}"
         )
     return name
 
@@ -138,6 +146,110 @@ def _kv_dtype(fn: str, arg: str, dtype: Any) -> str:
             f"{str(dtype)[:40]!r}"
         )
     return str(name)
+
+
+def _check_quant_args(fn: str, bits: Any, group_size: Any) -> tuple[int, int]:
+    """``bits`` (8 or 4) and ``group_size`` (32, 64 or 128) of a quantization, checked."""
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or bits not in (8, 4):
+        raise ValueError(f"[{fn}] bits must be 8 or 4, got {str(bits)[:40]}")
+    if (
+        isinstance(group_size, bool)
+        or not isinstance(group_size, numbers.Integral)
+        or group_size not in _GROUP_SIZES
+    ):
+        raise ValueError(f"[{fn}] group_size must be 32, 64 or 128, got {str(group_size)[:40]}")
+    return int(bits), int(group_size)
+
+
+def _check_group(fn: str, dtype: str, group_size: Any, dims: Mapping[str, int]) -> int:
+    """The group size of a ``dtype`` storage (checked, 0 for float dtypes): every input
+    dimension of the quantized matrices (``dims``: name -> size) must be a multiple of it."""
+    if dtype not in _QUANT_DTYPES:
+        return 0
+    _, group = _check_quant_args(fn, _QUANT_DTYPES[dtype], group_size)
+    for name, size in dims.items():
+        if size % group:
+            raise ValueError(
+                f"[{fn}] group_size={group} does not divide {name}={size}: every projection's "
+                "input dimension must be a multiple of group_size (try 32)"
+            )
+    return group
+
+
+def _fill_matrix(own: Mapping[str, np.ndarray], base: str, w: np.ndarray, group: int) -> None:
+    """Write the float matrix ``w`` into the storage of ``base`` in ``own`` (a state dict):
+    ``base.weight`` (converted to its dtype), or ``base.qweight`` / ``base.scales`` quantized
+    with ``group`` (the bits of :func:`llmkernels.quantize`)."""
+    if base + ".weight" in own:
+        np.copyto(own[base + ".weight"], w, casting="unsafe")
+        return
+    q, sc = _core.quantize(np.ascontiguousarray(w, dtype=np.float32), _qbits(own, base), group)
+    own[base + ".qweight"][...] = q
+    own[base + ".scales"][...] = sc
+
+
+def _qbits(own: Mapping[str, np.ndarray], base: str) -> int:
+    """The bits of the quantized matrix ``base`` of a state dict (int8 codes or uint8 pairs)."""
+    return 8 if own[base + ".qweight"].dtype == np.int8 else 4
+
+
+def _quant_sources(
+    fn: str, own: Mapping[str, np.ndarray], given: Mapping[str, Any], group: int
+) -> tuple[dict[str, Any], list[str]]:
+    """For a module storing quantized matrices: the entries of ``given`` (a state dict being
+    loaded) with each float ``X.weight`` of a quantized matrix replaced by its quantized
+    ``X.qweight`` / ``X.scales`` (so an HF float state dict loads into an int8 / int4 module),
+    and the keys so produced."""
+    out: dict[str, Any] = {}
+    made: list[str] = []
+    for key, value in given.items():
+        base = key[: -len(".weight")] if key.endswith(".weight") else None
+        if base is None or key in own or base + ".qweight" not in own:
+            out[key] = value
+            continue
+        try:
+            w = np.ascontiguousarray(_to_numpy(value), dtype=np.float32)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(f"[{fn}] {key}: cannot read as an array ({exc})") from None
+        rows = own[base + ".qweight"].shape[0]
+        k = own[base + ".scales"].shape[1] * group
+        if w.shape != (rows, k):
+            raise ValueError(f"[{fn}] {key}: expected shape {(rows, k)}, got {w.shape}")
+        try:
+            q, sc = _core.quantize(w, _qbits(own, base), group)
+        except ValueError as exc:
+            raise ValueError(f"[{fn}] {key}: {exc}") from None
+        out[base + ".qweight"], out[base + ".scales"] = q, sc
+        made += [base + ".qweight", base + ".scales"]
+    return out, made
+
+
+def _convert_parts(
+    fn: str, parts: Sequence[tuple[Any, dict[str, int]]], dtype: str, group: int
+) -> None:
+    """Convert the matrices of C++ modules ``parts`` ((impl, input dims) pairs) to ``dtype``
+    ('int8' / 'int4' in groups of ``group``, or 'float32'), all or none: every new matrix is
+    made (and checked) before any replaces the old ones, so bad weights (NaN, Inf, beyond
+    float16 scales) raise ``ValueError("[fn] ...")`` and change nothing. Modules already in
+    ``dtype`` are left as they are; an int8 module is not re-quantized to int4 (or to another
+    group size): quantize the float module."""
+    if dtype in _QUANT_DTYPES:
+        for _, dims in parts:
+            _check_group(fn, dtype, group, dims)
+    todo = []
+    for impl, _ in parts:
+        cur = str(impl.dtype)
+        if cur == dtype and (dtype not in _QUANT_DTYPES or impl.group_size == group):
+            continue
+        if cur in _QUANT_DTYPES and dtype in _QUANT_DTYPES:
+            raise ValueError(
+                f"[{fn}] the weights are already {cur} (group_size {impl.group_size}): "
+                f"quantize the float model to {dtype} (group_size {group}) instead"
+            )
+        todo.append(impl)
+    staged = [impl.converted(dtype, group, fn) for impl in todo]
+    for impl, new in zip(todo, staged, strict=True):
+        impl.assign(new)
 
 
 def _rng(seed: int | None) -> np.random.Generator:
@@ -188,6 +300,35 @@ class _Module:
     def _children(self) -> Iterator[tuple[str, _Module]]:
         return iter(())
 
+    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
+        """The C++ modules holding this module's projection matrices, with the input
+        dimensions of those matrices (what a quantization group must divide)."""
+        return []
+
+    def _group_size(self) -> int:
+        """The group size of the quantized matrices (0: float weights)."""
+        parts = self._quant_parts()
+        return int(parts[0][0].group_size) if parts else 0
+
+    def quantize(self, bits: int = 8, group_size: int = 32) -> Any:
+        """Quantize the projection matrices in place, group-wise along the input dimension
+        (docs/quantization.md): ``bits=8`` (int8) or ``4`` (int4, llama.cpp's Q4_0 layout),
+        ``group_size`` 32, 64 or 128 (it must divide every projection's input dimension). A
+        model's LM head is quantized too; embeddings, norms and biases stay float. All matrices
+        are converted, or none (a ``ValueError`` for NaN / Inf weights). State-dict views taken
+        before stay valid (they show the old float matrices). Returns the module.
+
+        Example:
+            >>> import llmkernels as lk, numpy as np
+            >>> ffn = lk.FeedForward(64, 128, seed=0).quantize(bits=8, group_size=32)
+            >>> ffn.dtype, sorted(ffn.state_dict())[:2]
+            ('int8', ['down_proj.qweight', 'down_proj.scales'])
+        """
+        fn = f"{self._name}.quantize"
+        bits, group = _check_quant_args(fn, bits, group_size)
+        _convert_parts(fn, self._quant_parts(), f"int{bits}", group)
+        return self
+
     def state_dict(self, prefix: str = "") -> dict[str, np.ndarray]:
         """Parameters by HF name, as NumPy views of the C++ storage in its dtype (no copy:
         writing to them changes the module): float32, or the module's ``dtype`` for projection
@@ -204,6 +345,9 @@ class _Module:
         failed call changes nothing. ``strict``: missing and unexpected keys are errors.
         """
         own = self.state_dict()
+        group = self._group_size()
+        if group:  # float X.weight entries quantized into X.qweight / X.scales
+            state_dict, _ = _quant_sources(f"{self._name}.load_state_dict", own, state_dict, group)
         unexpected = [k for k in state_dict if k not in own]
         missing = [k for k in own if k not in state_dict]
         if strict and (unexpected or missing):
@@ -232,6 +376,12 @@ class _Module:
                     f"[{self._name}.load_state_dict] {key}: expected shape {own[key].shape}, "
                     f"got {arr.shape}"
                 )
+            if key.endswith((".qweight", ".scales")) and arr.dtype != own[key].dtype:
+                # quantized codes and scales are bits: copied as they are, never cast
+                raise TypeError(
+                    f"[{self._name}.load_state_dict] {key}: dtype {arr.dtype}, expected "
+                    f"{own[key].dtype} (quantized layout, docs/quantization.md)"
+                )
             staged.append((own[key], arr))
         for dst, src in staged:
             np.copyto(dst, src, casting="unsafe")
@@ -239,11 +389,22 @@ class _Module:
     def _init_random(self, rng: np.random.Generator) -> None:
         if _SKIP_INIT.get():
             return
-        for key, arr in self.state_dict().items():
+        own = self.state_dict()
+        group = self._group_size()
+        for key, arr in own.items():
             if key.endswith("layernorm.weight") or key.endswith("norm.weight") or key == "weight":
                 continue  # the C++ norms start as the identity (1, or 0 for a 1 + weight norm)
             elif key.endswith("bias"):
                 arr[...] = 0.0
+            elif key.endswith(".scales"):
+                continue  # written with its .qweight
+            elif key.endswith(".qweight"):
+                # the float matrix the float module would draw (same numbers, same order),
+                # quantized: Module(..., dtype="int8", seed=s) == Module(..., seed=s).quantize()
+                base = key[: -len(".qweight")]
+                shape = (arr.shape[0], own[base + ".scales"].shape[1] * group)
+                w = rng.standard_normal(shape, dtype=np.float32) * _INIT_STD
+                _fill_matrix(own, base, w, group)
             else:
                 arr[...] = rng.standard_normal(arr.shape, dtype=np.float32) * _INIT_STD
 
@@ -358,6 +519,7 @@ class FeedForward(_Module):
         fused_names: bool = False,
         activation: str = "silu",
         dtype: Any = None,
+        group_size: int = 32,
         seed: int | None = None,
     ) -> None:
         wdtype = _weight_dtype(self._name, dtype)
@@ -366,12 +528,11 @@ class FeedForward(_Module):
                 f"[{self._name}] activation must be 'silu' (SwiGLU) or 'gelu_tanh' (GeGLU), "
                 f"got {str(activation)[:40]!r}"
             )
+        dim = _positive_int(self._name, "dim", dim)
+        hidden_dim = _positive_int(self._name, "hidden_dim", hidden_dim)
+        group = _check_group(self._name, wdtype, group_size, {"dim": dim, "hidden_dim": hidden_dim})
         self._impl = _core.FeedForwardImpl(
-            _positive_int(self._name, "dim", dim),
-            _positive_int(self._name, "hidden_dim", hidden_dim),
-            bool(bias),
-            activation == "gelu_tanh",
-            wdtype,
+            dim, hidden_dim, bool(bias), activation == "gelu_tanh", wdtype, group or 32
         )
         # Phi-3 names the [gate; up] weight as one tensor, gate_up_proj: the module's storage
         self._impl.fused_names = bool(fused_names)
@@ -380,6 +541,9 @@ class FeedForward(_Module):
     dim = _from_impl("dim")
     hidden_dim = _from_impl("hidden")
     dtype = _from_impl("dtype")
+
+    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
+        return [(self._impl, {"dim": self.dim, "hidden_dim": self.hidden_dim})]
 
     def __call__(self, x: Any) -> np.ndarray:
         arr = _as_f32(self._name, "x", x, self.dim)
@@ -682,6 +846,7 @@ class MultiHeadAttention(_Module):
         qk_norm: bool = False,
         qk_norm_eps: float = 1e-6,
         dtype: Any = None,
+        group_size: int = 32,
         seed: int | None = None,
     ) -> None:
         wdtype = _weight_dtype(self._name, dtype)
@@ -707,6 +872,9 @@ class MultiHeadAttention(_Module):
         head_dim = _positive_int(self._name, "head_dim", head_dim)
         if head_dim % 2:
             raise ValueError(f"[{self._name}] head_dim must be even (RoPE), got {head_dim}")
+        group = _check_group(
+            self._name, wdtype, group_size, {"dim": dim, "n_heads * head_dim": n_heads * head_dim}
+        )
         scaling = dict(rope_scaling) if rope_scaling else None
         inv_freq = rope_inv_freq(head_dim, float(rope_theta), scaling)
         factor = rope_attention_factor(scaling) if scaling else 1.0
@@ -730,6 +898,7 @@ class MultiHeadAttention(_Module):
             bool(qk_norm),
             _check_eps(self._name, qk_norm_eps),
             wdtype,
+            group or 32,
         )
         self._impl.fused_names = bool(fused_names)
         self._init_random(_rng(seed))
@@ -739,6 +908,9 @@ class MultiHeadAttention(_Module):
     n_kv_heads = _from_impl("n_kv_heads")
     head_dim = _from_impl("head_dim")
     dtype = _from_impl("dtype")
+
+    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
+        return [(self._impl, {"dim": self.dim, "n_heads * head_dim": self.n_heads * self.head_dim})]
 
     def new_cache(self, batch: int, max_seq_len: int, dtype: Any = None) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_seq_len`` tokens (a rolling
@@ -828,6 +1000,11 @@ def _check_cache(cls: str, cache: Any, batch: int, seq: int) -> None:
 # ----------------------------------------------------------------------------------------------
 # block and model
 # ----------------------------------------------------------------------------------------------
+
+
+def _input_dims(c: ModelConfig) -> dict[str, int]:
+    """The input dimensions of a model's projections (a quantization group must divide them)."""
+    return {"dim": c.dim, "n_heads * head_dim": c.n_heads * c.head_dim, "hidden_dim": c.hidden_dim}
 
 
 def _block_config(config: Mapping[str, Any] | ModelConfig) -> ModelConfig:
@@ -934,14 +1111,17 @@ class TransformerBlock(_Module):
         seed: int | None = None,
         layer: int = 0,
         dtype: Any = None,
+        group_size: int = 32,
     ) -> TransformerBlock:
         """Build a randomly initialised block (``seed``) from ``dim, n_heads, n_kv_heads,
         head_dim, hidden_dim, norm_eps, rope_theta, rope_scaling, norm, norm_position,
         attention_bias, mlp_bias`` or the HF ``LlamaConfig`` equivalents. ``layer``: which layer
         of the model it is (Gemma 2 alternates sliding-window and full-attention layers).
-        ``dtype``: storage of the projection matrices (float32, bfloat16, float16)."""
+        ``dtype``: storage of the projection matrices (float32, bfloat16, float16, or int8 /
+        int4 in groups of ``group_size`` along the input dimension)."""
         wdtype = _weight_dtype("TransformerBlock", dtype)
         c = _block_config(config)
+        _check_group("TransformerBlock", wdtype, group_size, _input_dims(c))
         norm = functools.partial(_make_norm, c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
         sandwich = c.norm_position == "sandwich"
         rng = _rng(seed)
@@ -963,6 +1143,7 @@ class TransformerBlock(_Module):
                 qk_norm=c.qk_norm,
                 qk_norm_eps=c.norm_eps,
                 dtype=wdtype,
+                group_size=group_size,
                 seed=int(seeds[0]),
             ),
             feed_forward=FeedForward(
@@ -972,6 +1153,7 @@ class TransformerBlock(_Module):
                 fused_names=c.fused_projections,
                 activation=c.activation,
                 dtype=wdtype,
+                group_size=group_size,
                 seed=int(seeds[1]),
             ),
             attention_norm=norm(),
@@ -983,6 +1165,9 @@ class TransformerBlock(_Module):
 
     def _own_params(self) -> dict[str, np.ndarray]:
         return {}
+
+    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
+        return self.attention._quant_parts() + self.feed_forward._quant_parts()
 
     def _children(self) -> Iterator[tuple[str, _Module]]:
         yield "self_attn", self.attention
@@ -1022,6 +1207,28 @@ class TransformerBlock(_Module):
         )
 
 
+class _QuantizingSink:
+    """Where :meth:`Transformer.from_pretrained` puts a float checkpoint matrix stored as
+    int8 / int4: the loader hands it the matrix a few rows at a time (``write_rows``), each
+    slice widened to float32 and quantized into the module's codes and scales (the bits of
+    :func:`llmkernels.quantize`) -- never a float32 copy of the matrix."""
+
+    def __init__(self, key: str, qweight: np.ndarray, scales: np.ndarray, group: int) -> None:
+        self.key, self.qweight, self.scales, self.group = key, qweight, scales, group
+        self.bits = 8 if qweight.dtype == np.int8 else 4
+        self.shape = (qweight.shape[0], scales.shape[1] * group)
+
+    def write_rows(self, r0: int, piece: np.ndarray) -> None:
+        rows = np.ascontiguousarray(piece, dtype=np.float32).reshape(-1, self.shape[1])
+        try:
+            q, sc = _core.quantize(rows, self.bits, self.group)
+        except ValueError as exc:
+            msg = str(exc).removeprefix("[quantize] ")
+            raise ValueError(f"[from_pretrained] {self.key} (from row {r0}): {msg}") from None
+        self.qweight[r0 : r0 + len(rows)] = q
+        self.scales[r0 : r0 + len(rows)] = sc
+
+
 class Transformer(_Module):
     """A LLaMA-style decoder: token embedding, ``n_layers`` blocks, final norm, LM head (tied to
     the embedding when ``tie_embeddings``). State-dict keys are HF ``LlamaForCausalLM``'s.
@@ -1042,13 +1249,26 @@ class Transformer(_Module):
         *,
         seed: int | None = None,
         dtype: Any = None,
+        group_size: int = 32,
+        embed_dtype: Any = None,
     ) -> None:
+        """``dtype``: storage of the projection and embedding matrices (float32, bfloat16,
+        float16), or ``"int8"`` / ``"int4"``: projections and LM head quantized in groups of
+        ``group_size`` (32, 64, 128) along the input dimension, the embedding stored as
+        ``embed_dtype`` (default float32; a float ``dtype`` is used for both)."""
         wdtype = _weight_dtype(self._name, dtype)
         c = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(config)
+        quantized = wdtype in _QUANT_DTYPES
+        group = _check_group(self._name, str(wdtype), group_size, _input_dims(c))
+        edtype = _weight_dtype(self._name, embed_dtype) if quantized else wdtype
+        if edtype in _QUANT_DTYPES:
+            raise ValueError(f"[{self._name}] embed_dtype must be a float dtype, got {edtype!r}")
         self.config = c
         rng = _rng(seed)
         self.blocks = [
-            TransformerBlock.from_config(c, seed=int(s), layer=i, dtype=wdtype)
+            TransformerBlock.from_config(
+                c, seed=int(s), layer=i, dtype=wdtype, group_size=group or 32
+            )
             for i, s in enumerate(rng.integers(0, 2**63 - 1, size=c.n_layers))
         ]
         self.norm = _make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
@@ -1060,19 +1280,54 @@ class Transformer(_Module):
             c.tie_embeddings,
             float(np.float32(np.sqrt(c.dim))) if c.embed_scale else 0.0,
             c.final_softcap or 0.0,
+            edtype,
             wdtype,
+            group or 32,
         )
-        for key, arr in self._own_params().items():
-            if (key == "lm_head.weight" and c.tie_embeddings) or _SKIP_INIT.get():
-                continue  # a view of the embedding / weights about to be loaded
-            arr[...] = rng.standard_normal(arr.shape, dtype=np.float32) * _INIT_STD
+        if not _SKIP_INIT.get():
+            own = self._own_params()
+            emb = rng.standard_normal((c.vocab_size, c.dim), dtype=np.float32) * _INIT_STD
+            np.copyto(own["model.embed_tokens.weight"], emb, casting="unsafe")
+            if c.tie_embeddings:
+                if quantized:  # the quantized LM head is a quantized copy of the embedding
+                    self._impl.assign(self._impl.converted(wdtype, group, self._name))
+            else:
+                w = rng.standard_normal((c.vocab_size, c.dim), dtype=np.float32) * _INIT_STD
+                _fill_matrix(own, "lm_head", w, group)
         # one rotary schedule for the whole model, as HF's LlamaModel.rotary_emb
         self._rope = _RopeSchedule(c.head_dim, c.rope_theta, c.rope_scaling_dict())
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
         """As :meth:`_Module.load_state_dict`; with tied embeddings ``lm_head.weight`` (which HF
-        lists too) is optional and, when given, must equal ``model.embed_tokens.weight``."""
+        lists too) is optional and, when given, must equal ``model.embed_tokens.weight``.
+
+        A quantized model takes its own layout (``X.qweight`` / ``X.scales``, copied bit for
+        bit) or float ``X.weight`` matrices, which are quantized as they are loaded (with tied
+        embeddings the quantized LM head is then made from the embedding)."""
         sd = dict(state_dict)
+        if self.config.tie_embeddings and self.dtype in _QUANT_DTYPES:
+            fn = "Transformer.load_state_dict"
+            head = sd.pop("lm_head.weight", None)
+            emb = sd.get("model.embed_tokens.weight")
+            if head is not None and emb is not None:
+                if not np.array_equal(_to_numpy(head), _to_numpy(emb)):
+                    raise ValueError(
+                        f"[{fn}] lm_head.weight: embeddings are tied, so it must equal "
+                        "model.embed_tokens.weight"
+                    )
+            # the quantized head follows a new embedding unless its own codes are given
+            remake = emb is not None and "lm_head.qweight" not in sd and "lm_head.scales" not in sd
+            own = self.state_dict()
+            sd, _ = _quant_sources(fn, own, sd, self._group_size())
+            derived = {"lm_head.qweight", "lm_head.scales"} if remake else set()
+            missing = [k for k in own if k not in sd and k not in derived]
+            unexpected = [k for k in sd if k not in own]
+            if strict and (missing or unexpected):
+                raise KeyError(f"[{fn}] missing keys {missing}; unexpected keys {unexpected}")
+            super().load_state_dict(sd, strict=False)
+            if remake:
+                self._impl.assign(self._impl.converted(self.dtype, self._group_size(), fn))
+            return
         if self.config.tie_embeddings:
             head = sd.pop("lm_head.weight", None)
             emb = sd.get("model.embed_tokens.weight")
@@ -1111,9 +1366,28 @@ class Transformer(_Module):
             yield f"model.layers.{i}", block
         yield "model.norm", self.norm
 
+    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
+        parts = [p for block in self.blocks for p in block._quant_parts()]
+        return parts + [(self._impl, {"dim": self.config.dim})]
+
+    def _group_size(self) -> int:
+        return int(self._impl.group_size)
+
+    @property
+    def quantization(self) -> dict[str, int] | None:
+        """``{"bits": 8 | 4, "group_size": 32 | 64 | 128}`` for a quantized model, else None."""
+        if self.dtype not in _QUANT_DTYPES:
+            return None
+        return {"bits": _QUANT_DTYPES[self.dtype], "group_size": self._group_size()}
+
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike[str], *, dtype: Any = None, progress: bool | None = None
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        dtype: Any = None,
+        group_size: int | None = None,
+        progress: bool | None = None,
     ) -> Transformer:
         """Load an HF LLaMA checkpoint directory: ``config.json`` and ``model.safetensors`` (or
         shards with ``model.safetensors.index.json``). Never unpickles; the config and every
@@ -1126,48 +1400,108 @@ class Transformer(_Module):
         ``dtype``: storage of the projection and embedding matrices. ``None`` (default) keeps
         the checkpoint's: bf16 stays bf16 and f16 stays f16 (when every such matrix has that
         dtype; otherwise float32) -- no widened copy. ``"float32"``, ``"bfloat16"`` or
-        ``"float16"`` converts while loading, tensor by tensor (round to nearest even). Norms and
-        biases are float32 in every case. ``progress``: a tqdm bar over the bytes read
+        ``"float16"`` converts while loading, tensor by tensor (round to nearest even).
+        ``"int8"`` / ``"int4"`` quantizes the projections and the LM head while loading, a few
+        rows at a time (never a float32 copy of a matrix, let alone of the model), in groups of
+        ``group_size`` (default 32); the embedding keeps the checkpoint's float dtype. The
+        result is bit-identical to loading in float32 and calling :meth:`quantize`. A
+        checkpoint written by :meth:`save_pretrained` from a quantized model (its config has
+        a ``quantization_config``) loads as it was saved (``dtype`` None or its own).
+        Norms and biases are float32 in every case. ``progress``: a tqdm bar over the bytes read
         (default: on for checkpoints over 256 MiB when stderr is a terminal).
         """
-        from ._safetensors import checkpoint_weight_dtype, load_into, read_pretrained
+        from ._safetensors import (
+            DTYPE_NAMES,
+            checkpoint_weight_dtype,
+            is_quantized_key,
+            load_into,
+            read_pretrained,
+        )
 
-        wdtype = _weight_dtype("from_pretrained", dtype, allow_none=True)
+        fn = "from_pretrained"
+        wdtype = _weight_dtype(fn, dtype, allow_none=True)
+        if group_size is not None:
+            _check_quant_args(fn, 8, group_size)
         path = _checkpoint_dir(path)
         # config and every tensor's key/shape are checked against the headers before any data
         # is read or any weights are allocated
-        config, located = read_pretrained(path)
-        if wdtype is None:
+        config, located, quant = read_pretrained(path, with_quantization=True)
+        group = 0
+        edtype = None
+        if quant is not None:  # a quantized checkpoint (save_pretrained of an int8/int4 model)
+            saved = f"int{quant.bits}"
+            if wdtype not in (None, saved) or group_size not in (None, quant.group_size):
+                raise ValueError(
+                    f"[{fn}] {path} holds an {saved} model (group_size {quant.group_size}): load "
+                    f"it with dtype=None or {saved!r} and no other group_size (a quantized "
+                    "checkpoint is not converted)"
+                )
+            wdtype, group = saved, quant.group_size
+        elif wdtype is None:
             wdtype = checkpoint_weight_dtype(located)
+        if group_size is not None and wdtype not in _QUANT_DTYPES:
+            raise ValueError(
+                f"[{fn}] group_size is the quantization group of dtype='int8' / 'int4', got "
+                f"dtype={wdtype!r}"
+            )
+        if wdtype in _QUANT_DTYPES:
+            group = group or (group_size or 32)
+            _check_group(fn, wdtype, group, _input_dims(config))
+            emb = located["model.embed_tokens.weight"][1].dtype
+            edtype = DTYPE_NAMES.get(emb, "float32")
         with _no_random_init():
-            model = cls(config, dtype=wdtype)
-        dests = model.state_dict()
+            model = cls(config, dtype=wdtype, group_size=group or 32, embed_dtype=edtype)
+        own = model.state_dict()
+        dests: dict[str, Any] = {}
+        for key in located:
+            if key in own:
+                dests[key] = own[key]
+            elif is_quantized_key(key):  # a float matrix into int8 / int4 storage
+                base = key[: -len(".weight")]
+                dests[key] = _QuantizingSink(
+                    key, own[base + ".qweight"], own[base + ".scales"], group
+                )
+        covered = set(dests)
+        for key in list(dests):
+            if isinstance(dests[key], _QuantizingSink):
+                base = key[: -len(".weight")]
+                covered |= {base + ".qweight", base + ".scales"}
         # the weights were allocated uninitialised: every one must come from the files
-        unread = [
-            k
-            for k in dests
-            if k not in located and not (k == "lm_head.weight" and config.tie_embeddings)
-        ]
+        tied = config.tie_embeddings
+        derived = {"lm_head.weight"} if tied else set()
+        remake_head = tied and wdtype in _QUANT_DTYPES and "lm_head.qweight" not in located
+        if remake_head:
+            derived |= {"lm_head.qweight", "lm_head.scales"}
+        unread = [k for k in own if k not in covered and k not in derived]
         if unread:
-            raise ValueError(f"[from_pretrained] {path}: no tensor for {unread[:5]}")
+            raise ValueError(f"[{fn}] {path}: no tensor for {unread[:5]}")
         total = sum(info.offsets[1] - info.offsets[0] for _, info in located.values())
         show = (sys.stderr.isatty() and total > 256 << 20) if progress is None else progress
         bar = _progress(total, show, desc="load", unit="B")
         try:
-            load_into(located, {k: dests[k] for k in located}, bar.update)
+            load_into(located, dests, bar.update)
         finally:
             bar.close()
+        if remake_head:  # tied: the quantized head is made from the embedding just read
+            model._impl.assign(model._impl.converted(wdtype, group, fn))
         return model
 
     @property
     def dtype(self) -> str:
-        """Storage dtype of the projection and embedding matrices: ``"float32"``,
-        ``"bfloat16"`` or ``"float16"``."""
+        """Storage dtype of the projection matrices and LM head: ``"float32"``,
+        ``"bfloat16"``, ``"float16"``, ``"int8"`` or ``"int4"`` (quantized: the embedding
+        keeps a float dtype, :attr:`embed_dtype`)."""
         return str(self._impl.dtype)
 
     @property
+    def embed_dtype(self) -> str:
+        """Storage dtype of the embedding (a float dtype; :attr:`dtype` unless quantized)."""
+        return str(self._impl.embed_dtype)
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of the weights (a tied LM head counted once)."""
+        """Bytes of the weights (a tied LM head counted once; a quantized model: codes and
+        scales, plus the float embedding, and with tied embeddings the quantized head too)."""
         return sum(
             v.nbytes
             for k, v in self.state_dict().items()
@@ -1177,10 +1511,21 @@ class Transformer(_Module):
     def to(self, dtype: Any) -> Transformer:
         """Convert the weight storage to ``dtype`` (``"float32"``, ``"bfloat16"``,
         ``"float16"``) in place, and return the model. The new storage is filled tensor by
-        tensor from the old one, then replaces it (peak memory: both copies)."""
-        wdtype = _weight_dtype("Transformer.to", dtype)
+        tensor from the old one, then replaces it (peak memory: both copies). ``"int8"`` /
+        ``"int4"`` is :meth:`quantize` with ``bits`` 8 / 4 and group size 32; from int8 / int4
+        to a float dtype the matrices are dequantized (exactly: ``code * scale``)."""
+        fn = "Transformer.to"
+        wdtype = _weight_dtype(fn, dtype)
         if wdtype == self.dtype:
             return self
+        if wdtype in _QUANT_DTYPES:
+            bits, group = _check_quant_args(fn, _QUANT_DTYPES[wdtype], 32)
+            _convert_parts(fn, self._quant_parts(), wdtype, group)
+            return self
+        if self.dtype in _QUANT_DTYPES:  # dequantized in C++, tensor by tensor
+            _convert_parts(fn, self._quant_parts(), "float32", 0)
+            if wdtype == "float32" and self.embed_dtype == "float32":
+                return self
         with _no_random_init():
             new = Transformer(self.config, dtype=wdtype)
         own = new.state_dict()
@@ -1195,24 +1540,47 @@ class Transformer(_Module):
         """Write an HF checkpoint directory that transformers (and :meth:`from_pretrained`)
         load: ``config.json`` (``torch_dtype`` set) and ``model.safetensors``. ``dtype``: the
         dtype the matrices are written in (default: the model's own; norms and biases are
-        written in it too, as HF does). A tied LM head is not written (as transformers)."""
+        written in it too, as HF does). A tied LM head is not written (as transformers).
+
+        A quantized model (int8 / int4) is written as it is stored, in llmkernels' documented
+        layout (docs/quantization.md): ``X.qweight`` codes (int8, or uint8 nibble pairs) and
+        ``X.scales`` (float16) per projection and for the LM head (also with tied
+        embeddings), the embedding in its float dtype, norms and biases float32, and a
+        ``quantization_config`` in config.json. :meth:`from_pretrained` loads it back
+        bit-identically; transformers does not read it (its quant_method is unknown there).
+        ``dtype`` must then be None or the model's."""
         from ._safetensors import save_file
 
-        wdtype = _weight_dtype("save_pretrained", dtype, allow_none=True) or self.dtype
+        fn = "save_pretrained"
+        quant = self.quantization
+        wdtype = _weight_dtype(fn, dtype, allow_none=True) or self.dtype
+        if quant is not None and wdtype != self.dtype:
+            raise ValueError(
+                f"[{fn}] dtype: a quantized ({self.dtype}) model is written as it is stored; "
+                f"convert it first (model.to({wdtype!r})) to write {wdtype}"
+            )
         out = os.fspath(path)
         os.makedirs(out, exist_ok=True)
         cfg = self.config.to_hf_dict()
-        cfg["torch_dtype"] = wdtype
         import json
 
-        with open(os.path.join(out, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=2)
         tensors = {
             k: v
             for k, v in self.state_dict().items()
             if not (k == "lm_head.weight" and self.config.tie_embeddings)
         }
-        save_file(os.path.join(out, "model.safetensors"), tensors, dtype=wdtype)
+        if quant is not None:
+            from ._safetensors import QuantConfig
+
+            cfg["torch_dtype"] = self.embed_dtype
+            cfg["quantization_config"] = QuantConfig(**quant).to_dict()
+            write_dtype = None  # every tensor as stored: bit-identical on load
+        else:
+            cfg["torch_dtype"] = wdtype
+            write_dtype = wdtype
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+        save_file(os.path.join(out, "model.safetensors"), tensors, dtype=write_dtype)
 
     def new_cache(
         self, batch: int, max_seq_len: int | None = None, dtype: Any = None
