@@ -18,16 +18,20 @@ namespace {
 constexpr std::size_t kRowBlock = 256;  // rows per BLAS call when m is large (prefill)
 constexpr std::size_t kColBlock = 256;  // output features per task otherwise (thread split)
 // Up to this many tokens, out_in projections are matrix-vector products (the weights read once
-// per group of 4 tokens, in place); above it, up to 2 * kRowBlock, the tokens are packed and the
-// weights still read in place (gemm_xt_kernel); larger prefills go to the BLAS, whose packing
-// of the weights is then paid for by enough tokens. Crossovers measured on FeedForward at
-// dim 512 / 2048 (benchmarks: FeedForward rows of `make bench`). in_out weights (the
-// functional API) always go to the BLAS.
+// per group of 4 tokens, in place); above it the tokens are packed and the weights read in place
+// (gemm_xt_kernel), and from kPackedMinRows on both operands are packed (gemm_packed_kernel).
+// The BLAS (blocks of kRowBlock rows, or of kColBlock columns) is kept for the in_out layout
+// below kPackedMinRows, on AVX-512 from 512 tokens (not measured there yet), and as a forced
+// route (GemmRoute::blas) for comparison.
 constexpr std::size_t kGemvMaxRows = 8;
 // From this many tokens on, both operands are packed (gemm_packed_kernel): packing the weights
 // (once per call, per thread) is then paid for by the tokens that reuse each packed block.
 // (out, in) weights: below it, gemm_xt_kernel. (in, out) weights: below it, the BLAS.
-constexpr std::size_t kPackedMinRows = 128;
+// Measured (benchmarks/bench_gemm.py, TinyLlama shapes, AVX2): gemm_xt and the packed kernel
+// are level at 16-24 tokens, the packed kernel 1.3-1.7x faster from 32-64 on and level with
+// OpenBLAS sgemm from 64 to 2048 tokens -- so above kGemvMaxRows the BLAS is no longer used
+// for (out, in) weights.
+constexpr std::size_t kPackedMinRows = 24;
 
 std::atomic<int> g_route{0};
 
@@ -101,7 +105,8 @@ void gemm_packed(const T* x, std::size_t m, std::size_t k, const T* w, bool in_o
   });
   const std::size_t ldw = in_out ? n : k;
   parallel_chunks(static_cast<int>(shares), [&](int c, int nc) {
-    for (std::size_t s = static_cast<std::size_t>(c); s < shares; s += static_cast<std::size_t>(nc)) {
+    const auto first = static_cast<std::size_t>(c), step = static_cast<std::size_t>(nc);
+    for (std::size_t s = first; s < shares; s += step) {
       const std::size_t f0 = s * share, nb = std::min(share, n - f0);
       dispatch(gemm_packed_kernel{}, y + f0, n, static_cast<const T*>(xp), m, k,
                in_out ? w + f0 : w + f0 * ldw, ldw, in_out, nb,
@@ -109,6 +114,31 @@ void gemm_packed(const T* x, std::size_t m, std::size_t k, const T* w, bool in_o
                bias ? bias + f0 : bias);
     }
   });
+}
+
+enum class Path { blas_rows, blas_cols, packed, tokens, gemv };
+
+// The product linear<T> takes for m tokens (k > 0).
+Path choose_path(std::size_t m, bool trans_w) {
+  switch (gemm_route()) {
+    case GemmRoute::blas:
+      return m >= 2 * kRowBlock ? Path::blas_rows : Path::blas_cols;
+    case GemmRoute::packed:
+      return Path::packed;
+    case GemmRoute::tokens:
+      if (trans_w) return Path::tokens;
+      break;
+    case GemmRoute::automatic:
+      break;
+  }
+  if (active_isa() == Isa::avx512) {
+    // not measured on an AVX-512 machine yet: the routing that was (OpenBLAS' SkylakeX kernels
+    // from 512 tokens, README "Threads"); the packed kernel runs there when forced (tests)
+    if (m >= 2 * kRowBlock) return Path::blas_rows;
+  } else if (m >= kPackedMinRows) {
+    return Path::packed;
+  }
+  return !trans_w ? Path::blas_cols : m > kGemvMaxRows ? Path::tokens : Path::gemv;
 }
 
 }  // namespace
@@ -122,20 +152,15 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
   if (m == 0 || n == 0) return;
   const bool trans_w = layout == WeightLayout::out_in;
   const std::size_t ldw = trans_w ? k : n;
-  const GemmRoute route = gemm_route();
-  const bool forced_blas = route == GemmRoute::blas;
-  const bool packed = route == GemmRoute::packed ||
-                      (route == GemmRoute::automatic && m >= kPackedMinRows) ||
-                      (route == GemmRoute::tokens && !trans_w && m >= kPackedMinRows);
-  const bool tokens = route == GemmRoute::tokens && trans_w;
+  const Path path = choose_path(m, trans_w);
   if (k == 0) {  // an empty inner dimension: the product is all zeros
     parallel_for(m, 1, static_cast<double>(n), [&](std::size_t r0, std::size_t r1) {
       if (init_block(y, n, r0, r1, 0, n, bias, accumulate) == T(0))
         std::memset(y + r0 * n, 0, (r1 - r0) * n * sizeof(T));
     });
-  } else if (packed && !forced_blas) {
+  } else if (path == Path::packed) {
     gemm_packed(x, m, k, w, !trans_w, n, bias, y, accumulate);
-  } else if (forced_blas && m >= 2 * kRowBlock) {  // prefill-sized: blocks of rows
+  } else if (path == Path::blas_rows) {  // prefill-sized: blocks of rows
     const std::size_t blocks = (m + kRowBlock - 1) / kRowBlock;
     parallel_for(blocks, 1, 2.0 * kRowBlock * k * n, [&](std::size_t b0, std::size_t b1) {
       for (std::size_t blk = b0; blk < b1; ++blk) {
@@ -144,7 +169,7 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
         gemm(trans_w, r1 - r0, n, k, x + r0 * k, w, ldw, beta, y + r0 * n, n);
       }
     });
-  } else if (!trans_w || forced_blas) {  // few rows, or (in, out) weights: blocks of columns
+  } else if (path == Path::blas_cols) {  // few rows, or (in, out) weights: blocks of columns
     const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
       for (std::size_t blk = b0; blk < b1; ++blk) {
@@ -153,7 +178,7 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
         gemm(trans_w, m, c1 - c0, k, x, trans_w ? w + c0 * ldw : w + c0, ldw, beta, y + c0, n);
       }
     });
-  } else if (m > kGemvMaxRows || tokens) {  // a short prefill: x packed, weights in place
+  } else if (path == Path::tokens) {  // a short prefill: x packed, weights read in place
     ScratchLease xt_lease((m + kGemmPanel - 1) / kGemmPanel * kGemmPanel * k * sizeof(T));
     T* const xt = xt_lease.as<T>();
     pack_panels(x, m, k, xt);

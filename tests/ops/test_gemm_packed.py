@@ -24,6 +24,10 @@ from llmkernels import _core
 
 FORMATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 TAILS = (1, 7, 31, 33, 1025)
+# ops/linear.cpp routes automatically to the package's kernels from 24 tokens, except on AVX-512
+# (not measured there yet: OpenBLAS from 512 tokens); the forced routes run everywhere
+def auto_is_package() -> bool:
+    return lk.simd_arch() != "avx512"
 MID = (37, 45)  # the other two dimensions when one sweeps TAILS
 
 
@@ -102,7 +106,8 @@ def test_routes_agree_bitwise_past_the_blocks(isa, route, m):
     packed = linear(x, w, bias, y0, "packed")
     check(packed, x, w, bias, y0)
     np.testing.assert_array_equal(linear(x, w, bias, y0, "tokens"), packed)
-    np.testing.assert_array_equal(linear(x, w, bias, y0, "auto"), packed)
+    if auto_is_package():
+        np.testing.assert_array_equal(linear(x, w, bias, y0, "auto"), packed)
 
 
 @pytest.mark.parametrize("m", [9, 128, 601])
@@ -120,15 +125,19 @@ def test_bitwise_across_thread_counts(route, threads, m):
             np.testing.assert_array_equal(linear(x, w, bias, None, r), want)
 
 
-def test_rows_do_not_depend_on_the_token_count(route):
-    # a row's chain is the same whatever m is and whichever kernel takes it (m > 8)
+def test_rows_do_not_depend_on_the_token_count(isa, route):
+    # a row's chain is the same whatever m is and whichever kernel takes it
     rng = np.random.default_rng(3)
     k, n = 257, 99
     x = rng.standard_normal((700, k), dtype=np.float32)
     w = rng.standard_normal((n, k), dtype=np.float32)
-    full = linear(x, w)  # the packed kernel
-    for lo, hi in ((0, 9), (13, 77), (600, 700), (5, 200)):
-        np.testing.assert_array_equal(linear(x[lo:hi], w), full[lo:hi])
+    full = linear(x, w, route="packed")
+    routes = ("packed", "tokens", "auto") if auto_is_package() else ("packed", "tokens")
+    for lo, hi in ((0, 1), (0, 9), (13, 77), (600, 700), (5, 200)):
+        for r in routes:
+            if r == "auto" and hi - lo <= 8:
+                continue  # matrix-vector products (gemv.hpp): horizontal sums
+            np.testing.assert_array_equal(linear(x[lo:hi], w, route=r), full[lo:hi])
 
 
 @pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
@@ -163,7 +172,7 @@ def test_nan_and_inf_propagate(route):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("m", [7, 130])
 def test_in_out_layout_through_swiglu_ffn(isa, route, dtype, m):
-    # the functional API's (in, out) weights: packed (forced, and automatic from 128 tokens)
+    # the functional API's (in, out) weights: packed (forced, and automatic from 24 tokens)
     # against the BLAS and float64; x non-contiguous
     rng = np.random.default_rng(m)
     k, h, n = 33, 1025, 31
@@ -182,7 +191,7 @@ def test_in_out_layout_through_swiglu_ffn(isa, route, dtype, m):
         out[r] = lk.swiglu_ffn(x, wg, wu, wd)
         assert out[r].dtype == dtype
         np.testing.assert_allclose(out[r], want, rtol=tol["rtol"], atol=tol["atol"] * scale)
-    if m >= 128:
+    if m >= 24 and auto_is_package():
         np.testing.assert_array_equal(out["auto"], out["packed"])
 
 
