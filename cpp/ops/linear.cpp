@@ -20,17 +20,16 @@ constexpr std::size_t kColBlock = 256;  // output features per task otherwise (t
 // Up to this many tokens, out_in projections are matrix-vector products (the weights read once
 // per group of 4 tokens, in place); above it the tokens are packed and the weights read in place
 // (gemm_xt_kernel), and from kPackedMinRows on both operands are packed (gemm_packed_kernel).
-// The BLAS (blocks of kRowBlock rows, or of kColBlock columns) is kept for the in_out layout
-// below kPackedMinRows, on AVX-512 from 512 tokens (not measured there yet), and as a forced
-// route (GemmRoute::blas) for comparison.
+// The BLAS (blocks of kRowBlock rows, or of kColBlock columns) is kept from 2 * kRowBlock tokens
+// (see choose_path), for the in_out layout below kPackedMinRows, and as a forced route
+// (GemmRoute::blas) for comparison.
 constexpr std::size_t kGemvMaxRows = 8;
 // From this many tokens on, both operands are packed (gemm_packed_kernel): packing the weights
 // (once per call, per thread) is then paid for by the tokens that reuse each packed block.
 // (out, in) weights: below it, gemm_xt_kernel. (in, out) weights: below it, the BLAS.
 // Measured (benchmarks/bench_gemm.py, TinyLlama shapes, AVX2): gemm_xt and the packed kernel
-// are level at 16-24 tokens, the packed kernel 1.3-1.7x faster from 32-64 on and level with
-// OpenBLAS sgemm from 64 to 2048 tokens -- so above kGemvMaxRows the BLAS is no longer used
-// for (out, in) weights.
+// are level at 16-24 tokens, the packed kernel 1.3-2x faster from 32 on, and within a few
+// percent of OpenBLAS sgemm from 64 to 512 tokens (which therefore no longer takes them).
 constexpr std::size_t kPackedMinRows = 24;
 
 std::atomic<int> g_route{0};
@@ -131,13 +130,11 @@ Path choose_path(std::size_t m, bool trans_w) {
     case GemmRoute::automatic:
       break;
   }
-  if (active_isa() == Isa::avx512) {
-    // not measured on an AVX-512 machine yet: the routing that was (OpenBLAS' SkylakeX kernels
-    // from 512 tokens, README "Threads"); the packed kernel runs there when forced (tests)
-    if (m >= 2 * kRowBlock) return Path::blas_rows;
-  } else if (m >= kPackedMinRows) {
-    return Path::packed;
-  }
+  // From 512 tokens OpenBLAS stays: level with the packed kernel on one thread, 2-15% ahead on
+  // two at m = 512 / 2048 (benchmarks/bench_gemm.py, TinyLlama shapes, AVX2). On AVX-512 the
+  // packed kernel is not measured yet: there it runs only when forced (tests).
+  if (m >= 2 * kRowBlock) return Path::blas_rows;
+  if (active_isa() != Isa::avx512 && m >= kPackedMinRows) return Path::packed;
   return !trans_w ? Path::blas_cols : m > kGemvMaxRows ? Path::tokens : Path::gemv;
 }
 
