@@ -24,11 +24,13 @@ from llmkernels import _core
 
 FORMATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 TAILS = (1, 7, 31, 33, 1025)
+MID = (37, 45)  # the other two dimensions when one sweeps TAILS
+
+
 def auto_is_package(m: int = 100) -> bool:
     """Whether ops/linear.cpp routes m tokens to the packed kernel by itself (24 <= m < 512,
     not on AVX-512, not measured there yet); the forced routes run everywhere."""
     return lk.simd_arch() != "avx512" and 24 <= m < 512
-MID = (37, 45)  # the other two dimensions when one sweeps TAILS
 
 
 @pytest.fixture
