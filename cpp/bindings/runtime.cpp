@@ -2,6 +2,7 @@
 #include "bindings/bindings.hpp"
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
+#include "ops/linear.hpp"
 #include "ops/ops.hpp"
 
 extern "C" char* openblas_get_config(void);
@@ -28,6 +29,20 @@ void bind_runtime(py::module_& m) {
   m.def("openblas_config", [] { return std::string(openblas_get_config()); });
   m.def("_probe_fma_gflops", &probe_fma_gflops, "threads"_a, "iterations"_a);
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);
+  // ops/linear.hpp GemmRoute, by name; returns the previous one (tests, bench_gemm.py)
+  m.def(
+      "_set_gemm_route",
+      [](const std::string& name) {
+        static const char* const names[] = {"auto", "blas", "packed", "tokens"};
+        const int previous = static_cast<int>(gemm_route());
+        for (int i = 0; i < 4; ++i)
+          if (name == names[i]) {
+            set_gemm_route(static_cast<GemmRoute>(i));
+            return std::string(names[previous]);
+          }
+        throw py::value_error("[_set_gemm_route] route must be one of auto, blas, packed, tokens");
+      },
+      "route"_a);
 }
 
 }  // namespace llmk::bind

@@ -33,7 +33,12 @@
                   std::size_t m, std::size_t rows, std::size_t k, bool accumulate,           \
                   const T* bias))                                                            \
   X(gemm_xt_kernel, (T* y, std::size_t ldy, const T* xt, std::size_t m, const T* w,         \
-                     std::size_t n, std::size_t k, bool accumulate, const T* bias))
+                     std::size_t n, std::size_t k, bool accumulate, const T* bias))          \
+  X(gemm_pack_x_kernel, (T* xp, const T* x, std::size_t ldx, std::size_t m, std::size_t k,  \
+                         std::size_t t0, std::size_t t1))                                    \
+  X(gemm_packed_kernel, (T* y, std::size_t ldy, const T* xp, std::size_t m, std::size_t k,  \
+                         const T* w, std::size_t ldw, bool in_out, std::size_t n, T* wpack,  \
+                         bool accumulate, const T* bias))
 
 // Kernels of float only (the roofline probes; projections with 16-bit weights, kernels/
 // weight16.hpp; the quantized-weight products of quant.hpp): X(functor, (parameters)),

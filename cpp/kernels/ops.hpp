@@ -148,4 +148,12 @@ LLMK_FLOAT_KERNELS(LLMK_DECLARE_FLOAT_KERNEL)
 // Panel height of gemm_xt_kernel's packed operand (kernels/gemm.hpp).
 constexpr std::size_t kGemmPanel = 64;
 
+// gemm_packed_kernel (kernels/gemm.hpp): the weight block each thread packs, kGemmPackKc x
+// kGemmPackNc elements (its scratch, sized by the driver), and the token count every ISA's
+// panel of packed x divides (the driver sizes xp as m rounded up to it, times k, and splits
+// the packing on multiples of it).
+constexpr std::size_t kGemmPackKc = 512;
+constexpr std::size_t kGemmPackNc = 1024;
+constexpr std::size_t kGemmPackTokenAlign = 12;
+
 }  // namespace llmk

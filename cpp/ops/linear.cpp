@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -18,12 +19,21 @@ namespace {
 constexpr std::size_t kRowBlock = 256;  // rows per BLAS call when m is large (prefill)
 constexpr std::size_t kColBlock = 256;  // output features per task otherwise (thread split)
 // Up to this many tokens, out_in projections are matrix-vector products (the weights read once
-// per group of 4 tokens, in place); above it, up to 2 * kRowBlock, the tokens are packed and the
-// weights still read in place (gemm_xt_kernel); larger prefills go to the BLAS, whose packing
-// of the weights is then paid for by enough tokens. Crossovers measured on FeedForward at
-// dim 512 / 2048 (benchmarks: FeedForward rows of `make bench`). in_out weights (the
-// functional API) always go to the BLAS.
+// per group of 4 tokens, in place); above it the tokens are packed and the weights read in place
+// (gemm_xt_kernel), and from kPackedMinRows on both operands are packed (gemm_packed_kernel).
+// The BLAS (blocks of kRowBlock rows, or of kColBlock columns) is kept from 2 * kRowBlock tokens
+// (see choose_path), for the in_out layout below kPackedMinRows, and as a forced route
+// (GemmRoute::blas) for comparison.
 constexpr std::size_t kGemvMaxRows = 8;
+// From this many tokens on, both operands are packed (gemm_packed_kernel): packing the weights
+// (once per call, per thread) is then paid for by the tokens that reuse each packed block.
+// (out, in) weights: below it, gemm_xt_kernel. (in, out) weights: below it, the BLAS.
+// Measured (benchmarks/bench_gemm.py, TinyLlama shapes, AVX2): gemm_xt and the packed kernel
+// are level at 16-24 tokens, the packed kernel 1.3-2x faster from 32 on, and within a few
+// percent of OpenBLAS sgemm from 64 to 512 tokens (which therefore no longer takes them).
+constexpr std::size_t kPackedMinRows = 24;
+
+std::atomic<int> g_route{0};
 
 void gemm(bool trans_w, std::size_t m, std::size_t n, std::size_t k, const float* x, const float* w,
           std::size_t ldw, float beta, float* y, std::size_t ldy) {
@@ -72,7 +82,67 @@ void pack_panels(const T* x, std::size_t m, std::size_t k, T* xt) {
   }
 }
 
+// y (m, n) (+)= x . W (+ bias) with both operands packed: x once for all threads (panels of
+// the ISA's token count), then each thread takes a contiguous share of the features (a multiple
+// of 32, which every ISA's feature panel divides) and packs its weights block by block into its
+// own kGemmPackKc x kGemmPackNc scratch. Each output is one fma chain over k (kernels/gemm.hpp),
+// so the split -- which depends on the thread count -- changes no bit.
+template <class T>
+void gemm_packed(const T* x, std::size_t m, std::size_t k, const T* w, bool in_out, std::size_t n,
+                 const T* bias, T* y, bool accumulate) {
+  constexpr std::size_t kAlign = 32, kTok = kGemmPackTokenAlign;
+  const std::size_t units = (n + kAlign - 1) / kAlign;
+  const std::size_t threads = static_cast<std::size_t>(std::max(1, get_num_threads()));
+  const std::size_t want = std::min(threads, units);
+  const std::size_t share = (units + want - 1) / want * kAlign;
+  const std::size_t shares = (n + share - 1) / share;
+  ScratchLease xp_lease((m + kTok - 1) / kTok * kTok * k * sizeof(T));
+  ScratchLease wp_lease(shares * kGemmPackKc * kGemmPackNc * sizeof(T));
+  T* const xp = xp_lease.as<T>();
+  T* const wp = wp_lease.as<T>();
+  parallel_for((m + kTok - 1) / kTok, 1, 2.0 * kTok * k, [&](std::size_t b0, std::size_t b1) {
+    dispatch(gemm_pack_x_kernel{}, xp, x, k, m, k, b0 * kTok, std::min(m, b1 * kTok));
+  });
+  const std::size_t ldw = in_out ? n : k;
+  parallel_chunks(static_cast<int>(shares), [&](int c, int nc) {
+    const auto first = static_cast<std::size_t>(c), step = static_cast<std::size_t>(nc);
+    for (std::size_t s = first; s < shares; s += step) {
+      const std::size_t f0 = s * share, nb = std::min(share, n - f0);
+      dispatch(gemm_packed_kernel{}, y + f0, n, static_cast<const T*>(xp), m, k,
+               in_out ? w + f0 : w + f0 * ldw, ldw, in_out, nb,
+               wp + static_cast<std::size_t>(c) * kGemmPackKc * kGemmPackNc, accumulate,
+               bias ? bias + f0 : bias);
+    }
+  });
+}
+
+enum class Path { blas_rows, blas_cols, packed, tokens, gemv };
+
+// The product linear<T> takes for m tokens (k > 0).
+Path choose_path(std::size_t m, bool trans_w) {
+  switch (gemm_route()) {
+    case GemmRoute::blas:
+      return m >= 2 * kRowBlock ? Path::blas_rows : Path::blas_cols;
+    case GemmRoute::packed:
+      return Path::packed;
+    case GemmRoute::tokens:
+      if (trans_w) return Path::tokens;
+      break;
+    case GemmRoute::automatic:
+      break;
+  }
+  // From 512 tokens OpenBLAS stays: level with the packed kernel on one thread, 2-15% ahead on
+  // two at m = 512 / 2048 (benchmarks/bench_gemm.py, TinyLlama shapes, AVX2). On AVX-512 the
+  // packed kernel is not measured yet: there it runs only when forced (tests).
+  if (m >= 2 * kRowBlock) return Path::blas_rows;
+  if (active_isa() != Isa::avx512 && m >= kPackedMinRows) return Path::packed;
+  return !trans_w ? Path::blas_cols : m > kGemvMaxRows ? Path::tokens : Path::gemv;
+}
+
 }  // namespace
+
+void set_gemm_route(GemmRoute route) { g_route.store(static_cast<int>(route)); }
+GemmRoute gemm_route() { return static_cast<GemmRoute>(g_route.load()); }
 
 template <class T>
 void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout layout,
@@ -80,12 +150,15 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
   if (m == 0 || n == 0) return;
   const bool trans_w = layout == WeightLayout::out_in;
   const std::size_t ldw = trans_w ? k : n;
+  const Path path = choose_path(m, trans_w);
   if (k == 0) {  // an empty inner dimension: the product is all zeros
     parallel_for(m, 1, static_cast<double>(n), [&](std::size_t r0, std::size_t r1) {
       if (init_block(y, n, r0, r1, 0, n, bias, accumulate) == T(0))
         std::memset(y + r0 * n, 0, (r1 - r0) * n * sizeof(T));
     });
-  } else if (m >= 2 * kRowBlock) {  // prefill-sized: blocks of rows
+  } else if (path == Path::packed) {
+    gemm_packed(x, m, k, w, !trans_w, n, bias, y, accumulate);
+  } else if (path == Path::blas_rows) {  // prefill-sized: blocks of rows
     const std::size_t blocks = (m + kRowBlock - 1) / kRowBlock;
     parallel_for(blocks, 1, 2.0 * kRowBlock * k * n, [&](std::size_t b0, std::size_t b1) {
       for (std::size_t blk = b0; blk < b1; ++blk) {
@@ -94,16 +167,16 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
         gemm(trans_w, r1 - r0, n, k, x + r0 * k, w, ldw, beta, y + r0 * n, n);
       }
     });
-  } else if (!trans_w) {  // few rows, (in, out) weights: blocks of columns
+  } else if (path == Path::blas_cols) {  // few rows, or (in, out) weights: blocks of columns
     const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
       for (std::size_t blk = b0; blk < b1; ++blk) {
         const std::size_t c0 = blk * kColBlock, c1 = std::min(n, c0 + kColBlock);
         const T beta = init_block(y, n, 0, m, c0, c1, bias, accumulate);
-        gemm(false, m, c1 - c0, k, x, w + c0, ldw, beta, y + c0, n);
+        gemm(trans_w, m, c1 - c0, k, x, trans_w ? w + c0 * ldw : w + c0, ldw, beta, y + c0, n);
       }
     });
-  } else if (m > kGemvMaxRows) {  // a short prefill: tokens packed, weights read in place
+  } else if (path == Path::tokens) {  // a short prefill: x packed, weights read in place
     ScratchLease xt_lease((m + kGemmPanel - 1) / kGemmPanel * kGemmPanel * k * sizeof(T));
     T* const xt = xt_lease.as<T>();
     pack_panels(x, m, k, xt);

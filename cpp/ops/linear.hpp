@@ -23,6 +23,16 @@ template <class T>
 void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout layout,
             std::size_t n, const T* bias, T* y, bool accumulate);
 
+// Which matrix product linear<T> uses. automatic picks by shape (the crossovers measured in
+// benchmarks/bench_gemm.py, ops/linear.cpp); the others force one product wherever it applies
+// (tests sweep them; the benchmark compares them in one run): blas = OpenBLAS sgemm/dgemm in
+// blocks of rows (or of columns for few rows), packed = gemm_packed_kernel (both operands
+// packed), tokens = gemm_xt_kernel (x packed, (out, in) weights read in place; (in, out)
+// weights take the automatic choice). Process-wide; not for concurrent use with other calls.
+enum class GemmRoute : int { automatic = 0, blas = 1, packed = 2, tokens = 3 };
+void set_gemm_route(GemmRoute route);
+GemmRoute gemm_route();
+
 // A projection's weights as the modules store them: (n, k) row-major (HF's (out, in) layout) in
 // `format` (kernels/ops.hpp WeightFormat): float32, 16-bit bf16 / f16 words, or int8 / int4
 // codes (q8: (n, k) int8; q4: (n, k / 2) bytes of two nibbles) with `scales` (n, k / group)
