@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,10 +192,15 @@ def test_measure_interleaves_peers_with_warmup_setup_and_cap() -> None:
     calls: list[str] = []
     impls = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
     setup = {"b": lambda: calls.append("prep b")}
-    samples = harness.measure(impls, rounds=2, per_round=3, warmup=1, setup=setup)
+    samples = harness.measure(impls, rounds=2, per_round=3, warmup=1, setup=setup, warmup_s=0)
     assert {k: len(v) for k, v in samples.items()} == {"a": 3 * 2, "b": 3 * 2}
     one_round = ["a"] * 4 + ["prep b", "b"] * 4  # 1 warm-up + 3 timed calls each, in turn
     assert calls == one_round * 2
+    # the warm-up also lasts at least warmup_s (the previous peer's spinning threads go idle)
+    calls.clear()
+    t0 = time.perf_counter()
+    harness.measure({"a": lambda: calls.append("a")}, rounds=1, per_round=1, warmup_s=0.05)
+    assert time.perf_counter() - t0 >= 0.05 and len(calls) > 2
     capped = harness.measure({"a": lambda: None}, rounds=1, per_round=50, cap_s=0.0)
     assert len(capped["a"]) == 2  # at least two calls however slow
     samples, others = harness.measure_quietly(impls, 1, 2, quiet_wait=0.0)

@@ -78,3 +78,16 @@ def test_chat_from_stdin_keeps_the_cache(model_dir: Path) -> None:
     assert p.returncode == 0, p.stderr
     first, second = re.findall(r"Prompt: (\d+) tokens", p.stderr)
     assert first == second  # /reset starts a new conversation
+
+
+def test_generate_with_quantized_weights_and_a_bf16_cache(model_dir: Path) -> None:
+    """``--dtype int8 --kv-dtype bfloat16`` gives what the text API gives with the same
+    options."""
+    model, tok = lk.load(model_dir, dtype="int8")
+    expected = lk.generate(model, tok, "Hello", max_tokens=12, kv_dtype="bfloat16", temperature=0.0)
+    p = run(
+        "generate", "--model", str(model_dir), "--prompt", "Hello", "-n", "12", "--temp", "0",
+        "--ignore-chat-template", "--dtype", "int8", "--kv-dtype", "bfloat16",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == expected + "\n"

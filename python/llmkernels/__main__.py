@@ -74,6 +74,12 @@ def _text_arguments(p: argparse.ArgumentParser) -> None:
         help="weights dtype (default: the checkpoint's; a bf16 checkpoint stays bf16; int8 / "
         "int4 quantize the projections while loading, groups of 32)",
     )
+    p.add_argument(
+        "--kv-dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16"),
+        help="KV cache dtype (default float32; bf16 / f16 halve the cache's memory)",
+    )
 
 
 def _sampling_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -127,13 +133,14 @@ def _text_command(lk: Any, args: argparse.Namespace) -> int:
                 prompt,
                 args.max_tokens,
                 stop=args.stop,
+                kv_dtype=args.kv_dtype,
                 **_sampling_args(args),
             )
         )
         if last is not None:
             print("==========\n" + _stats(last), file=sys.stderr, flush=True)
         return 0 if ok else 2
-    session = lk.ChatSession(model, tokenizer, system=args.system)
+    session = lk.ChatSession(model, tokenizer, system=args.system, kv_dtype=args.kv_dtype)
     if tokenizer.chat_template is None:
         print("error: this tokenizer has no chat template", file=sys.stderr)
         return 2
@@ -147,7 +154,7 @@ def _text_command(lk: Any, args: argparse.Namespace) -> int:
         if line.strip() in ("q", "exit", "quit"):
             return 0
         if line.strip() == "/reset":
-            session = lk.ChatSession(model, tokenizer, system=args.system)
+            session = lk.ChatSession(model, tokenizer, system=args.system, kv_dtype=args.kv_dtype)
             continue
         if not line.strip():
             continue
