@@ -283,6 +283,26 @@ mfresh = model.new_cache(1, 16)
 model(idsb[:, :3], cache=mfresh)
 assert np.array_equal(model(idsb[:, 3:8], cache=mcache), model(idsb[:, 3:8], cache=mfresh))
 
+# 4b. the same past the end of a rolling (sliding-window) cache: the attention has written the
+#     chunk's keys into ring slots that later calls still need when the feed-forward fails;
+#     the failed call puts them back (a retry once attended over the failed call's keys)
+wcfg = {**cfg, "sliding_window": 4}
+wblock = lk.TransformerBlock.from_config(wcfg, seed=3)
+wmodel = lk.Transformer({**wcfg, "n_layers": 2, "vocab_size": 64}, seed=4)
+wblock(xb[:, :8])
+wmodel(idsb[:, :8])
+for kv in ("float32", "bfloat16"):
+    wcache, wmc = wblock.new_cache(1, 600, dtype=kv), wmodel.new_cache(1, 600, dtype=kv)
+    wblock(xb[:, :10], cache=wcache)
+    wmodel(idsb[:, :10], cache=wmc)
+    expect_memory_error("TransformerBlock, rolling cache", lambda: wblock(xb, cache=wcache))
+    expect_memory_error("Transformer, rolling caches", lambda: wmodel(idsb, cache=wmc))
+    fresh, mfresh = wblock.new_cache(1, 16, dtype=kv), wmodel.new_cache(1, 16, dtype=kv)
+    wblock(xb[:, :10], cache=fresh)
+    wmodel(idsb[:, :10], cache=mfresh)
+    assert np.array_equal(wblock(xb[:, 10:13], cache=wcache), wblock(xb[:, 10:13], cache=fresh))
+    assert np.array_equal(wmodel(idsb[:, 10:13], cache=wmc), wmodel(idsb[:, 10:13], cache=mfresh))
+
 # 5. the Python-level swiglu_ffn (its intermediates are NumPy arrays)
 wg = rng.standard_normal((64, 1 << 16)).astype(np.float32)
 expect_memory_error("swiglu_ffn", lambda: lk.swiglu_ffn(xf[0], wg, wg, wg.T),

@@ -172,6 +172,8 @@ class CacheSession {
     }
   }
   ~CacheSession() {
+    if (!committed_)
+      for (RingSave& r : rings_) r.copy(false);  // memcpy only: cannot throw
     for (std::size_t i = locked_; i-- > 0;) {
       if (!committed_) caches_[i]->length.store(lengths_[i]);
       caches_[i]->mutex.unlock();
@@ -189,7 +191,66 @@ class CacheSession {
   }
   void commit() { committed_ = true; }
 
+  // A chunk of t > 1 tokens past a rolling cache's end writes its last min(t, slots) tokens
+  // into ring slots that still hold positions the chunk's own attention (and a retry of it)
+  // needs: MultiHeadAttentionModule::forward appends before the rest of the model has run.
+  // Those slots are saved here, before the forward, and put back if it fails, so that a failed
+  // call (MemoryError in a later layer, ...) leaves the cache as it found it. Throws
+  // std::bad_alloc before anything is written.
+  void save_rings(std::size_t t) {
+    for (KVCache* c : caches_) {
+      const std::size_t C = c->slots, len = c->length.load();
+      if (t <= 1 || len + t <= C) continue;  // the slots written are past length, or drop out
+      const std::size_t t0 = t > C ? t - C : 0;
+      rings_.push_back(RingSave(c, (len + t0) % C, t - t0));
+    }
+  }
+
  private:
+  // the slots [first, first + n) (mod slots) of every (sequence, head) of a cache
+  class RingSave {
+   public:
+    RingSave(KVCache* c, std::size_t first, std::size_t n)
+        : c_(c), first_(first), n_(n), row_(c->head_dim * c->itemsize()),
+          k_(c->batch * c->n_kv_heads * n * row_), v_(k_.size()), valid_(c->batch * n) {
+      copy(true);
+    }
+    // save: the cache's slots into this copy; else this copy back into them
+    void copy(bool save) {
+      const std::size_t C = c_->slots;
+      auto* ck = static_cast<unsigned char*>(c_->k.at(0));
+      auto* cv = static_cast<unsigned char*>(c_->v.at(0));
+      for (std::size_t r = 0; r < c_->batch * c_->n_kv_heads; ++r)
+        for (std::size_t j = 0; j < n_; ++j) {
+          const std::size_t slot = (first_ + j) % C;
+          unsigned char* kc = ck + (r * C + slot) * row_;
+          unsigned char* vc = cv + (r * C + slot) * row_;
+          unsigned char* ks = k_.data() + (r * n_ + j) * row_;
+          unsigned char* vs = v_.data() + (r * n_ + j) * row_;
+          if (save) {
+            std::memcpy(ks, kc, row_);
+            std::memcpy(vs, vc, row_);
+          } else {
+            std::memcpy(kc, ks, row_);
+            std::memcpy(vc, vs, row_);
+          }
+        }
+      for (std::size_t b = 0; b < c_->batch; ++b)
+        for (std::size_t j = 0; j < n_; ++j) {
+          std::uint8_t& cell = c_->valid[b * C + (first_ + j) % C];
+          if (save)
+            valid_[b * n_ + j] = cell;
+          else
+            cell = valid_[b * n_ + j];
+        }
+    }
+   private:
+    KVCache* c_;
+    std::size_t first_, n_, row_;
+    std::vector<unsigned char> k_, v_;
+    std::vector<std::uint8_t> valid_;
+  };
+  std::vector<RingSave> rings_;
   std::vector<KVCache*> caches_;
   std::vector<std::size_t> lengths_;
   std::size_t locked_ = 0;
@@ -222,6 +283,7 @@ f32_array attention_forward(const char* fn, const MultiHeadAttentionModule& attn
   py::gil_scoped_release nogil;
   CacheSession session(one_cache(cache));
   session.check_room(fn, t);
+  session.save_rings(t);
   if (b * t > 0) forward(xp, b, t, pp, mp, cache, op, fo);
   session.commit();
   return out;
@@ -578,6 +640,7 @@ void bind_modules(py::module_& m) {
             py::gil_scoped_release nogil;
             CacheSession session(caches);
             session.check_room(fn, t);
+            session.save_rings(t);
             if (b * t > 0) self.forward(ip, b, t, pp, mp, caches, last_only, lp, fo);
             session.commit();
             return logits;

@@ -29,14 +29,14 @@ class ScratchLease {
   explicit ScratchLease(std::size_t bytes) {
     Slot& slot = thread_slot();
     if (!slot.leased) {
-      slot.leased = true;
-      shared_ = &slot;
       if (slot.capacity < bytes) {
         slot.memory.reset();  // free first: never hold the old and the new buffer at once
         slot.capacity = 0;
-        slot.memory = allocate(bytes);
+        slot.memory = allocate(bytes);  // may throw: the slot stays free for the next lease
         slot.capacity = bytes;
       }
+      slot.leased = true;  // only now: a constructor that throws runs no destructor
+      shared_ = &slot;
       data_ = align(slot.memory.get());
     } else {
       own_ = allocate(bytes);

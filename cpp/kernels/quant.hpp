@@ -174,8 +174,8 @@ inline void qblock_float(const std::uint8_t* row, std::size_t b, QF f[kQBlockVec
 
 // rows [r0, r0 + R) against M tokens, int8 activations: per block and (row, token) one integer
 // dot product and one FMA by s_w * s_x. maddubs multiplies unsigned by signed bytes: int8
-// weights use the sign trick (|x| times sign(x) * w; |code| <= 127 keeps the pair sums within
-// int16); int4 weights give their nibbles (code + 8, in [0, 15]) as the unsigned operand, and
+// weights use the sign trick (|w| times sign(w) * x: any int8 code, -128 included, since the
+// activation codes stay in [-127, 127]; the pair sums stay within int16); int4 weights give their nibbles (code + 8, in [0, 15]) as the unsigned operand, and
 // the 8 * sum of x that this adds is subtracted once per group (qacts::c8): two instructions
 // fewer per block than unpacking to signed codes.
 template <int Bits, int R, int M>
@@ -195,20 +195,23 @@ inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
     float s[R];
     group_scales<R>(a.w, r0, g, sc, s);
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
-      __m256i xq[M], xa[M];
+      __m256i xq[M];
       float xs[M];
       for (int t = 0; t < M; ++t) {
         xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q + t * k + b * kQBlock));
-        xa[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.a + t * k + b * kQBlock));
         xs[t] = a.act.s[t * nb + b];
       }
       for (int r = 0; r < R; ++r) {
         __m256i p16[M];
         if constexpr (Bits == 8) {
           prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock, row_bytes);
+          // |w| (unsigned: -128 -> 128) times sign(w) * x (activation codes are in [-127, 127],
+          // so the negation cannot overflow; a stored code of -128 would if the roles were
+          // swapped): pair sums at most 2 * 128 * 127, within int16
           const __m256i w = qblock_avx2<8>(a.w.q + (r0 + r) * row_bytes, b);
+          const __m256i wa = _mm256_abs_epi8(w);
           for (int t = 0; t < M; ++t)
-            p16[t] = _mm256_maddubs_epi16(xa[t], _mm256_sign_epi8(w, xq[t]));
+            p16[t] = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq[t], w));
         } else {  // the nibbles (code + 8, unsigned) times x; the 8 * sum(x) comes off at the end
           const __m128i pk = _mm_loadu_si128(
               reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * kQBlock / 2));
