@@ -207,6 +207,11 @@ def _quant_sources(
         if base is None or key in own or base + ".qweight" not in own:
             out[key] = value
             continue
+        if base + ".qweight" in given or base + ".scales" in given:
+            raise KeyError(
+                f"[{fn}] {key} and {base}.qweight / {base}.scales are the same matrix: give one "
+                "of them"
+            )
         try:
             w = np.ascontiguousarray(_to_numpy(value), dtype=np.float32)
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -1324,6 +1329,17 @@ class Transformer(_Module):
             unexpected = [k for k in sd if k not in own]
             if strict and (missing or unexpected):
                 raise KeyError(f"[{fn}] missing keys {missing}; unexpected keys {unexpected}")
+            if remake:  # the head is made from the new embedding: check that it can be, first
+                stored = own["model.embed_tokens.weight"].dtype  # as the model will hold it
+                with np.errstate(over="ignore"):
+                    e = np.asarray(_to_numpy(emb)).astype(stored).astype(np.float32)
+                try:
+                    _core.quantize(e, _QUANT_DTYPES[self.dtype], self._group_size())
+                except ValueError as exc:
+                    raise ValueError(
+                        f"[{fn}] lm_head (the tied embedding) cannot be quantized: "
+                        f"{str(exc).removeprefix('[quantize] ')}"
+                    ) from None
             super().load_state_dict(sd, strict=False)
             if remake:
                 self._impl.assign(self._impl.converted(self.dtype, self._group_size(), fn))
@@ -1558,6 +1574,15 @@ class Transformer(_Module):
             raise ValueError(
                 f"[{fn}] dtype: a quantized ({self.dtype}) model is written as it is stored; "
                 f"convert it first (model.to({wdtype!r})) to write {wdtype}"
+            )
+        keys = self.state_dict().keys()
+        if (quant is None and any(k.endswith(".qweight") for k in keys)) or (
+            quant is not None and any(k.endswith("_proj.weight") for k in keys)
+        ):
+            raise ValueError(
+                f"[{fn}] the model mixes quantized and float projections (a block or module "
+                "was quantized or converted on its own): quantize or convert the whole model "
+                "(model.quantize(...), model.to(...)) before saving it"
             )
         out = os.fspath(path)
         os.makedirs(out, exist_ok=True)
