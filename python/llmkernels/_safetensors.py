@@ -395,6 +395,8 @@ class _Reader:
                 raise _err(self._file, "file changed size while it was read")
             try:
                 self._handle = self._open(self._path, framework="numpy")
+            except MemoryError:  # out of memory (mapping the file), not a bad checkpoint
+                raise
             except Exception as exc:  # safetensors' own validation (SafetensorError) or OSError
                 raise _err(self._file, f"safetensors cannot open it: {_short(exc, 200)}") from None
             self._mapped = 0
