@@ -540,16 +540,22 @@ def _check_dir(path: str) -> None:
         raise _err(path, "not a directory")
 
 
+def _read_json(path: str, what: str) -> Any:
+    """The parsed JSON of a small checkpoint file (``what``: "index", "config"), its problems
+    raised as CheckpointError / CheckpointNotFoundError naming the file."""
+    raw = read_small(
+        path,
+        MAX_INDEX_BYTES,
+        lambda problem: _err(path, problem),
+        lambda: CheckpointNotFoundError(f"{_PREFIX} {path}: no such file"),
+    )
+    return _parse_json(path, raw, what)
+
+
 def _read_index(directory: str) -> dict[str, str]:
     """The validated ``weight_map`` of ``model.safetensors.index.json``."""
     index_path = os.path.join(directory, INDEX_FILE)
-    raw = read_small(
-        index_path,
-        MAX_INDEX_BYTES,
-        lambda problem: _err(index_path, problem),
-        lambda: CheckpointNotFoundError(f"{_PREFIX} {index_path}: no such file"),
-    )
-    index = _parse_json(index_path, raw, "index")
+    index = _read_json(index_path, "index")
     if not isinstance(index, dict):
         raise _err(index_path, f"must hold a JSON object, got {type(index).__name__}")
     weight_map = index.get("weight_map")
@@ -812,13 +818,7 @@ def read_quantization_config(config_path: str) -> QuantConfig | None:
     """The ``quantization_config`` of ``config.json`` (None when absent). Only llmkernels' own
     int8 / int4 format is understood: another ``quant_method`` (GPTQ, AWQ, bitsandbytes...) is
     refused by name."""
-    raw = read_small(
-        config_path,
-        MAX_INDEX_BYTES,
-        lambda problem: _err(config_path, problem),
-        lambda: CheckpointNotFoundError(f"{_PREFIX} {config_path}: no such file"),
-    )
-    data = _parse_json(config_path, raw, "config")
+    data = _read_json(config_path, "config")
     qc = data.get("quantization_config") if isinstance(data, dict) else None
     if qc is None:
         return None
