@@ -176,11 +176,21 @@ Path choose_path_w(std::size_t m, bool quantized) {
     case GemmRoute::automatic:
       break;
   }
-  // As float32, the packed kernel from kPackedMinRows tokens (AVX-512: not measured yet, as
-  // choose_path). At 16-24 tokens gemm_xt_w16 / gemm_q and the packed kernel are level.
-  // From 512 tokens it also beats the widen + BLAS path (16-bit) -- see PACKED_W_MEASURED below
-  // -- and gemm_q's dequantized tiles (which ran at half the float32 speed) by far.
-  if (active_isa() != Isa::avx512 && m >= kPackedMinRows) return Path::packed;
+  // The packed kernel from 9 tokens on (AVX-512: not measured yet, as choose_path), for every m:
+  // its converting pack reads each weight once per call, at 2 (16-bit) or 1-1.1 bytes
+  // (quantized) instead of float32's 4, so it catches up with gemm_xt_w16 / gemm_q earlier than
+  // float32 does with gemm_xt. Measured on the AVX2 EPYC (the TinyLlama layer's projections,
+  // tokens/s of the layer, 1 thread, busy machine; int8 / int4 group 32):
+  //   m = 10:  bf16 298 vs gemm_xt_w16 241, f16 347 vs 281, int8 359 vs gemm_q 307, int4 352 vs 297
+  //   m = 16:  bf16 415 vs 384, f16 462 vs 452, int8 449 vs 486, int4 488 vs 468 (level: 6 + 6 +
+  //            4 tokens leave a third of the last token panel empty)
+  //   m = 22:  bf16 519 vs 425, f16 459 vs 410, int8 536 vs 431, int4 542 vs 444
+  //   m = 128: bf16 759 vs 383, f16 787 vs 421, int8 837 vs 474, int4 813 vs 424
+  //   m = 512: bf16 830 vs 795 widened + BLAS, f16 853 vs 810 (2 threads 880 vs 855 / 848);
+  //            int8 695 vs gemm_q 434, int4 743 vs 368
+  //   m = 2048: bf16 786 vs 819 widened + BLAS, f16 856 vs 786 (level within the noise)
+  // -- so the widen + BLAS path of 16-bit weights is kept only for AVX-512 (and the forced route).
+  if (active_isa() != Isa::avx512 && m > kGemvMaxRows) return Path::packed;
   if (!quantized && m >= 2 * kRowBlock) return Path::blas_rows;
   return m > kGemvMaxRows ? Path::tokens : Path::gemv;
 }

@@ -37,14 +37,14 @@ GemmRoute gemm_route();
 
 // y (m, n) [+]= x (m, k) . W^T [+ bias (n,) or null], W a WeightRef. float32 weights take
 // linear<float>(..., WeightLayout::out_in, ...) above; 16-bit weights are converted in registers
-// (kernels/weight16.hpp): matrix-vector products up to 8 tokens, packed tokens (gemm_xt_w16)
-// below kPackedMinRows (24), from there the packed GEMM with a converting weight pack
-// (gemm_packed_w_kernel, kernels/gemm_packed_w.hpp: the float32 kernel's bits on the widened
-// matrix). int8 / int4 weights go through ops/quant.hpp's qlinear (the kernels of
-// lk.quantized_linear): up to 8 tokens the codes are read in place with the tokens quantized per
-// block of 32 (int8 activations, llama.cpp's q8_0), above that float activations -- tiles
-// dequantized in the cache below 24 tokens, the packed GEMM from there. Results do not depend on
-// the thread count.
+// (kernels/weight16.hpp): matrix-vector products up to 8 tokens, above that the packed GEMM with
+// a converting weight pack (gemm_packed_w_kernel, kernels/gemm_packed_w.hpp: the float32
+// kernel's bits on the widened matrix; on AVX-512, not measured there yet, packed tokens
+// (gemm_xt_w16) below 512 and widened blocks for the BLAS from 512). int8 / int4 weights go
+// through ops/quant.hpp's qlinear (the kernels of lk.quantized_linear): up to 8 tokens the codes
+// are read in place with the tokens quantized per block of 32 (int8 activations, llama.cpp's
+// q8_0), above that float activations and the packed GEMM (AVX-512: tiles dequantized in the
+// cache, gemm_q). Results do not depend on the thread count.
 void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
             const float* bias, float* y, bool accumulate);
 

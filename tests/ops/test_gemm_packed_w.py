@@ -1,6 +1,6 @@
 """The packed GEMM on weights stored as bfloat16 / float16 words or group-wise int8 / int4 codes
 (gemm_packed_w_kernel, cpp/kernels/gemm_packed_w.hpp): the prefill of the modules' projection
-path (ops/linear.cpp, from 24 tokens) and of ``lk.quantized_linear`` (ops/quant.cpp's qlinear).
+path (ops/linear.cpp, from 9 tokens) and of ``lk.quantized_linear`` (ops/quant.cpp's qlinear).
 
 Formula (the reference): ``y = x . W^T (+ bias) (+ y0)`` with W the exact float32 value of the
 stored weights -- ``widen(W16)`` (bf16: the high half of a float32; f16: IEEE binary16) or
@@ -30,7 +30,7 @@ FORMATS16 = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 FORMATS = [("bfloat16", 0), ("float16", 0)] + [
     (q, g) for q in ("int8", "int4") for g in (32, 64, 128)
 ]
-TOKENS = (24, 25, 31, 33, 97, 512)
+TOKENS = (9, 24, 25, 31, 33, 97, 512)
 
 
 def fmt_id(f: tuple[str, int]) -> str:
@@ -94,9 +94,9 @@ def check_float64(got, x, w, bias=None, y=None):
 
 
 def auto_is_packed(m: int) -> bool:
-    """Whether ops/linear.cpp routes m tokens to the packed kernel by itself (not on AVX-512,
-    where the packed kernel is not measured yet)."""
-    return lk.simd_arch() != "avx512" and m >= 24
+    """Whether ops/linear.cpp routes m tokens to the packed kernel by itself (above 8 tokens; not
+    on AVX-512, where the packed kernel is not measured yet)."""
+    return lk.simd_arch() != "avx512" and m > 8
 
 
 def shapes(dtype: str) -> list[tuple[int, int]]:
@@ -171,9 +171,9 @@ def test_bitwise_across_thread_counts(route, threads, fmt, m):
 
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("m", [24, 33, 97])
+@pytest.mark.parametrize("m", [9, 24, 33, 97])
 def test_quantized_linear_prefill(isa, bits, group, m):
-    # the public function reaches the same kernel (qlinear, m >= 24): float activations whatever
+    # the public function reaches the same kernel (qlinear, m > 8): float activations whatever
     # `activations` says (int8 activations are the decode path's); x non-contiguous
     rng = np.random.default_rng(bits * 1000 + group + m)
     k, n = 384, 45
