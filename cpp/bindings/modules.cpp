@@ -324,18 +324,30 @@ py::array cache_view(py::object owner, const KVCache& c, const WeightBuffer& a) 
 }
 
 // y (m, n) = x (m, k) . w^T [+ bias] [+ y]: the modules' projection path (ops/linear.hpp) on
-// (n, k) weights given as float32, or as the uint16 words of bf16 / f16 (`dtype`); for tests.
+// (n, k) weights given as float32, as the uint16 words of bf16 / f16 (`dtype`), or as int8 /
+// int4 codes (dtype "int8": w int8 (n, k); "int4": w uint8 (n, k / 2)) with `scales` float16
+// (n, k / group) and `group`; for tests.
 f32_array linear_hook(f32_array x, py::array w, const std::string& dtype,
-                      std::optional<f32_array> bias, std::optional<f32_array> y) {
+                      std::optional<f32_array> bias, std::optional<f32_array> y,
+                      std::optional<py::array> scales, std::size_t group) {
   const char* fn = "_linear";
   const WeightFormat f = parse_format(dtype);
-  expect(!is_quantized(f), fn, "dtype must be float32, bfloat16 or float16 (int8 / int4: "
-                               "llmkernels.quantized_linear)");
+  const bool quantized = is_quantized(f);
   expect(x.ndim() == 2, fn, "x must have shape (m, k)");
-  expect(w.ndim() == 2 && w.shape(1) == x.shape(1), fn, "w must have shape (n, k)");
+  const py::ssize_t wk = quantized && f == WeightFormat::q4 ? x.shape(1) / 2 : x.shape(1);
+  expect(w.ndim() == 2 && w.shape(1) == wk && (f != WeightFormat::q4 || x.shape(1) % 2 == 0), fn,
+         "w must have shape (n, k) (int4: (n, k / 2))");
   expect(w.flags() & py::array::c_style, fn, "w must be C-contiguous");
-  expect(w.itemsize() == static_cast<py::ssize_t>(WeightBuffer::itemsize(f)), fn,
-         "w's itemsize does not match dtype");
+  expect(w.itemsize() == (quantized ? 1 : static_cast<py::ssize_t>(WeightBuffer::itemsize(f))),
+         fn, "w's itemsize does not match dtype");
+  if (quantized) {
+    expect(group == 32 || group == 64 || group == 128, fn, "group must be 32, 64 or 128");
+    expect(x.shape(1) % static_cast<py::ssize_t>(group) == 0, fn, "k must be a multiple of group");
+    expect(scales.has_value() && scales->ndim() == 2 && scales->shape(0) == w.shape(0) &&
+               scales->shape(1) == x.shape(1) / static_cast<py::ssize_t>(group) &&
+               scales->itemsize() == 2 && (scales->flags() & py::array::c_style),
+           fn, "scales must be C-contiguous float16 (n, k / group)");
+  }
   const std::size_t m = x.shape(0), k = x.shape(1), n = w.shape(0);
   if (bias)
     expect(bias->ndim() == 1 && static_cast<std::size_t>(bias->shape(0)) == n, fn,
@@ -352,8 +364,9 @@ f32_array linear_hook(f32_array x, py::array w, const std::string& dtype,
   const float* bp = bias ? bias->data() : nullptr;
   float* op = out.mutable_data();
   const bool acc = y.has_value();
+  const auto* sp = quantized ? static_cast<const std::uint16_t*>(scales->data()) : nullptr;
   py::gil_scoped_release nogil;
-  linear(xp, m, k, WeightRef{wp, f}, n, bp, op, acc);
+  linear(xp, m, k, WeightRef{wp, f, sp, quantized ? group : 0}, n, bp, op, acc);
   return out;
 }
 
@@ -413,8 +426,10 @@ f32_array attention_kv16_hook(f32_array q, py::array k, py::array v, const std::
 void bind_modules(py::module_& m) {
   using namespace pybind11::literals;
   m.def("_linear", &linear_hook, "x"_a, "w"_a, "dtype"_a, "bias"_a = py::none(), "y"_a = py::none(),
-        "y = x . w^T [+ bias] [+ y] through the modules' projection path, w (n, k) float32 or "
-        "the uint16 words of bfloat16 / float16 weights (dtype); for tests.");
+        "scales"_a = py::none(), "group"_a = 0,
+        "y = x . w^T [+ bias] [+ y] through the modules' projection path, w (n, k) float32, "
+        "the uint16 words of bfloat16 / float16 weights, or int8 / int4 codes with float16 "
+        "scales and group (dtype); for tests.");
   m.def("_attention_kv16", &attention_kv16_hook, "q"_a, "k"_a, "v"_a, "dtype"_a,
         "causal"_a = false, "window"_a = 0, "scale"_a = 0.0, "key_mask"_a = py::none(),
         "Attention of float32 q over K/V given as the uint16 words of bfloat16 / float16 "

@@ -259,10 +259,10 @@ inline void gemm_packed_micro(T* y, std::size_t ldy, std::size_t rows, std::size
 }
 
 #if defined(__AVX2__)
-// dst[q * ldd + r] = src[r * lds + q] for r, q < 8: an 8 x 8 float transpose in registers
-inline void transpose8x8(float* dst, std::size_t ldd, const float* src, std::size_t lds) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+// dst[q * ldd + i] = lane q of r[i] for i, q < 8: eight rows held in registers (loaded, or
+// converted from narrower weights by kernels/gemm_packed_w.hpp), stored transposed
+inline void transpose8x8_store(float* dst, std::size_t ldd, __m256 (&r)[8]) {
+  __m256 t[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -277,6 +277,13 @@ inline void transpose8x8(float* dst, std::size_t ldd, const float* src, std::siz
     _mm256_storeu_ps(dst + q * ldd, _mm256_permute2f128_ps(r[q], r[q + 4], 0x20));
     _mm256_storeu_ps(dst + (q + 4) * ldd, _mm256_permute2f128_ps(r[q], r[q + 4], 0x31));
   }
+}
+
+// dst[q * ldd + r] = src[r * lds + q] for r, q < 8: an 8 x 8 float transpose in registers
+inline void transpose8x8(float* dst, std::size_t ldd, const float* src, std::size_t lds) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  transpose8x8_store(dst, ldd, r);
 }
 #endif
 
@@ -318,21 +325,38 @@ inline void gemm_pack_w(T* wp, const T* w, std::size_t ldw, bool in_out, std::si
   }
 }
 
-// y[:, 0:n] (+)= x . W^T (+ bias) for one thread's features, x packed by gemm_pack_x_kernel.
-template <class Arch, class T>
+// The weight pack of gemm_packed_impl is a policy (as ggml makes a fusion a template flag, not a
+// copied kernel): Pack::run<Arch, NR>(wp, j0, nb, pc, kc) writes the micro-panels of features
+// [j0, j0 + nb) x [pc, pc + kc) exactly as gemm_pack_w does, from whatever the weights are
+// stored as. PackPlain reads T weights; kernels/gemm_packed_w.hpp's packs convert 16-bit and
+// quantized weights into the same float panels -- the micro-kernel never knows, so a product
+// equals the float32 kernel's on the widened / dequantized matrix bit for bit.
+template <class T>
+struct PackPlain {
+  const T* w;         // (n, k) row stride ldw, or (k, n) row stride ldw when in_out
+  std::size_t ldw;
+  bool in_out;
+  template <class Arch, std::size_t NR>
+  void run(T* wp, std::size_t j0, std::size_t nb, std::size_t pc, std::size_t kc) const {
+    gemm_pack_w<Arch, T, NR>(wp, in_out ? w + j0 : w + j0 * ldw, ldw, in_out, nb, pc, kc);
+  }
+};
+
+// y[:, 0:n] (+)= x . W^T (+ bias) for one thread's features, x packed by gemm_pack_x_kernel,
+// W's blocks packed by the policy `pack` (above) into wpack (kGemmPackKc x kGemmPackNc).
+template <class Arch, class T, class Pack>
 inline void gemm_packed_impl(T* y, std::size_t ldy, const T* xp, std::size_t m, std::size_t k,
-                             const T* w, std::size_t ldw, bool in_out, std::size_t n, T* wpack,
-                             bool accumulate, const T* bias) {
+                             const Pack& pack, std::size_t n, T* wpack, bool accumulate,
+                             const T* bias) {
   constexpr int MR = gemm_packed_tokens<Arch>();
   constexpr int NV = kGemmPackedVectors;
   constexpr std::size_t NR = NV * vec<Arch, T>::size;
   static_assert(kGemmPackNc % NR == 0, "whole micro-panels per block");
   for (std::size_t jc = 0; jc < n; jc += kGemmPackNc) {
     const std::size_t nb = std::min(kGemmPackNc, n - jc);
-    const T* wb = in_out ? w + jc : w + jc * ldw;
     for (std::size_t pc = 0; pc < k; pc += kGemmPackKc) {
       const std::size_t kc = std::min(kGemmPackKc, k - pc);
-      gemm_pack_w<Arch, T, NR>(wpack, wb, ldw, in_out, nb, pc, kc);
+      pack.template run<Arch, NR>(wpack, jc, nb, pc, kc);
       const bool load_c = accumulate || pc > 0;  // the chain goes on from y
       const T* b = pc + kc == k && bias ? bias + jc : nullptr;  // once, after the last fma
       for (std::size_t ic = 0; ic < m; ic += kGemmPackMc) {
@@ -396,7 +420,8 @@ void gemm_packed_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xp, st
                                     std::size_t k, const T* w, std::size_t ldw, bool in_out,
                                     std::size_t n, T* wpack, bool accumulate,
                                     const T* bias) const {
-  gemm_packed_impl<Arch, T>(y, ldy, xp, m, k, w, ldw, in_out, n, wpack, accumulate, bias);
+  gemm_packed_impl<Arch, T>(y, ldy, xp, m, k, PackPlain<T>{w, ldw, in_out}, n, wpack, accumulate,
+                            bias);
 }
 
 }  // namespace llmk

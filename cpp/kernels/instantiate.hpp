@@ -5,6 +5,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/gemm.hpp"
+#include "kernels/gemm_packed_w.hpp"
 #include "kernels/gelu.hpp"
 #include "kernels/gemv.hpp"
 #include "kernels/kernel_list.hpp"

@@ -23,6 +23,29 @@ enum class WeightFormat : std::uint8_t { f32, bf16, f16, q8, q4 };
 
 inline bool is_quantized(WeightFormat f) { return f == WeightFormat::q8 || f == WeightFormat::q4; }
 
+// A projection's weights as the modules store them: (n, k) row-major (HF's (out, in) layout) in
+// `format`: float32, 16-bit bf16 / f16 words, or int8 / int4 codes (q8: (n, k) int8; q4: (n, k /
+// 2) bytes of two nibbles) with `scales` (n, k / group) float16 bits (docs/quantization.md). The
+// operand of ops/linear.hpp's linear and of gemm_packed_w_kernel (kernels/gemm_packed_w.hpp).
+struct WeightRef {
+  const void* data;
+  WeightFormat format;
+  const std::uint16_t* scales = nullptr;  // q8 / q4 only
+  std::size_t group = 0;                  // q8 / q4 only: 32, 64 or 128, k % group == 0
+};
+
+// Rows [r0, ...) of w (n, k): the same matrix seen from feature r0 on (a thread's share).
+inline WeightRef weight_rows(const WeightRef& w, std::size_t r0, std::size_t k) {
+  std::size_t bytes = k;  // bytes per row: q8
+  if (w.format == WeightFormat::f32) bytes = 4 * k;
+  if (w.format == WeightFormat::bf16 || w.format == WeightFormat::f16) bytes = 2 * k;
+  if (w.format == WeightFormat::q4) bytes = k / 2;
+  WeightRef out = w;
+  out.data = static_cast<const std::uint8_t*>(w.data) + r0 * bytes;
+  if (is_quantized(w.format)) out.scales = w.scales + r0 * (k / w.group);
+  return out;
+}
+
 // --- attention -----------------------------------------------------------------------------
 // Tiles: up to kAttnRowTile query rows (of one KV head's group) against kAttnKeyTile keys.
 constexpr std::size_t kAttnRowTile = 64;

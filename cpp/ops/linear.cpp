@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common/isa.hpp"
 #include "common/scratch.hpp"
@@ -82,13 +83,24 @@ void pack_panels(const T* x, std::size_t m, std::size_t k, T* xt) {
   }
 }
 
+// The weights of a gemm_packed call: T elements, (n, k) or (k, n) when in_out, as linear<T> takes
+// them (gemm_packed_kernel); or, float only, when w is null, `ref`: (n, k) weights in any
+// WeightFormat, converted while they are packed (gemm_packed_w_kernel).
+template <class T>
+struct PackedWeights {
+  const T* w;
+  bool in_out;
+  WeightRef ref;
+};
+
 // y (m, n) (+)= x . W (+ bias) with both operands packed: x once for all threads (panels of
 // the ISA's token count), then each thread takes a contiguous share of the features (a multiple
 // of 32, which every ISA's feature panel divides) and packs its weights block by block into its
-// own kGemmPackKc x kGemmPackNc scratch. Each output is one fma chain over k (kernels/gemm.hpp),
-// so the split -- which depends on the thread count -- changes no bit.
+// own kGemmPackKc x kGemmPackNc scratch (converting 16-bit / quantized weights as it packs).
+// Each output is one fma chain over k (kernels/gemm.hpp), so the split -- which depends on the
+// thread count -- changes no bit.
 template <class T>
-void gemm_packed(const T* x, std::size_t m, std::size_t k, const T* w, bool in_out, std::size_t n,
+void gemm_packed(const T* x, std::size_t m, std::size_t k, const PackedWeights<T>& w, std::size_t n,
                  const T* bias, T* y, bool accumulate) {
   constexpr std::size_t kAlign = 32, kTok = kGemmPackTokenAlign;
   const std::size_t units = (n + kAlign - 1) / kAlign;
@@ -98,19 +110,26 @@ void gemm_packed(const T* x, std::size_t m, std::size_t k, const T* w, bool in_o
   const std::size_t shares = (n + share - 1) / share;
   ScratchLease xp_lease((m + kTok - 1) / kTok * kTok * k * sizeof(T));
   ScratchLease wp_lease(shares * kGemmPackKc * kGemmPackNc * sizeof(T));
-  T* const xp = xp_lease.as<T>();
-  T* const wp = wp_lease.as<T>();
+  T* const xp = xp_lease.as<T>();  // (m rounded up to kTok, k) in panels of the ISA's MR tokens
+  T* const wp = wp_lease.as<T>();  // (threads, kGemmPackKc * kGemmPackNc) packed weight blocks
   parallel_for((m + kTok - 1) / kTok, 1, 2.0 * kTok * k, [&](std::size_t b0, std::size_t b1) {
     dispatch(gemm_pack_x_kernel{}, xp, x, k, m, k, b0 * kTok, std::min(m, b1 * kTok));
   });
-  const std::size_t ldw = in_out ? n : k;
+  const std::size_t ldw = w.in_out ? n : k;
   parallel_chunks(static_cast<int>(shares), [&](int c, int nc) {
     const auto first = static_cast<std::size_t>(c), step = static_cast<std::size_t>(nc);
+    T* const wpc = wp + static_cast<std::size_t>(c) * kGemmPackKc * kGemmPackNc;
     for (std::size_t s = first; s < shares; s += step) {
       const std::size_t f0 = s * share, nb = std::min(share, n - f0);
+      if constexpr (std::is_same<T, float>::value) {
+        if (!w.w) {
+          dispatch(gemm_packed_w_kernel{}, y + f0, n, static_cast<const float*>(xp), m, k,
+                   weight_rows(w.ref, f0, k), nb, wpc, accumulate, bias ? bias + f0 : bias);
+          continue;
+        }
+      }
       dispatch(gemm_packed_kernel{}, y + f0, n, static_cast<const T*>(xp), m, k,
-               in_out ? w + f0 : w + f0 * ldw, ldw, in_out, nb,
-               wp + static_cast<std::size_t>(c) * kGemmPackKc * kGemmPackNc, accumulate,
+               w.in_out ? w.w + f0 : w.w + f0 * ldw, ldw, w.in_out, nb, wpc, accumulate,
                bias ? bias + f0 : bias);
     }
   });
@@ -139,6 +158,42 @@ Path choose_path(std::size_t m, bool trans_w) {
   return !trans_w ? Path::blas_cols : m > kGemvMaxRows ? Path::tokens : Path::gemv;
 }
 
+// The product linear(WeightRef) takes for m tokens (k > 0) of 16-bit or quantized weights:
+// packed = gemm_packed_w_kernel (converted while packed), blas_rows = widened column blocks for
+// the BLAS (16-bit only), tokens = gemm_xt_w16 / gemm_q (x packed, weights converted in place /
+// in a tile), gemv. The forced routes apply as for float32 (blas: 16-bit only, quantized weights
+// then take the automatic choice). Quantized weights up to kGemvMaxRows tokens always take the
+// GEMV (their activations may be quantized, ops/quant.cpp), whatever the route.
+Path choose_path_w(std::size_t m, bool quantized) {
+  switch (gemm_route()) {
+    case GemmRoute::blas:
+      if (!quantized) return Path::blas_rows;
+      break;
+    case GemmRoute::packed:
+      return Path::packed;
+    case GemmRoute::tokens:
+      return Path::tokens;
+    case GemmRoute::automatic:
+      break;
+  }
+  // The packed kernel from 9 tokens on (AVX-512: not measured yet, as choose_path), for every m:
+  // its converting pack reads each weight once per call, at 2 (16-bit) or 1-1.1 bytes
+  // (quantized) instead of float32's 4, so it catches up with gemm_xt_w16 / gemm_q earlier than
+  // float32 does with gemm_xt. Measured on the AVX2 EPYC (the TinyLlama layer's projections,
+  // tokens/s of the layer, 1 thread, busy machine; int8 / int4 group 32):
+  //   m = 10:  bf16 298 vs gemm_xt_w16 241, f16 347 vs 281, int8 359 vs gemm_q 307, int4 352 vs 297
+  //   m = 16:  bf16 415 vs 384, f16 462 vs 452, int8 449 vs 486, int4 488 vs 468 (level: 6 + 6 +
+  //            4 tokens leave a third of the last token panel empty)
+  //   m = 22:  bf16 519 vs 425, f16 459 vs 410, int8 536 vs 431, int4 542 vs 444
+  //   m = 128: bf16 759 vs 383, f16 787 vs 421, int8 837 vs 474, int4 813 vs 424
+  //   m = 512: bf16 830 vs 795 widened + BLAS, f16 853 vs 810 (2 threads 880 vs 855 / 848);
+  //            int8 695 vs gemm_q 434, int4 743 vs 368
+  //   m = 2048: bf16 786 vs 819 widened + BLAS, f16 856 vs 786 (level within the noise)
+  // -- so the widen + BLAS path of 16-bit weights is kept only for AVX-512 (and the forced route).
+  if (active_isa() != Isa::avx512 && m > kGemvMaxRows) return Path::packed;
+  if (!quantized && m >= 2 * kRowBlock) return Path::blas_rows;
+  return m > kGemvMaxRows ? Path::tokens : Path::gemv;
+}
 }  // namespace
 
 void set_gemm_route(GemmRoute route) { g_route.store(static_cast<int>(route)); }
@@ -157,7 +212,7 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
         std::memset(y + r0 * n, 0, (r1 - r0) * n * sizeof(T));
     });
   } else if (path == Path::packed) {
-    gemm_packed(x, m, k, w, !trans_w, n, bias, y, accumulate);
+    gemm_packed<T>(x, m, k, PackedWeights<T>{w, !trans_w, {}}, n, bias, y, accumulate);
   } else if (path == Path::blas_rows) {  // prefill-sized: blocks of rows
     const std::size_t blocks = (m + kRowBlock - 1) / kRowBlock;
     parallel_for(blocks, 1, 2.0 * kRowBlock * k * n, [&](std::size_t b0, std::size_t b1) {
@@ -213,14 +268,16 @@ void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size
   const auto* wp = static_cast<const std::uint16_t*>(w.data);
   const WeightFormat fmt = w.format;
   const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
+  const Path path = k == 0 ? Path::gemv : choose_path_w(m, false);
   if (k == 0) {
     linear<float>(x, m, k, nullptr, WeightLayout::out_in, n, bias, y, accumulate);
-  } else if (m >= 2 * kRowBlock) {
-    // a long prefill: per column block, its kColBlock rows widened into a float32 tile (one
-    // per thread, kColBlock x k: never the whole matrix) and one single-threaded BLAS call on
-    // the tile -- the widening is paid once per block for all m tokens, and the BLAS's packed
-    // kernel beats gemm_xt at this m (benchmarks/bench_precision.py). Block shapes depend on
-    // the shape only: results do not depend on the thread count.
+  } else if (path == Path::packed) {  // both operands packed, the weights widened as packed
+    gemm_packed<float>(x, m, k, PackedWeights<float>{nullptr, false, w}, n, bias, y, accumulate);
+  } else if (path == Path::blas_rows) {
+    // per column block, its kColBlock rows widened into a float32 tile (one per thread,
+    // kColBlock x k: never the whole matrix) and one single-threaded BLAS call on the tile --
+    // the widening is paid once per block for all m tokens. Block shapes depend on the shape
+    // only: results do not depend on the thread count.
     const int chunks = static_cast<int>(
         std::min<std::size_t>(blocks, static_cast<std::size_t>(std::max(1, get_num_threads()))));
     ScratchLease tile_lease(static_cast<std::size_t>(chunks) * kColBlock * k * sizeof(float));
@@ -234,9 +291,9 @@ void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size
         gemm(true, m, c1 - c0, k, x, tile, k, beta, y + c0, n);
       }
     });
-  } else if (m > kGemvMaxRows) {  // a short prefill: tokens packed, weights converted in place
+  } else if (path == Path::tokens) {  // a short prefill: tokens packed, weights converted in place
     ScratchLease xt_lease((m + kGemmPanel - 1) / kGemmPanel * kGemmPanel * k * sizeof(float));
-    float* const xt = xt_lease.as<float>();
+    float* const xt = xt_lease.as<float>();  // (m rounded up to kGemmPanel, k) in panels
     pack_panels(x, m, k, xt);
     parallel_for(blocks, 1, 2.0 * m * k * kColBlock, [&](std::size_t b0, std::size_t b1) {
       // one column block per call: its 16-bit rows (kColBlock x k) stay in the cache while
@@ -254,6 +311,16 @@ void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size
                bias ? bias + c0 : bias);
     });
   }
+}
+
+bool packed_route_w(std::size_t m, WeightFormat format) {
+  return m > kGemvMaxRows && choose_path_w(m, is_quantized(format)) == Path::packed;
+}
+
+void linear_packed_w(const float* x, std::size_t m, std::size_t k, const WeightRef& w,
+                     std::size_t n, const float* bias, float* y, bool accumulate) {
+  if (m == 0 || n == 0 || k == 0) return;  // (k == 0: the callers handle an empty product)
+  gemm_packed<float>(x, m, k, PackedWeights<float>{nullptr, false, w}, n, bias, y, accumulate);
 }
 
 namespace {

@@ -33,27 +33,28 @@ enum class GemmRoute : int { automatic = 0, blas = 1, packed = 2, tokens = 3 };
 void set_gemm_route(GemmRoute route);
 GemmRoute gemm_route();
 
-// A projection's weights as the modules store them: (n, k) row-major (HF's (out, in) layout) in
-// `format` (kernels/ops.hpp WeightFormat): float32, 16-bit bf16 / f16 words, or int8 / int4
-// codes (q8: (n, k) int8; q4: (n, k / 2) bytes of two nibbles) with `scales` (n, k / group)
-// float16 bits (docs/quantization.md).
-struct WeightRef {
-  const void* data;
-  WeightFormat format;
-  const std::uint16_t* scales = nullptr;  // q8 / q4 only
-  std::size_t group = 0;                  // q8 / q4 only: 32, 64 or 128, k % group == 0
-};
+// WeightRef (a projection's weights in any WeightFormat): kernels/ops.hpp.
 
 // y (m, n) [+]= x (m, k) . W^T [+ bias (n,) or null], W a WeightRef. float32 weights take
 // linear<float>(..., WeightLayout::out_in, ...) above; 16-bit weights are converted in registers
-// (kernels/weight16.hpp): matrix-vector products up to 8 tokens, packed tokens (gemm_xt_w16)
-// below 512; from 512 tokens on, one column block at a time widened into a per-thread tile
-// (kColBlock rows) for the BLAS. int8 / int4 weights go through ops/quant.hpp's qlinear (the
-// kernels of lk.quantized_linear): up to 8 tokens the codes are read in place with the tokens
-// quantized per block of 32 (int8 activations, llama.cpp's q8_0), above that tiles dequantized
-// in the cache with float activations. Results do not depend on the thread count.
+// (kernels/weight16.hpp): matrix-vector products up to 8 tokens, above that the packed GEMM with
+// a converting weight pack (gemm_packed_w_kernel, kernels/gemm_packed_w.hpp: the float32
+// kernel's bits on the widened matrix; on AVX-512, not measured there yet, packed tokens
+// (gemm_xt_w16) below 512 and widened blocks for the BLAS from 512). int8 / int4 weights go
+// through ops/quant.hpp's qlinear (the kernels of lk.quantized_linear): up to 8 tokens the codes
+// are read in place with the tokens quantized per block of 32 (int8 activations, llama.cpp's
+// q8_0), above that float activations and the packed GEMM (AVX-512: tiles dequantized in the
+// cache, gemm_q). Results do not depend on the thread count.
 void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
             const float* bias, float* y, bool accumulate);
+
+// Whether a projection of m tokens with weights in `format` (16-bit or quantized, float
+// activations) takes the packed GEMM (the route, the ISA and m decide; never up to 8 tokens), and
+// that product itself: y (m, n) [+]= x (m, k) . W^T [+ bias], W (n, k) any WeightRef (for
+// ops/quant.cpp's qlinear). Results do not depend on the thread count.
+bool packed_route_w(std::size_t m, WeightFormat format);
+void linear_packed_w(const float* x, std::size_t m, std::size_t k, const WeightRef& w,
+                     std::size_t n, const float* bias, float* y, bool accumulate);
 
 // SwiGLU feed-forward, (silu(x . w_gate + b_gate) * (x . w_up + b_up)) . w_down + b_down,
 // weights in the functional API's (in, out) layout. x: (m, k); w_gate, w_up: (k, h); w_down:
