@@ -22,10 +22,10 @@
 //          (the exact dequantized weight) and FMA'd into the accumulators -- the float64
 //          reference of the dequantized weights within float32 accumulation error.
 //   int8:  x quantized per token in blocks of 32 (qacts, llama.cpp's q8_0 with float32 scales);
-//          integer dot products per block (AVX2: _mm256_maddubs_epi16 on |x| and sign(w, x) for
+//          integer dot products per block (AVX2: _mm256_maddubs_epi16 on |w| and sign(x, w) for
 //          int8 weights, on the unsigned nibbles and x for int4 -- two blocks per 32-byte load,
-//          8 * sum(x) subtracted per group -- then _mm256_madd_epi16; SSE2: _mm_madd_epi16 on
-//          int16), scaled by s_w * s_x.
+//          the 8 * x this adds taken off in int16 -- then _mm256_madd_epi16; SSE2:
+//          _mm_madd_epi16 on int16), each block's sum(code_w * code_x) scaled by s_w * s_x.
 // ISA paths: the integer code below is written with SSE2 intrinsics and with AVX2 ones; each
 // per-ISA translation unit compiles the one its flags allow (#if __AVX2__: the avx2 and avx512
 // units run the 256-bit code; AVX-512 has no cheaper int8 dot product without VNNI). The float
@@ -120,24 +120,16 @@ inline float qhsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// n float16 scales -> float32, 8 at a time (half_to_float's cases as lane selects): a scalar
-// conversion per (row, group) cost as much as the dot product of a 32-element group
+// n float16 scales -> float32, 8 at a time by F16C's vcvtph2ps (the avx2 and avx512 units are
+// built with F16C: kernels/weight16.hpp): exact for every half, subnormals included, without
+// forming a subnormal float (DAZ cannot change it) -- the values of half_to_float. (The lane
+// selects that emulated it were ~15 operations per 8 scales: with group 32, a fifth of the
+// int8 GEMV's work.)
 inline void scales_to_float(const std::uint16_t* h, float* out, std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i v =
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i)));
-    const __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7fff));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x8000)), 16);
-    const __m256i shifted = _mm256_slli_epi32(em, 13);
-    __m256i normal = _mm256_add_epi32(shifted, _mm256_set1_epi32((127 - 15) << 23));
-    normal = _mm256_blendv_epi8(normal, _mm256_or_si256(shifted, _mm256_set1_epi32(0x7f800000)),
-                                _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff)));
-    const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-24f));
-    const __m256 mag =
-        _mm256_blendv_ps(sub, _mm256_castsi256_ps(normal),
-                         _mm256_castsi256_ps(_mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x3ff))));
-    _mm256_storeu_ps(out + i, _mm256_or_ps(mag, _mm256_castsi256_ps(sign)));
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(v));
   }
   for (; i < n; ++i) out[i] = half_to_float(h[i]);
 }
@@ -172,142 +164,171 @@ inline void qblock_float(const std::uint8_t* row, std::size_t b, QF f[kQBlockVec
   }
 }
 
-// rows [r0, r0 + R) against M tokens, int8 activations: per block and (row, token) one integer
-// dot product and one FMA by s_w * s_x. maddubs multiplies unsigned by signed bytes: int8
-// weights use the sign trick (|w| times sign(w) * x: any int8 code, -128 included, since the
-// activation codes stay in [-127, 127]; the pair sums stay within int16); int4 weights give their nibbles (code + 8, in [0, 15]) as the unsigned operand, and
-// the 8 * sum of x that this adds is subtracted once per group (qacts::c8): two instructions
-// fewer per block than unpacking to signed codes.
-template <int Bits, int R, int M>
-inline void qgemv_rows_int8(const qgemv_args& a, std::size_t r0) {
-  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock, nb = k / kQBlock;
-  const std::size_t row_bytes = Bits == 8 ? k : k / 2;
+// The int8-activation kernels take the blocks kDChunk at a time: the combined scales
+// d = s_w * s_x of the chunk's (row, token, block)s are formed by one vector product per
+// (row, token) into a small array, and each block's FMA broadcasts its d from memory (a load,
+// no ALU work) -- a scalar product and a register broadcast per (row, block, token) were a
+// quarter of the loop's ALU operations. Each d is the same float product as before.
+constexpr std::size_t kDChunk = 8;
+
+// The float16 scales of rows [r0, r0 + R) for the chunk of blocks from b0 (a multiple of
+// kDChunk): sc refilled every kScaleChunk groups (a chunk never straddles two refills, as
+// kScaleChunk groups are a whole number of chunks)
+template <int R, std::size_t C>
+inline void chunk_weight_scales(const qweights& w, std::size_t r0, std::size_t b0, float (*sc)[C]) {
+  const std::size_t bpg = w.group / kQBlock;
+  if ((b0 / bpg) % kScaleChunk == 0) load_scales<R>(w, r0, b0 / bpg, sc);
+}
+
+// d[r][t][j] = s_w(row r0 + r, block b0 + j) * s_x(token t, block b0 + j) for the n <= kDChunk
+// blocks of the chunk from b0; sc[r] holds the rows' group scales (padded by kDChunk floats
+// past kScaleChunk: the vector loads of the last groups read them, unused)
+template <int R, int M, std::size_t C>
+inline void chunk_scales(const qgemv_args& a, std::size_t b0, std::size_t n, const float (*sc)[C],
+                         float (*d)[M][kDChunk]) {
+  static_assert(C >= kScaleChunk + kDChunk, "sc is padded for the 8-float loads");
+  const std::size_t bpg = a.w.group / kQBlock, nb = a.w.k / kQBlock;
+  const std::size_t j0 = (b0 / bpg) % kScaleChunk;
+  if (n == kDChunk) {
+    // block j of the chunk has the scale of group j0 + j / bpg (bpg = 1, 2 or 4)
+    const __m256i idx = bpg == 1   ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+                        : bpg == 2 ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
+                                   : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    __m256 sx[M];
+    for (int t = 0; t < M; ++t) sx[t] = _mm256_loadu_ps(a.act.s + t * nb + b0);
+    for (int r = 0; r < R; ++r) {
+      const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(&sc[r][j0]), idx);
+      for (int t = 0; t < M; ++t) _mm256_store_ps(d[r][t], _mm256_mul_ps(sw, sx[t]));
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t)
+        for (std::size_t j = 0; j < n; ++j)
+          d[r][t][j] = sc[r][j0 + j / bpg] * a.act.s[t * nb + b0 + j];
+  }
+}
+
+// int8 weights, rows [r0, r0 + R) against M tokens, int8 activations: per block and (row,
+// token) one integer dot product and one FMA by d = s_w * s_x (chunk_scales). maddubs
+// multiplies unsigned by signed bytes: |w| (unsigned: -128 -> 128) times sign(w) * x (any int8
+// code, -128 included, since the activation codes stay in [-127, 127] and their negation
+// cannot overflow; a stored code of -128 would if the roles were swapped): pair sums at most
+// 2 * 128 * 127, within int16.
+template <int R, int M>
+inline void qgemv_rows_w8(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][M];
-  float corr[R][M];  // int4: sum over groups of s_w * 8 * sum(s_x * x codes)
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      corr[r][t] = 0.f;
-    }
-  alignas(32) float sc[R][kScaleChunk];
-  for (std::size_t g = 0; g < ng; ++g) {
-    float s[R];
-    group_scales<R>(a.w, r0, g, sc, s);
-    for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
+    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+  alignas(32) float sc[R][kScaleChunk + kDChunk] = {};
+  alignas(32) float d[R][M][kDChunk];
+  const std::uint8_t* w0 = a.w.q + r0 * row_bytes;
+  for (std::size_t b0 = 0; b0 < nb; b0 += kDChunk) {
+    const std::size_t n = std::min(kDChunk, nb - b0);
+    chunk_weight_scales<R>(a.w, r0, b0, sc);
+    chunk_scales<R, M>(a, b0, n, sc, d);
+    // (no lambda for the block body: one called from two loops was not inlined, and the
+    // accumulators it captured lived in memory)
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t b = b0 + j;
       __m256i xq[M];
-      float xs[M];
-      for (int t = 0; t < M; ++t) {
-        xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q + t * k + b * kQBlock));
-        xs[t] = a.act.s[t * nb + b];
-      }
+      for (int t = 0; t < M; ++t)
+        xq[t] =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q + t * k + b * kQBlock));
       for (int r = 0; r < R; ++r) {
-        __m256i p16[M];
-        if constexpr (Bits == 8) {
-          prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock, row_bytes);
-          // |w| (unsigned: -128 -> 128) times sign(w) * x (activation codes are in [-127, 127],
-          // so the negation cannot overflow; a stored code of -128 would if the roles were
-          // swapped): pair sums at most 2 * 128 * 127, within int16
-          const __m256i w = qblock_avx2<8>(a.w.q + (r0 + r) * row_bytes, b);
-          const __m256i wa = _mm256_abs_epi8(w);
-          for (int t = 0; t < M; ++t)
-            p16[t] = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq[t], w));
-        } else {  // the nibbles (code + 8, unsigned) times x; the 8 * sum(x) comes off at the end
-          const __m128i pk = _mm_loadu_si128(
-              reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * kQBlock / 2));
-          const __m256i n =
-              _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), _mm256_set1_epi8(0x0f));
-          for (int t = 0; t < M; ++t) p16[t] = _mm256_maddubs_epi16(n, xq[t]);
-        }
+        const std::uint8_t* wp = w0 + r * row_bytes + b * kQBlock;
+        if (j % 2 == 0) prefetch_next_rows<R>(wp, row_bytes);  // one a 64-byte line
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+        const __m256i wa = _mm256_abs_epi8(w);
         for (int t = 0; t < M; ++t) {
-          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16[t], ones));
-          acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(s[r] * xs[t]), acc[r][t]);
+          const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq[t], w));
+          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          acc[r][t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&d[r][t][j]), acc[r][t]);
         }
       }
     }
-    if constexpr (Bits == 4)
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < M; ++t) corr[r][t] += s[r] * a.act.c8[t * ng + g];
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]) - corr[r][t]);
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]));
 }
 
 // int4 weights x int8 activations, two blocks per step: one 32-byte load holds the nibbles of
 // blocks b and b + 1; a mask gives [b elements 0-15 | b+1 elements 0-15] and a shift + mask
-// [b 16-31 | b+1 16-31], which meet the activations stored in that order (qacts::q4). Per 64
-// weights: 2 maddubs, one int16 add, one madd, one FMA -- half the instructions of one block at a
-// time. An odd last block takes the one-block path.
+// [b 16-31 | b+1 16-31], which meet the activations stored in that order (qacts::q4). maddubs
+// takes the nibbles (code + 8, unsigned) times x; the 8 * x it adds is taken off in int16 per
+// pair of products (8 * the x pair sums, formed once per (token, pair) for the R rows), so each
+// block's integer dot product is exactly sum(code * x) and one FMA by d = s_w * s_x
+// (chunk_scales) scales it, as for int8 weights (no per-group float correction: its scalar
+// work per (row, block) was a quarter of the loop, and it subtracted two large float sums).
+// Per 64 weights and row: 2 maddubs, an int16 add and subtraction, one madd, one FMA and the
+// scale permutation. An odd last block takes the one-block path (stored in natural order).
 template <int R, int M>
 inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
-  const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock, nb = k / kQBlock;
-  const std::size_t row_bytes = k / 2, np = nb / 2;
+  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k / 2;
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
-  // the (row) scale of each block of the pair, 4 lanes each
-  const __m256i idx = bpg == 1 ? _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1) : _mm256_setzero_si256();
+  const __m256i eight = _mm256_set1_epi8(8);
   __m256 acc[R][M];
-  float corr[R][M];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      corr[r][t] = 0.f;
-    }
-  alignas(32) float sc[R][kScaleChunk + 8];  // + 8: the 8-float load at the last groups
-  auto group_done = [&](std::size_t bb) {    // block bb ends its group: the 8 * sum(x) term
-    if ((bb + 1) % bpg != 0) return;
-    const std::size_t g = bb / bpg;
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < M; ++t) corr[r][t] += sc[r][g % kScaleChunk] * a.act.c8[t * ng + g];
-  };
-  auto scales_for = [&](std::size_t bb) {
-    if (bb % bpg == 0 && (bb / bpg) % kScaleChunk == 0) load_scales<R>(a.w, r0, bb / bpg, sc);
-  };
-  for (std::size_t p = 0; p < np; ++p) {
-    const std::size_t b = 2 * p, j = (b / bpg) % kScaleChunk;
-    scales_for(b);
-    __m256i xlo[M], xhi[M];
-    __m256 sx[M];
-    for (int t = 0; t < M; ++t) {
-      const std::int8_t* xp = a.act.q4 + t * k + b * kQBlock;
-      xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
-      xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32));
-      sx[t] = _mm256_loadu_ps(a.act.s4 + t * np * 8 + p * 8);
-    }
-    for (int r = 0; r < R; ++r) {
-      prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * 16, row_bytes);
-      const __m256i pk = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
-      const __m256i lo = _mm256_and_si256(pk, mask);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
-      const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(&sc[r][j]), idx);
+    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+  alignas(32) float sc[R][kScaleChunk + kDChunk] = {};
+  alignas(32) float d[R][M][kDChunk];
+  const std::uint8_t* w0 = a.w.q + r0 * row_bytes;
+  const __m256i two = _mm256_set1_epi32(2);
+  for (std::size_t b0 = 0; b0 < nb; b0 += kDChunk) {
+    const std::size_t n = std::min(kDChunk, nb - b0);
+    chunk_weight_scales<R>(a.w, r0, b0, sc);
+    chunk_scales<R, M>(a, b0, n, sc, d);
+    // the pairs (b, b + 1) = chunk blocks (j, j + 1): lanes 0-3 of their products are block
+    // b's, 4-7 block b + 1's, scaled by d[j] and d[j + 1]
+    __m256i idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    std::size_t j = 0;
+    for (; j + 2 <= n; j += 2, idx = _mm256_add_epi32(idx, two)) {
+      const std::size_t b = b0 + j;
+      __m256i xlo[M], xhi[M], x8[M];
       for (int t = 0; t < M; ++t) {
-        const __m256i p16 =
-            _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]), _mm256_maddubs_epi16(hi, xhi[t]));
-        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        acc[r][t] = _mm256_fmadd_ps(pf, _mm256_mul_ps(sw, sx[t]), acc[r][t]);
+        const std::int8_t* xp = a.act.q4 + t * k + b * kQBlock;
+        xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
+        xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32));
+        x8[t] = _mm256_add_epi16(_mm256_maddubs_epi16(eight, xlo[t]),
+                                 _mm256_maddubs_epi16(eight, xhi[t]));
+      }
+      for (int r = 0; r < R; ++r) {
+        const std::uint8_t* wp = w0 + r * row_bytes + b * 16;
+        if (j % 4 == 0) prefetch_next_rows<R>(wp, row_bytes);  // one a 64-byte line
+        const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+        const __m256i lo = _mm256_and_si256(pk, mask);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
+        for (int t = 0; t < M; ++t) {
+          // |each int16 sum| <= 2 * 2 * 15 * 127 before the subtraction: no overflow
+          const __m256i p16 = _mm256_sub_epi16(
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]), _mm256_maddubs_epi16(hi, xhi[t])),
+              x8[t]);
+          const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          const __m256 dv = _mm256_permutevar8x32_ps(_mm256_load_ps(d[r][t]), idx);
+          acc[r][t] = _mm256_fmadd_ps(pf, dv, acc[r][t]);
+        }
       }
     }
-    group_done(b);
-    group_done(b + 1);
-  }
-  if (nb % 2) {  // the last block on its own (stored in natural order in q4)
-    const std::size_t b = nb - 1, j = (b / bpg) % kScaleChunk;
-    scales_for(b);
-    for (int r = 0; r < R; ++r) {
-      const __m128i pk =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.w.q + (r0 + r) * row_bytes + b * 16));
-      const __m256i n = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
-      for (int t = 0; t < M; ++t) {
-        const __m256i xq =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q4 + t * k + b * kQBlock));
-        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(n, xq), ones));
-        acc[r][t] = _mm256_fmadd_ps(pf, _mm256_set1_ps(sc[r][j] * a.act.s[t * nb + b]), acc[r][t]);
+    if (j < n) {  // the odd last block, stored in natural order
+      const std::size_t b = b0 + j;
+      for (int r = 0; r < R; ++r) {
+        const __m128i pk =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + r * row_bytes + b * 16));
+        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
+        for (int t = 0; t < M; ++t) {
+          const __m256i xq =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q4 + t * k + b * kQBlock));
+          const __m256i p16 =
+              _mm256_sub_epi16(_mm256_maddubs_epi16(nib, xq), _mm256_maddubs_epi16(eight, xq));
+          const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+          acc[r][t] = _mm256_fmadd_ps(pf, _mm256_broadcast_ss(&d[r][t][j]), acc[r][t]);
+        }
       }
     }
-    group_done(b);
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]) - corr[r][t]);
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]));
 }
 
 #else  // SSE2 (128-bit): a block of 32 codes is two __m128i of int8.
@@ -472,16 +493,18 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
   }
 }
 
-// int8 activations: int4 weights on AVX2 two blocks a step (qgemv_rows_int4_pairs)
+// int8 activations: on AVX2 int8 weights by qgemv_rows_w8, int4 weights two blocks a step
+// (qgemv_rows_int4_pairs); SSE2 by qgemv_rows_int8
 template <int Bits, int R, int M>
 inline void qgemv_rows_int8_any(const qgemv_args& a, std::size_t r0) {
 #if defined(__AVX2__)
-  if constexpr (Bits == 4) {
+  if constexpr (Bits == 4)
     qgemv_rows_int4_pairs<R, M>(a, r0);
-    return;
-  }
-#endif
+  else
+    qgemv_rows_w8<R, M>(a, r0);
+#else
   qgemv_rows_int8<Bits, R, M>(a, r0);
+#endif
 }
 
 // Every row against M tokens: R-row blocks, then single rows (same arithmetic per row).
@@ -514,14 +537,9 @@ inline void qgemv_run(const qgemv_args& args) {
     a.x = args.x + t * args.ldx;
     if (Int8Acts) {
       a.act.q = args.act.q + t * a.w.k;
-      a.act.a = args.act.a + t * a.w.k;
       a.act.q16 = args.act.q16 + t * a.w.k;
       a.act.s = args.act.s + t * nb;
-      a.act.c8 = args.act.c8 + t * (a.w.k / a.w.group);
-      if (args.act.q4) {
-        a.act.q4 = args.act.q4 + t * a.w.k;
-        a.act.s4 = args.act.s4 + t * (nb / 2) * 8;
-      }
+      if (args.act.q4) a.act.q4 = args.act.q4 + t * a.w.k;
     }
     switch (std::min(P, args.m - t)) {
       case 1:

@@ -26,17 +26,11 @@ struct qweights {
 // activations instead.
 struct qacts {
   const std::int8_t* q;     // (m, k) codes in [-127, 127]
-  const std::uint8_t* a;    // (m, k) |q| (the unsigned operand of AVX2's maddubs)
   const std::int16_t* q16;  // (m, k) q widened (the operand of SSE2's madd)
   const float* s;           // (m, k / kQBlock)
-  // (m, k / group): 8 * sum over the group's blocks of s * sum(q), the term the AVX2 int4
-  // kernel subtracts (it multiplies x by code + 8)
-  const float* c8;
   // int4 weights on AVX2 (two blocks a step): q (m, k) reordered per pair of blocks (b, b + 1)
-  // as [b 0-15, b+1 0-15, b 16-31, b+1 16-31] (an odd last block as is), and s4 (m, nb / 2, 8):
-  // [s_b x 4, s_b+1 x 4]. Null for int8 weights.
+  // as [b 0-15, b+1 0-15, b 16-31, b+1 16-31] (an odd last block as is). Null for int8 weights.
   const std::int8_t* q4;
-  const float* s4;
 };
 
 // One call of gemv_q8_kernel / gemv_q4_kernel / gemm_q_kernel:
