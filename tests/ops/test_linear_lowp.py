@@ -59,7 +59,7 @@ def test_equals_float32_path_on_widened_weights(isa: str, fmt: str, m: int, k: i
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("m", [512, 601])
 def test_long_prefill(isa: str, fmt: str, m: int, threads: None) -> None:
-    # above 511 tokens float32 goes to the BLAS; 16-bit weights keep the packed-token kernel
+    # above 511 tokens float32 goes to the BLAS; 16-bit weights to the packed kernel (widening pack)
     rng = np.random.default_rng(m)
     k, n = 33, 70
     x = rng.standard_normal((m, k), dtype=np.float32)
