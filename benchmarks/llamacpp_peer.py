@@ -112,6 +112,24 @@ def make_gguf(model_dir: Path, out_dir: Path, precision: str) -> Path:
     return out
 
 
+def read_bytes_per_token(path: Path) -> dict[str, Any]:
+    """Bytes a decode step of the GGUF at ``path`` reads: every tensor but the token embedding
+    (one row of it), read from the file's tensor table with the source tree's ``gguf-py``; and
+    the GGML type of each kind of matrix (llama-quantize keeps ``output.weight`` above Q4_0)."""
+    sys.path.insert(0, str(source_dir() / "gguf-py"))
+    try:
+        from gguf import GGUFReader
+    finally:
+        sys.path.pop(0)
+    total, types = 0, {}
+    for t in GGUFReader(str(path)).tensors:
+        kind = t.name.split(".")[-2] if t.name.startswith("blk.") else t.name.split(".")[0]
+        types.setdefault(kind, t.tensor_type.name)
+        if t.name != "token_embd.weight":
+            total += int(t.n_bytes)
+    return {"bytes": total, "types": types}
+
+
 class LlamaCpp:
     """One GGUF model in llama-cpp-python, fed token ids (no tokenizer, no sampling)."""
 
