@@ -163,7 +163,8 @@ Path choose_path(std::size_t m, bool trans_w) {
 // the BLAS (16-bit only), tokens = gemm_xt_w16 / gemm_q (x packed, weights converted in place /
 // in a tile), gemv. The forced routes apply as for float32 (blas: 16-bit only, quantized weights
 // then take the automatic choice). Quantized weights up to kGemvMaxRows tokens always take the
-// GEMV (their activations may be quantized, ops/quant.cpp), whatever the route.
+// GEMV (their activations may be quantized, ops/quant.cpp), whatever the route; with int8
+// activations the automatic route keeps them on it up to 16 tokens (ops/quant.cpp decides).
 Path choose_path_w(std::size_t m, bool quantized) {
   switch (gemm_route()) {
     case GemmRoute::blas:

@@ -26,6 +26,13 @@ namespace {
 
 constexpr std::size_t kRowBlock = 256;     // rows per task of the thread split (fixed by the shape)
 constexpr std::size_t kGemvMaxTokens = 8;  // above: the tile GEMM
+// With int8 activations the GEMV runs up to 16 tokens (4 passes of 4 over the codes): its
+// integer products outrun the packed GEMM's float ones, whose weight pack (dequantize +
+// transpose of the whole matrix) 9-16 tokens do not pay back. Tokens/s of a 2048 -> 5632
+// projection, AVX2 EPYC, 1 / 2 threads (int8 weights; int4 the same within 10%):
+//   GEMV m = 8: 2748 / 4981;  packed m = 9: 1430 / 2254, 12: 1948 / 2898, 16: 2096 / 3097,
+//   24: 2588 / 4056 (the GEMV's rate per token does not depend on m: 4-token passes).
+constexpr std::size_t kGemvMaxTokensInt8 = 16;
 
 // The smallest float16 >= d (d >= 0 finite), as bits; >= 0x7c00 when d > 65504 (too large).
 std::uint16_t half_ceil(float d) {
@@ -261,11 +268,15 @@ void dequantize_rows(const qweights& w, int bits, float* op) {
 void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const float* bias,
              float* y, bool accumulate, bool int8_acts) {
   if (m == 0 || w.rows == 0) return;
-  // prefill (from 9 tokens; ops/linear.cpp decides and gives the figures): the packed GEMM, the
-  // codes dequantized as its weight blocks are packed -- about twice gemm_q's speed from 128
-  // tokens, and the same bits (one fma chain per output over the exact dequantized weights)
+  // prefill (from 9 tokens, 17 with int8 activations; ops/linear.cpp decides and gives the
+  // figures): the packed GEMM, the codes dequantized as its weight blocks are packed -- about
+  // twice gemm_q's speed from 128 tokens, and the same bits (one fma chain per output over the
+  // exact dequantized weights)
   const WeightFormat format = bits == 8 ? WeightFormat::q8 : WeightFormat::q4;
-  if (w.k > 0 && packed_route_w(m, format)) {
+  // (a forced route keeps its meaning from 9 tokens: the tests pin each kernel)
+  const bool int8_gemv =
+      int8_acts && m <= kGemvMaxTokensInt8 && gemm_route() == GemmRoute::automatic;
+  if (w.k > 0 && !int8_gemv && packed_route_w(m, format)) {
     linear_packed_w(x, m, w.k, WeightRef{w.q, format, w.scales, w.group}, w.rows, bias, y,
                     accumulate);
     return;
@@ -280,7 +291,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   a.m = m;
   a.accumulate = accumulate;
   a.bias = bias;
-  const bool gemv = m <= kGemvMaxTokens;
+  const bool gemv = m <= kGemvMaxTokens || int8_gemv;
   int8_acts = gemv && int8_acts;
   {
     // scratch before the parallel region (kernels never allocate): int8 activations, or the

@@ -27,8 +27,14 @@ from . import _core
 __all__ = ["dequantize", "quantize", "quantized_linear"]
 
 BLOCK = 32  # int4 packing block and per-token activation block
-# The activations of quantized_linear's decode path (m <= 8) by default: see docs/quantization.md
+# The activations of quantized_linear's decode path by default: see docs/quantization.md
 DEFAULT_ACTIVATIONS = "int8"
+# Up to this many tokens (rows of x) quantized_linear is the matrix-vector kernel, and
+# activations="int8" quantizes x; above, the GEMM with float32 activations whatever
+# `activations` says. activations="float32" takes the GEMM from FLOAT_GEMV_TOKENS + 1 tokens
+# (the same float32 activations either way). ops/quant.cpp's kGemvMaxTokensInt8 / kGemvMaxTokens.
+INT8_ACTIVATION_TOKENS = 16
+FLOAT_GEMV_TOKENS = 8
 
 
 def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
@@ -85,14 +91,16 @@ def quantized_linear(
 ) -> np.ndarray:
     """``x @ dequantize(q, scales).T + bias`` without a dequantized copy of the matrix.
 
-    ``x`` (..., k) float32 (converted if needed); returns (..., rows) float32. Up to 8 tokens the
-    product is a matrix-vector kernel reading the codes in place. There ``activations="int8"``
-    (the default: the faster, see docs/quantization.md) quantizes each token in blocks of 32
-    (llama.cpp's q8_0) and uses integer dot products (:func:`ref_quantized_linear` with
-    ``activations="int8"`` is its formula); ``activations="float32"`` keeps x in float32 and
-    dequantizes the weights in registers (the float64 product of the dequantized weights within
-    float32 rounding). More tokens: the weights are dequantized per small tile and multiplied
-    in float32 (float activations whatever ``activations`` says).
+    ``x`` (..., k) float32 (converted if needed); returns (..., rows) float32. Up to 16 tokens
+    (``INT8_ACTIVATION_TOKENS``) the product is a matrix-vector kernel reading the codes in
+    place, with ``activations="int8"`` (the default: the faster, see docs/quantization.md)
+    quantizing each token in blocks of 32 (llama.cpp's q8_0) for integer dot products
+    (:func:`ref_quantized_linear` with ``activations="int8"`` is its formula).
+    ``activations="float32"`` keeps x in float32 and dequantizes the weights in registers (the
+    float64 product of the dequantized weights within float32 rounding), up to 8 tokens
+    (``FLOAT_GEMV_TOKENS``) in the matrix-vector kernel. More tokens: the packed GEMM, the
+    weights dequantized as they are packed and multiplied in float32 (float activations whatever
+    ``activations`` says).
 
     Example:
         >>> import numpy as np, llmkernels as lk

@@ -6,8 +6,8 @@ Formulas (llmkernels.quant, docs/quantization.md), per (row, group of G elements
   int8: s = smallest float16 >= max|w| / 127,   code = rint(w / s) in [-127, 127]
   int4: s = (element of largest |w|) / -8, away from zero to float16, code = rint(w / s) in [-8, 7]
   W_deq = code * s;   quantized_linear(x) = x @ W_deq.T + bias
-  activations="int8" (decode, m <= 8): x replaced per token and block of 32 by q * s_x,
-  s_x = max|x| / 127, q = rint(x / s_x).
+  activations="int8" (the GEMV, m <= INT8_ACTIVATION_TOKENS = 16): x replaced per token and
+  block of 32 by q * s_x, s_x = max|x| / 127, q = rint(x / s_x); above, float activations.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import llmkernels as lk
 import numpy as np
 import pytest
 from llmkernels.quant import (
+    INT8_ACTIVATION_TOKENS,
     ref_codes,
     ref_dequantize,
     ref_quantize,
@@ -35,6 +36,11 @@ def weights(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
     n_out = max(1, rows * k // 500)
     w.flat[rng.integers(0, rows * k, n_out)] *= 8
     return w
+
+
+def acts_of(activations: str, m: int) -> str:
+    """The activations quantized_linear uses for m tokens: int8 ones only in the GEMV."""
+    return activations if m <= INT8_ACTIVATION_TOKENS else "float32"
 
 
 def check_linear(y: np.ndarray, x, q, s, bits, g, bias=None, activations="float32"):
@@ -135,15 +141,15 @@ def test_int4_packing_order():
 @pytest.mark.parametrize("acts", ACTS)
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("rows", [1, 7, 31, 33, 1025])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 64])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 9, 16, 17, 64])
 def test_linear_tails(isa, rng, acts, bits, rows, m):
     g, k = 32, 7 * 32
     w = weights(rng, rows, k)
     q, s = lk.quantize(w, bits, g)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = lk.quantized_linear(x, q, s, bits, g, activations=acts)
-    # the int8 activations are the decode path's (m <= 8); the GEMM takes float activations
-    check_linear(y, x, q, s, bits, g, activations=acts if m <= 8 else "float32")
+    # the int8 activations are the GEMV's (up to 16 tokens); the GEMM takes float activations
+    check_linear(y, x, q, s, bits, g, activations=acts_of(acts, m))
 
 
 @pytest.mark.parametrize("acts", ACTS)
@@ -155,10 +161,10 @@ def test_linear_group_sizes(isa, rng, acts, bits, g, mult):
     w = weights(rng, rows, k)
     q, s = lk.quantize(w, bits, g)
     bias = rng.standard_normal(rows).astype(np.float32)
-    for m in (1, 5, 9):
+    for m in (1, 5, 9, 17):
         x = rng.standard_normal((m, k)).astype(np.float32)
         y = lk.quantized_linear(x, q, s, bits, g, bias, activations=acts)
-        check_linear(y, x, q, s, bits, g, bias, acts if m <= 8 else "float32")
+        check_linear(y, x, q, s, bits, g, bias, acts_of(acts, m))
 
 
 def test_linear_layouts(rng):
@@ -170,7 +176,7 @@ def test_linear_layouts(rng):
     y = lk.quantized_linear(x, q, s, 8, g)
     assert y.shape == (2, 3, rows)
     x2 = x.reshape(6, k).astype(np.float32)
-    check_linear(y.reshape(6, rows), x2, q, s, 8, g, activations="int8")  # the default, m <= 8
+    check_linear(y.reshape(6, rows), x2, q, s, 8, g, activations="int8")  # the default, m <= 16
     y1 = lk.quantized_linear(x[0, 0].tolist(), q, s, 8, g)  # one token (the m = 1 kernel)
     np.testing.assert_array_equal(y1, lk.quantized_linear(x[0, 0].astype(np.float32), q, s, 8, g))
 
