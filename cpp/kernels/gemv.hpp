@@ -2,7 +2,8 @@
 // a few (a batch of decode steps), W row-major (rows, k).
 //
 // A token's projection reads every weight once and does 2 FLOPs per 4 bytes, so it is bound by
-// memory bandwidth. The loop keeps several rows' streams in flight (R rows at a time), applies
+// memory bandwidth. The loop keeps several rows' streams in flight (R rows at a time; rows of
+// at most 2 KiB one at a time, as one sequential stream: kGemvShortRowBytes below), applies
 // each weight vector to up to 4 tokens while it is in a register (the weights are read once for
 // the group), and reduces each (row, token) sum once at the end. One token uses two
 // accumulators per row to cover the FMA latency; several tokens already give enough chains.
@@ -38,7 +39,7 @@ struct PlainWeights {
 // y[t * ldy + r] (+)= dot(w[r * k : (r + 1) * k], x[t * ldx : t * ldx + k]) (+ bias[r])
 // for r < R, t < M; bias (R,) or null, added in the final store (no second pass over y);
 // w read through the policy WL (PlainWeights<T> or a widening one)
-template <class Arch, class T, class WL, int R, int M>
+template <class Arch, class T, class WL, int R, int M, bool Prefetch = true>
 inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
                       std::size_t ldx, std::size_t k, bool accumulate, const T* bias) {
   using V = vec<Arch, T>;
@@ -62,7 +63,7 @@ inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const
     // 64 bytes: the R row streams become one sequential stream running a block ahead. Rows of
     // a few KiB (k = 512 .. 2048) end before the hardware prefetchers, which track each row as
     // a stream, have ramped up: +15-20% decode bandwidth at k = 512 (1 and 2 threads).
-    if ((i * sizeof(typename WL::Stored)) % 64 == 0)
+    if (Prefetch && (i * sizeof(typename WL::Stored)) % 64 == 0)
       for (int r = 0; r < R; ++r)
         _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * k + i), _MM_HINT_T0);
   }
@@ -96,11 +97,28 @@ inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const
   }
 }
 
+// Rows of at most this many bytes are taken one at a time, without software prefetch: the
+// matrix is then read as one sequential stream, which the hardware prefetcher follows at the
+// full read bandwidth, where R rows in lockstep are R streams of a few cache lines each -- too
+// short for it to ramp up, and the prefetch of the next block's rows does not make that up.
+// float32 GEMV, DRAM-resident, 1 thread, AVX2 EPYC (a standalone loop of this body): rows of
+// 1-2 KiB (k = 256-512) 10-12 GB/s in blocks of 4 rows against 14-16 one row at a time (a plain
+// read 15-17); from 4 KiB (k = 1024) blocks of 4 rows are level or ahead (k = 2048: 16.0 against
+// 12-14). A row's arithmetic does not depend on R (the same accumulators, the same order), so
+// neither do the results.
+constexpr std::size_t kGemvShortRowBytes = 2048;
+
 // Every row of w against M tokens.
 template <class Arch, class T, class WL, int M>
 inline void gemv_tokens(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
                         std::size_t ldx, std::size_t rows, std::size_t k, bool accumulate,
                         const T* bias) {
+  if (k * sizeof(typename WL::Stored) <= kGemvShortRowBytes) {
+    for (std::size_t r = 0; r < rows; ++r)
+      gemv_rows<Arch, T, WL, 1, M, false>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
+                                          bias ? bias + r : bias);
+    return;
+  }
   constexpr int R = 4;
   std::size_t r = 0;
   for (; r + R <= rows; r += R)

@@ -1,0 +1,82 @@
+"""Decode projections on short rows (kernels/gemv.hpp, ``kGemvShortRowBytes``): rows of at most
+2 KiB (float32 k <= 512, 16-bit k <= 1024) are taken one at a time without software prefetch,
+longer ones in blocks of 4 rows. A row's arithmetic is the same either way (two accumulators,
+the same order), so:
+
+* 16-bit weights equal the float32 path on the widened weights bit for bit on both sides of the
+  boundary -- also where one format is below it and the other above (k = 1024: 2 KiB of bf16,
+  4 KiB of float32);
+* results do not depend on the thread count (the split moves rows between blocks);
+* against the float64 reference: ``|y - x . W^T| <= gamma_(k+2) * |x| . |W|^T`` (a float32 sum).
+
+Every SIMD path (``isa``), rows 1, 7, 31, 33, 1025, tokens 1-5 (the 4-token passes and a tail).
+"""
+
+from __future__ import annotations
+
+import llmkernels as lk
+import ml_dtypes
+import numpy as np
+import pytest
+from llmkernels import _core
+
+# k on both sides of 2 KiB rows for float32 (512 | 513) and for 16-bit weights (1024 | 1025)
+KS = [512, 513, 1024, 1025]
+
+
+def check_float64(got: np.ndarray, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> None:
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    mag = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    if bias is not None:
+        want += bias
+        mag += np.abs(bias)
+    u = 2.0**-24
+    k = x.shape[1]
+    bound = (k + 2) * u / (1 - (k + 2) * u) * mag + 1e-37
+    assert np.all(np.abs(got - want) <= bound), (
+        f"max error / bound {np.max(np.abs(got - want) / bound):.3g}"
+    )
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("m", [1, 2, 5])
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_16_bit_equals_float32_on_the_widened_weights(isa: str, fmt: str, m: int, k: int) -> None:
+    rng = np.random.default_rng(k * 31 + m)
+    low_t = ml_dtypes.bfloat16 if fmt == "bfloat16" else np.float16
+    for rows in (1, 7, 31, 33, 1025):
+        low = np.ascontiguousarray(rng.standard_normal((rows, k), dtype=np.float32).astype(low_t))
+        wide = low.astype(np.float32)
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        bias = rng.standard_normal(rows, dtype=np.float32)
+        y0 = rng.standard_normal((m, rows), dtype=np.float32)
+        for b, y in ((None, None), (bias, y0)):
+            got = _core._linear(x, low.view(np.uint16), fmt, b, y)
+            want = _core._linear(x, wide, "float32", b, y)
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("m", [1, 3, 4, 5])
+def test_float32_against_float64(isa: str, m: int, k: int) -> None:
+    rng = np.random.default_rng(k + m)
+    for rows in (1, 7, 31, 33, 1025):
+        w = rng.standard_normal((rows, k), dtype=np.float32)
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        bias = rng.standard_normal(rows, dtype=np.float32)
+        check_float64(_core._linear(x, w, "float32", bias, None), x, w, bias)
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16"])
+def test_bitwise_across_thread_counts(threads: None, fmt: str, k: int) -> None:
+    rng = np.random.default_rng(k)
+    w = rng.standard_normal((1030, k), dtype=np.float32)  # several 256-row thread blocks
+    words = w if fmt == "float32" else np.ascontiguousarray(w.astype(ml_dtypes.bfloat16))
+    stored = words if fmt == "float32" else words.view(np.uint16)
+    x = rng.standard_normal((3, k), dtype=np.float32)
+    lk.set_num_threads(1)
+    want = _core._linear(x, stored, fmt, None, None)
+    for t in (2, 3):
+        lk.set_num_threads(t)
+        np.testing.assert_array_equal(_core._linear(x, stored, fmt, None, None), want)
