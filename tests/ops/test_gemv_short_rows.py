@@ -1,4 +1,5 @@
-"""Decode projections on short rows (kernels/gemv.hpp, ``kGemvShortRowBytes``): rows of at most
+"""Decode projections on short rows (kernels/gemv.hpp ``kGemvShortRowBytes``, kernels/quant.hpp
+``kQGemvShortRowBytes``): rows of at most
 2 KiB (float32 k <= 512, 16-bit k <= 1024) are taken one at a time without software prefetch,
 longer ones in blocks of 4 rows. A row's arithmetic is the same either way (two accumulators,
 the same order), so:
@@ -80,3 +81,41 @@ def test_bitwise_across_thread_counts(threads: None, fmt: str, k: int) -> None:
     for t in (2, 3):
         lk.set_num_threads(t)
         np.testing.assert_array_equal(_core._linear(x, stored, fmt, None, None), want)
+
+
+# int8 / int4 codes with int8 activations (kernels/quant.hpp, kQGemvShortRowBytes): rows of at
+# most 2 KiB of codes one at a time, longer ones in blocks of 4 (2 from 3 tokens)
+QKS = {8: [2048, 2080], 4: [4096, 4128]}
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("m", [1, 3, 5])
+def test_quantized_rows_do_not_depend_on_the_block(isa: str, bits: int, m: int) -> None:
+    """Each row's result is that of the same row alone (a 1-row matrix: the single-row kernel),
+    on both sides of the boundary, and the int8-activation reference within float32 error."""
+    from llmkernels.quant import ref_quantized_linear
+
+    rng = np.random.default_rng(bits * 10 + m)
+    for k in QKS[bits]:
+        rows = 9
+        q, s = lk.quantize(rng.standard_normal((rows, k), dtype=np.float32), bits, 32)
+        x = rng.standard_normal((m, k), dtype=np.float32)
+        bias = rng.standard_normal(rows, dtype=np.float32)
+        y = lk.quantized_linear(x, q, s, bits, 32, bias)
+        for r in (0, 3, 8):  # in the first block of 4, the second, the row tail
+            alone = lk.quantized_linear(x, q[r : r + 1], s[r : r + 1], bits, 32, bias[r : r + 1])
+            np.testing.assert_array_equal(y[:, r : r + 1], alone)
+        want = ref_quantized_linear(x, q, s, bits, 32, bias, "int8")
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("k", KS)
+def test_float_rows_do_not_depend_on_the_block(isa: str, k: int) -> None:
+    rng = np.random.default_rng(k + 7)
+    w = rng.standard_normal((9, k), dtype=np.float32)
+    x = rng.standard_normal((2, k), dtype=np.float32)
+    y = _core._linear(x, w, "float32", None, None)
+    for r in (0, 3, 8):
+        np.testing.assert_array_equal(
+            y[:, r], _core._linear(x, w[r : r + 1], "float32", None, None)[:, 0]
+        )
