@@ -1,14 +1,14 @@
 """Decode projections on short rows (kernels/gemv.hpp ``kGemvShortRowBytes``, kernels/quant.hpp
-``kQGemvShortRowBytes``): rows of at most
-2 KiB (float32 k <= 512, 16-bit k <= 1024) are taken one at a time without software prefetch,
-longer ones in blocks of 4 rows. A row's arithmetic is the same either way (two accumulators,
-the same order), so:
+``kQGemvShortRowBytes``): rows of at most 2 KiB (float32 k <= 512, 16-bit k <= 1024, int8 codes
+k <= 2048, int4 k <= 4096) are taken one at a time (one sequential stream), longer ones in blocks
+of 4 rows. A row's arithmetic is the same either way (the same accumulators, the same order), so:
 
 * 16-bit weights equal the float32 path on the widened weights bit for bit on both sides of the
   boundary -- also where one format is below it and the other above (k = 1024: 2 KiB of bf16,
   4 KiB of float32);
-* results do not depend on the thread count (the split moves rows between blocks);
-* against the float64 reference: ``|y - x . W^T| <= gamma_(k+2) * |x| . |W|^T`` (a float32 sum).
+* a row's result is that of the row alone, and does not depend on the thread count;
+* against the float64 reference: ``|y - x . W^T| <= gamma_(k+2) * |x| . |W|^T`` (a float32 sum);
+  int8 / int4 codes against ``ref_quantized_linear(..., "int8")``.
 
 Every SIMD path (``isa``), rows 1, 7, 31, 33, 1025, tokens 1-5 (the 4-token passes and a tail).
 """
