@@ -61,8 +61,9 @@ inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const
     }
     // the same columns of the next R rows (the next block's, consecutive in memory), once per
     // 64 bytes: the R row streams become one sequential stream running a block ahead. Rows of
-    // a few KiB (k = 512 .. 2048) end before the hardware prefetchers, which track each row as
-    // a stream, have ramped up: +15-20% decode bandwidth at k = 512 (1 and 2 threads).
+    // a few KiB end before the hardware prefetchers, which track each row as a stream, have
+    // ramped up. (Rows of at most kGemvShortRowBytes skip this: one row at a time reads
+    // faster still, see gemv_tokens.)
     if (Prefetch && (i * sizeof(typename WL::Stored)) % 64 == 0)
       for (int r = 0; r < R; ++r)
         _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * k + i), _MM_HINT_T0);

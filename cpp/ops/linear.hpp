@@ -43,8 +43,8 @@ GemmRoute gemm_route();
 // (gemm_xt_w16) below 512 and widened blocks for the BLAS from 512). int8 / int4 weights go
 // through ops/quant.hpp's qlinear (the kernels of lk.quantized_linear): up to 16 tokens the
 // codes are read in place with the tokens quantized per block of 32 (int8 activations,
-// llama.cpp's q8_0), above that float activations and the packed GEMM (AVX-512: tiles dequantized in the
-// cache, gemm_q). Results do not depend on the thread count.
+// llama.cpp's q8_0), above that float activations and the packed GEMM (AVX-512: tiles
+// dequantized in the cache, gemm_q). Results do not depend on the thread count.
 void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
             const float* bias, float* y, bool accumulate);
 
