@@ -20,7 +20,10 @@ report says why it was skipped): the float32 model is saved in HF layout, conver
 llama.cpp's own converter (F32, F16, Q8_0; Q4_0 quantized from F32), its F32 logits validated
 against ours (an F32 KV cache, a 64-token prompt) before any timing, then the same decode and
 prefill cases are timed in the same rounds (llama.cpp with its default F16 KV cache, n_batch
-512). Ratios are llama.cpp time / llmkernels time: above 1 we are faster.
+512). Ratios are llama.cpp time / llmkernels time: above 1 we are faster. Each of ours is timed
+next to its llama.cpp peer in every round, and a ratio is the median of the ratios of those
+side-by-side samples (``harness.paired_ratio``: the host slows down in phases of seconds, a
+round takes minutes); tokens/s are medians.
 
     python benchmarks/bench_precision.py [--quick] [--no-llamacpp] [--out benchmarks/results]
 """
@@ -31,6 +34,7 @@ import dataclasses
 import gc
 import statistics
 import tempfile
+from collections.abc import Iterable
 from typing import Any
 
 import harness
@@ -219,16 +223,17 @@ def run_cases(
     results: dict[str, Any] = {}
     for t in cfg.threads:
         set_threads(t)
-        impls, setup = {}, {}
+        cases, setup = {}, {}
         for dtype, model in models.items():
             s, r = decode_case(model, cfg, rng)
-            impls[f"decode {dtype}"], setup[f"decode {dtype}"] = r, s
-            impls[f"prefill {dtype}"] = prefill_case(model, cfg, rng)
+            cases[f"decode {dtype}"], setup[f"decode {dtype}"] = r, s
+            cases[f"prefill {dtype}"] = prefill_case(model, cfg, rng)
         for ptype, peer in (peers or {}).items():
             peer.set_threads(t)
             s, d, p = llamacpp_cases(peer, cfg, rng)
-            impls[f"decode llama.cpp {ptype}"], setup[f"decode llama.cpp {ptype}"] = d, s
-            impls[f"prefill llama.cpp {ptype}"] = p
+            cases[f"decode llama.cpp {ptype}"], setup[f"decode llama.cpp {ptype}"] = d, s
+            cases[f"prefill llama.cpp {ptype}"] = p
+        impls = {k: cases[k] for k in case_order(cases)}
         run.log(f"{t} thread(s): {len(impls)} cases x {cfg.rounds} rounds")
         per_round = max(1, cfg.repeats // cfg.rounds)
         samples, other = harness.measure_quietly(
@@ -246,6 +251,23 @@ def run_cases(
             "other_processes_cpus": other,
         }
     return results
+
+
+def case_order(cases: Iterable[str]) -> list[str]:
+    """Decode cases, then prefill cases, each of ours followed by its llama.cpp peer (float32,
+    F32, bfloat16, F16, float16, int8, Q8_0, ...): a round takes minutes and the host slows down
+    in phases of seconds, so the samples that a ratio pairs (:func:`harness.paired_ratio`) are
+    taken side by side."""
+    names = list(cases)
+    order: list[str] = []
+    for kind in ("decode", "prefill"):
+        for name in names:
+            if name.startswith(f"{kind} ") and "llama.cpp" not in name:
+                order.append(name)
+                peer = f"{kind} llama.cpp {PEER_OF.get(name.split(' ', 1)[1])}"
+                if peer in names and peer not in order:
+                    order.append(peer)
+    return order + [n for n in names if n not in order]
 
 
 def prefill_flops(cfg: Config) -> float:
@@ -268,10 +290,16 @@ def summarise(
     peer_read = peer.get("read", {})
     for t in cfg.threads:
         sec = res[str(t)]["seconds"]
+        smp = res[str(t)]["samples"]
+
+        def paired(num: str, den: str, sec: dict = sec, smp: dict = smp) -> float:
+            # a time ratio num / den from side-by-side samples (ratio of medians without them)
+            if num in smp and den in smp:
+                return harness.paired_ratio(smp[num], smp[den])
+            return sec[num] / sec[den]
+
         triad = harness.roof(probe, "GB/s", t)
         fma = harness.roof(probe, "GFLOP/s", t)
-        base = cfg.decode / sec["decode float32"]
-        base_pre = cfg.prefill / sec["prefill float32"]
         for dtype, model in models.items():
             dec = cfg.decode / sec[f"decode {dtype}"]
             pre = cfg.prefill / sec[f"prefill {dtype}"]
@@ -282,10 +310,10 @@ def summarise(
                     "threads": t,
                     "dtype": dtype,
                     "decode_tok_s": dec,
-                    "decode_vs_f32": dec / base,
+                    "decode_vs_f32": paired("decode float32", f"decode {dtype}"),
                     "prefill_tok_s": pre,
                     "prefill_s": sec[f"prefill {dtype}"],
-                    "prefill_vs_f32": pre / base_pre,
+                    "prefill_vs_f32": paired("prefill float32", f"prefill {dtype}"),
                     "bytes_per_token": nbytes,
                     "weight_gbs": gbs,
                     "triad_gbs": triad,
@@ -301,10 +329,9 @@ def summarise(
                     {
                         "peer": peer,
                         "peer_decode_tok_s": cfg.decode / sec[f"decode llama.cpp {peer}"],
-                        "decode_vs_peer": sec[f"decode llama.cpp {peer}"] / sec[f"decode {dtype}"],
+                        "decode_vs_peer": paired(f"decode llama.cpp {peer}", f"decode {dtype}"),
                         "peer_prefill_tok_s": cfg.prefill / sec[f"prefill llama.cpp {peer}"],
-                        "prefill_vs_peer": sec[f"prefill llama.cpp {peer}"]
-                        / sec[f"prefill {dtype}"],
+                        "prefill_vs_peer": paired(f"prefill llama.cpp {peer}", f"prefill {dtype}"),
                         "peer_prefill_of_fma": flops / sec[f"prefill llama.cpp {peer}"] / 1e9 / fma,
                     }
                 )
@@ -346,7 +373,9 @@ def render(report: dict[str, Any]) -> str:
         f"Model: dim {cfg['dim']}, {cfg['n_heads']}/{cfg['n_kv_heads']} heads, hidden "
         f"{cfg['hidden']}, vocab {cfg['vocab']}, {cfg['layers']} layers, random weights. "
         f"Decode: {cfg['decode']} steps after {cfg['prompt']}; prefill: {cfg['prefill']} "
-        "tokens (last logits). Medians of interleaved rounds.",
+        "tokens (last logits). Tokens/s: medians of interleaved rounds; ratios (x): the median "
+        "of the ratios of side-by-side samples (each of ours is timed next to its llama.cpp "
+        "peer in every round).",
         "",
         *harness.machine_lines(report["machine"]),
         "",

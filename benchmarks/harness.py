@@ -9,6 +9,9 @@
   drift of a shared machine falls on all peers alike; medians are reported.
   :func:`measure_quietly` first waits for other processes to go idle and measures once more
   when they kept more than half a CPU busy (:class:`OtherLoad`, from ``/proc/stat``).
+  :func:`paired_ratio` compares two peers sample by sample (the median of the ratios of
+  samples taken side by side), which a slow phase of the host shifts far less than a ratio of
+  medians.
 * **Roofline**: :func:`roofline_probe`, the extension's fp32 FMA and STREAM-triad probes at
   each thread count.
 * **Cases**: an :class:`OpCase` is a name, a shape, bytes or FLOPs per call and
@@ -328,6 +331,18 @@ def measure_quietly(
             break
     assert best is not None
     return best
+
+
+def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
+    """Median over i of ``num[i] / den[i]``: two peers' samples of one :func:`measure` call
+    pair up by index (same round, same position in it), so each ratio compares calls made
+    seconds apart. The shared hosts slow down in phases of seconds to tens of seconds (the same
+    call 170 ms, then 270 ms for a dozen calls, then 170 again): a phase that falls on one
+    peer's block moves a ratio of medians, while it moves only the pairs it covers here."""
+    n = min(len(num), len(den))
+    if n == 0:
+        raise ValueError("paired_ratio: no samples")
+    return statistics.median(num[i] / den[i] for i in range(n))
 
 
 def time_per_call(fn: Callable[[], Any], samples: int, min_time: float = 0.02) -> float:

@@ -207,6 +207,17 @@ def test_measure_interleaves_peers_with_warmup_setup_and_cap() -> None:
     assert len(samples["a"]) == 2 and (others is None or others >= 0.0)
 
 
+def test_paired_ratio_pairs_samples_by_index() -> None:
+    # a slow phase (x1.6) covers the peer's 2nd and 3rd samples and our 3rd: pairs 1, 3, 4 still
+    # read 2.0; a ratio of medians would read 2.6 / 1.0
+    peer = [2.0, 3.2, 3.2, 2.0, 2.6]
+    ours = [1.0, 1.0, 1.6, 1.0, 1.3]
+    assert harness.paired_ratio(peer, ours) == 2.0
+    assert harness.paired_ratio([4.0, 4.0, 9.0], [2.0, 2.0]) == 2.0  # the shorter list rules
+    with pytest.raises(ValueError, match="paired_ratio"):
+        harness.paired_ratio([], [1.0])
+
+
 def test_peer_stats_and_roof() -> None:
     st = harness.peer_stats({"llmkernels": [1.0, 2.0, 3.0], "x": [4.0, 4.0]}, 8e9, 4.0)
     assert st["llmkernels"]["median_s"] == 2.0 and st["llmkernels"]["rate"] == 4.0

@@ -50,3 +50,27 @@ def test_prefill_flops_counts_the_model() -> None:
         per_token += sum(2 * n * k for n, k in shapes)
     attn = sum(cfg.layers * cfg.n_heads * 2 * 2 * hd * (i + 1) for i in range(cfg.prefill))
     assert bp.prefill_flops(cfg) == cfg.prefill * per_token + attn + 2 * cfg.dim * cfg.vocab
+
+
+def test_cases_are_timed_beside_their_peer() -> None:
+    """Each of ours is followed by its llama.cpp peer (decode, then prefill), so the ratio pairs
+    samples taken side by side; without peers the order is ours alone."""
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import bench_precision as bp
+
+    ours = [
+        f"{k} {d}"
+        for d in ("float32", "bfloat16", "float16", "int8")
+        for k in ("decode", "prefill")
+    ]
+    peers = [f"{k} llama.cpp {p}" for p in ("F32", "F16", "Q8_0") for k in ("decode", "prefill")]
+    order = bp.case_order(ours + peers)
+    assert sorted(order) == sorted(ours + peers)
+    assert order[:6] == ["decode float32", "decode llama.cpp F32", "decode bfloat16",
+                         "decode llama.cpp F16", "decode float16", "decode int8"]  # fmt: skip
+    assert order[6] == "decode llama.cpp Q8_0" and order[7] == "prefill float32"
+    assert bp.case_order(ours) == [n for n in ours if n.startswith("decode")] + [
+        n for n in ours if n.startswith("prefill")
+    ]

@@ -39,9 +39,11 @@ struct PlainWeights {
 // y[t * ldy + r] (+)= dot(w[r * k : (r + 1) * k], x[t * ldx : t * ldx + k]) (+ bias[r])
 // for r < R, t < M; bias (R,) or null, added in the final store (no second pass over y);
 // w read through the policy WL (PlainWeights<T> or a widening one)
-template <class Arch, class T, class WL, int R, int M, bool Prefetch = true>
+// pf_rows: how many rows ahead the software prefetch reads (a multiple of R; 0: none)
+template <class Arch, class T, class WL, int R, int M>
 inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
-                      std::size_t ldx, std::size_t k, bool accumulate, const T* bias) {
+                      std::size_t ldx, std::size_t k, bool accumulate, const T* bias,
+                      std::size_t pf_rows) {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
   constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token)
@@ -59,14 +61,14 @@ inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const
         for (int t = 0; t < M; ++t) acc[a][r][t] = xsimd::fma(wv, xv[t], acc[a][r][t]);
       }
     }
-    // the same columns of the next R rows (the next block's, consecutive in memory), once per
-    // 64 bytes: the R row streams become one sequential stream running a block ahead. Rows of
-    // a few KiB end before the hardware prefetchers, which track each row as a stream, have
-    // ramped up. (Rows of at most kGemvShortRowBytes skip this: one row at a time reads
-    // faster still, see gemv_tokens.)
-    if (Prefetch && (i * sizeof(typename WL::Stored)) % 64 == 0)
+    // the same columns of R rows pf_rows ahead (a later block's, consecutive in memory), once
+    // per 64 bytes: the R row streams become one sequential stream running kGemvPrefetchBytes
+    // ahead. Rows of a few KiB end before the hardware prefetchers, which track each row as a
+    // stream, have ramped up. (Rows of at most kGemvShortRowBytes skip this: one row at a time
+    // reads faster still, see gemv_tokens.)
+    if (pf_rows && (i * sizeof(typename WL::Stored)) % 64 == 0)
       for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * k + i), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (pf_rows + r) * k + i), _MM_HINT_T0);
   }
   if (A > 1 && i + N <= k) {  // one more full vector
     V xv[M];
@@ -109,6 +111,13 @@ inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const
 // neither do the results.
 constexpr std::size_t kGemvShortRowBytes = 2048;
 
+// The software prefetch of an R-row block runs at least this many bytes ahead (a whole number
+// of blocks, at least one). One block ahead was 16 KiB for 4 KiB rows (float32 k = 1024, 16-bit
+// k = 2048: TinyLlama's q/k/v/o/gate/up in bf16) and read 16-17 GB/s where 2-4 blocks (32-64
+// KiB) read 18-19.5; for 8 KiB rows and up one block is already 32 KiB and further changes
+// nothing (float32 GEMV, DRAM-resident, 1 thread, AVX2 EPYC, a standalone loop of this body).
+constexpr std::size_t kGemvPrefetchBytes = 32768;
+
 // Every row of w against M tokens.
 template <class Arch, class T, class WL, int M>
 inline void gemv_tokens(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
@@ -116,18 +125,21 @@ inline void gemv_tokens(T* y, std::size_t ldy, const typename WL::Stored* w, con
                         const T* bias) {
   if (k * sizeof(typename WL::Stored) <= kGemvShortRowBytes) {
     for (std::size_t r = 0; r < rows; ++r)
-      gemv_rows<Arch, T, WL, 1, M, false>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
-                                          bias ? bias + r : bias);
+      gemv_rows<Arch, T, WL, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
+                                   bias ? bias + r : bias, 0);
     return;
   }
   constexpr int R = 4;
+  const std::size_t block_bytes = R * k * sizeof(typename WL::Stored);
+  const std::size_t pf_rows = R * std::max<std::size_t>(
+                                      1, (kGemvPrefetchBytes + block_bytes - 1) / block_bytes);
   std::size_t r = 0;
   for (; r + R <= rows; r += R)
     gemv_rows<Arch, T, WL, R, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
-                                 bias ? bias + r : bias);
+                                 bias ? bias + r : bias, pf_rows);
   for (; r < rows; ++r)
     gemv_rows<Arch, T, WL, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
-                                 bias ? bias + r : bias);
+                                 bias ? bias + r : bias, 1);
 }
 
 // gemv_kernel's body for any weight storage WL (gemv_w16_kernel uses it with 16-bit weights)

@@ -99,14 +99,23 @@ inline void qstore(const qgemv_args& a, std::size_t row, std::size_t t, float su
   if (a.bias) dst += a.bias[row];
 }
 
-// Software prefetch of the same bytes one block of R rows further on. The rows of a block are
-// consecutive, so this runs the reads ahead as one sequential stream: with rows of 1-2 KiB
-// (int4 / int8 at k = 2048) the hardware prefetchers, which stop at 4 KiB pages and track a few
-// streams, left a DRAM-resident matrix (the 2048 -> 32000 output projection) at half the
-// bandwidth of an fp32 sgemv.
+// Software prefetch of the same bytes a whole number of R-row blocks further on, at least
+// kQPrefetchBytes ahead. The rows of a block are consecutive, so this runs the reads ahead as one
+// sequential stream: with rows of 1-2 KiB (int4 / int8 at k = 2048) the hardware prefetchers,
+// which stop at 4 KiB pages and track a few streams, left a DRAM-resident matrix (the 2048 ->
+// 32000 output projection) at half the bandwidth of an fp32 sgemv. The distance is that of the
+// float GEMV (kernels/gemv.hpp's kGemvPrefetchBytes, measured there): one block of 4 KiB rows
+// was too close.
+constexpr std::size_t kQPrefetchBytes = 32768;
+
 template <int R>
-inline void prefetch_next_rows(const std::uint8_t* p, std::size_t row_bytes) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + R * row_bytes), _MM_HINT_T0);
+inline std::size_t prefetch_distance(std::size_t row_bytes) {
+  const std::size_t block = R * row_bytes;
+  return block * std::max<std::size_t>(1, (kQPrefetchBytes + block - 1) / block);
+}
+
+inline void prefetch_ahead(const std::uint8_t* p, std::size_t ahead) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -217,6 +226,7 @@ inline void chunk_scales(const qgemv_args& a, std::size_t b0, std::size_t n, con
 template <int R, int M>
 inline void qgemv_rows_w8(const qgemv_args& a, std::size_t r0) {
   const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k;
+  const std::size_t ahead = prefetch_distance<R>(row_bytes);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][M];
   for (int r = 0; r < R; ++r)
@@ -238,7 +248,7 @@ inline void qgemv_rows_w8(const qgemv_args& a, std::size_t r0) {
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q + t * k + b * kQBlock));
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * row_bytes + b * kQBlock;
-        if (j % 2 == 0) prefetch_next_rows<R>(wp, row_bytes);  // one a 64-byte line
+        if (j % 2 == 0) prefetch_ahead(wp, ahead);  // one a 64-byte line
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
         const __m256i wa = _mm256_abs_epi8(w);
         for (int t = 0; t < M; ++t) {
@@ -266,6 +276,7 @@ inline void qgemv_rows_w8(const qgemv_args& a, std::size_t r0) {
 template <int R, int M>
 inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
   const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k / 2;
+  const std::size_t ahead = prefetch_distance<R>(row_bytes);
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
   const __m256i eight = _mm256_set1_epi8(8);
   __m256 acc[R][M];
@@ -295,7 +306,7 @@ inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
       }
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * row_bytes + b * 16;
-        if (j % 4 == 0) prefetch_next_rows<R>(wp, row_bytes);  // one a 64-byte line
+        if (j % 4 == 0) prefetch_ahead(wp, ahead);  // one a 64-byte line
         const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
         const __m256i lo = _mm256_and_si256(pk, mask);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
@@ -440,6 +451,7 @@ template <int Bits, int R, int M>
 inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
   const std::size_t k = a.w.k, ng = k / a.w.group, bpg = a.w.group / kQBlock;
   const std::size_t row_bytes = Bits == 8 ? k : k / 2;
+  const std::size_t ahead = prefetch_distance<R>(row_bytes);
   constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token): cover the FMA latency
   QF acc[A][R][M];
   for (int i = 0; i < A; ++i)
@@ -454,7 +466,7 @@ inline void qgemv_rows_float(const qgemv_args& a, std::size_t r0) {
     for (std::size_t b = g * bpg; b < (g + 1) * bpg; ++b) {
       for (int r = 0; r < R; ++r) {
         QF f[kQBlockVectors];
-        prefetch_next_rows<R>(a.w.q + (r0 + r) * row_bytes + b * kQBlock * Bits / 8, row_bytes);
+        prefetch_ahead(a.w.q + (r0 + r) * row_bytes + b * kQBlock * Bits / 8, ahead);
         qblock_float<Bits>(a.w.q + (r0 + r) * row_bytes, b, f);
         for (std::size_t j = 0; j < kQBlockVectors; ++j) {
           const QF wv = f[j] * s[r];  // the dequantized weights, exact

@@ -84,3 +84,22 @@ def op_tests(ops: dict[str, OpCase]):
         run_layout(ops[op], layout, dtype, rng)
 
     return test_sweep, test_layouts
+
+
+def check_fma_bound(got, x, w, bias=None, y=None) -> None:
+    """float64 ``x . w^T (+ bias) (+ y)`` within the bound of a float32 fma chain over k
+    (Higham's gamma_(k+2) times the magnitudes): the products of the GEMV / GEMM kernels."""
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    mag = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T
+    if bias is not None:
+        want += bias
+        mag += np.abs(bias)
+    if y is not None:
+        want += y
+        mag += np.abs(y)
+    u = 2.0**-24
+    k = x.shape[1]
+    bound = (k + 2) * u / (1 - (k + 2) * u) * mag + 1e-37
+    assert got.dtype == np.float32 and got.shape == want.shape
+    err = np.abs(got.astype(np.float64) - want)
+    assert np.all(err <= bound), f"max error / bound {np.max(err / bound):.3g}"

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from llmkernels import _core
 from llmkernels.quant import INT8_ACTIVATION_TOKENS
+from op_helpers import check_fma_bound
 
 FORMATS16 = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 # (dtype, group): every format the kernel converts
@@ -76,24 +77,6 @@ def float32_packed(x, dense, bias=None, y=None):
         _core._set_gemm_route(previous)
 
 
-def check_float64(got, x, w, bias=None, y=None):
-    """float64 ``x . w^T (+ bias) (+ y)`` within the bound of a float32 fma chain over k."""
-    want = x.astype(np.float64) @ w.astype(np.float64).T
-    mag = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T
-    if bias is not None:
-        want += bias
-        mag += np.abs(bias)
-    if y is not None:
-        want += y
-        mag += np.abs(y)
-    u = 2.0**-24
-    k = x.shape[1]
-    bound = (k + 2) * u / (1 - (k + 2) * u) * mag + 1e-37
-    assert got.dtype == np.float32 and got.shape == want.shape
-    err = np.abs(got.astype(np.float64) - want)
-    assert np.all(err <= bound), f"max error / bound {np.max(err / bound):.3g}"
-
-
 def auto_is_packed(m: int, dtype: str) -> bool:
     """Whether the automatic route takes the packed kernel for m tokens: above 8 tokens for
     16-bit weights, above INT8_ACTIVATION_TOKENS (16) for quantized ones, whose GEMV (int8
@@ -136,7 +119,7 @@ def test_bitwise_equal_to_float32_packed(isa, route, fmt, m):
             np.testing.assert_array_equal(got, want)
             if auto_is_packed(m, dtype):
                 np.testing.assert_array_equal(linear(x, wt, b, y, "auto"), want)
-            check_float64(got, x, wt.dense, b, y)
+            check_fma_bound(got, x, wt.dense, b, y)
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=fmt_id)
@@ -191,7 +174,7 @@ def test_quantized_linear_prefill(isa, bits, group, m):
         got = lk.quantized_linear(x, q, s, bits, group, bias, activations=acts)
         if lk.simd_arch() != "avx512":
             np.testing.assert_array_equal(got, want)
-        check_float64(got, np.ascontiguousarray(x), dense, bias)
+        check_fma_bound(got, np.ascontiguousarray(x), dense, bias)
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
@@ -209,7 +192,7 @@ def test_quantized_special_scales(isa, route, dtype):
     x = rng.standard_normal((m, k), dtype=np.float32)
     got = linear(x, wt, None, None, "packed")
     np.testing.assert_array_equal(got, float32_packed(x, wt.dense))
-    check_float64(got, x, wt.dense)
+    check_fma_bound(got, x, wt.dense)
 
 
 @pytest.mark.parametrize("dtype", list(FORMATS16))
@@ -229,7 +212,7 @@ def test_16_bit_special_words(isa, route, dtype):
         np.testing.assert_array_equal(got, float32_packed(x, wt.dense))
     assert np.all(np.isnan(got[:, 2])) and not np.any(np.isnan(got[:, 3:]))
     finite = np.isfinite(wt.dense).all(axis=1)
-    check_float64(got[:, finite], x, wt.dense[finite])
+    check_fma_bound(got[:, finite], x, wt.dense[finite])
 
 
 def test_nan_activations_propagate(route):
