@@ -275,7 +275,7 @@ inline void qgemv_rows_w8(const qgemv_args& a, std::size_t r0) {
 // scale permutation. An odd last block takes the one-block path (stored in natural order).
 template <int R, int M>
 inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
-  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k / 2;
+  const std::size_t k = a.w.k, nb = k / kQBlock, np = nb / 2, row_bytes = k / 2;
   const std::size_t ahead = prefetch_distance<R>(row_bytes);
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
   const __m256i eight = _mm256_set1_epi8(8);
@@ -301,8 +301,10 @@ inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
         const std::int8_t* xp = a.act.q4 + t * k + b * kQBlock;
         xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
         xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32));
-        x8[t] = _mm256_add_epi16(_mm256_maddubs_epi16(eight, xlo[t]),
-                                 _mm256_maddubs_epi16(eight, xhi[t]));
+        // maddubs(8, xlo) + maddubs(8, xhi), formed once per call (qacts::x8): one row at a
+        // time (rows of <= 2 KiB) recomputed it for every row
+        x8[t] =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.x8 + t * np * 16 + b * 8));
       }
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * row_bytes + b * 16;
@@ -565,7 +567,10 @@ inline void qgemv_run(const qgemv_args& args) {
       a.act.q = args.act.q + t * a.w.k;
       a.act.q16 = args.act.q16 + t * a.w.k;
       a.act.s = args.act.s + t * nb;
-      if (args.act.q4) a.act.q4 = args.act.q4 + t * a.w.k;
+      if (args.act.q4) {
+        a.act.q4 = args.act.q4 + t * a.w.k;
+        a.act.x8 = args.act.x8 + t * (nb / 2) * 16;
+      }
     }
     switch (std::min(P, args.m - t)) {
       case 1:

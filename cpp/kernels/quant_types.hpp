@@ -31,6 +31,10 @@ struct qacts {
   // int4 weights on AVX2 (two blocks a step): q (m, k) reordered per pair of blocks (b, b + 1)
   // as [b 0-15, b+1 0-15, b 16-31, b+1 16-31] (an odd last block as is). Null for int8 weights.
   const std::int8_t* q4;
+  // with q4: (m, k / 64) x 16 int16, for each pair p of blocks the 16 sums 8 * (x[2i] + x[2i + 1]
+  // + x[2i + 32] + x[2i + 33]) over q4's pair p (i < 16) -- what maddubs(8, x) of both halves
+  // gives -- formed once per call instead of once per row (the kernel's offset correction)
+  const std::int16_t* x8;
 };
 
 // One call of gemv_q8_kernel / gemv_q4_kernel / gemm_q_kernel:

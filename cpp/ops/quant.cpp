@@ -298,7 +298,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
     // packed tokens of the GEMM
     const std::size_t nb = w.k / kQBlock;
     const std::size_t np = nb / 2;
-    const std::size_t act_bytes = int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + 256 : 0;
+    const std::size_t act_bytes =
+        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * 16 * 2 + 256 : 0;
     const std::size_t panel_floats = gemv ? 0 : (m + kQPanel - 1) / kQPanel * kQPanel * w.k;
     ScratchLease lease(std::max<std::size_t>(act_bytes + panel_floats * sizeof(float), 64));
     auto* base = lease.as<std::uint8_t>();
@@ -311,7 +312,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         ExactSubnormals exact;
         quantize_acts(a.x, m, w.k, xq, q16, sc);
       }
-      a.act = qacts{xq, q16, sc, nullptr};
+      auto* x8 = reinterpret_cast<std::int16_t*>(q4 + m * w.k);  // (m, np, 16)
+      a.act = qacts{xq, q16, sc, nullptr, nullptr};
       if (bits == 4) {  // the pair order of the AVX2 int4 kernel
         for (std::size_t t = 0; t < m; ++t) {
           const std::int8_t* src = xq + t * w.k;
@@ -325,8 +327,18 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
             std::memcpy(d + 48, b0 + kQBlock + 16, 16);
           }
           if (nb % 2) std::memcpy(dst + (nb - 1) * kQBlock, src + (nb - 1) * kQBlock, kQBlock);
+          // the offset sums of each pair (exact: |8 * 4 * 127| fits int16, as maddubs' pair
+          // sums of 8 * x, at most 8 * 2 * 127, do not saturate)
+          for (std::size_t p = 0; p < np; ++p) {
+            const std::int8_t* d = dst + 2 * p * kQBlock;
+            std::int16_t* o = x8 + (t * np + p) * 16;
+            for (std::size_t i = 0; i < 16; ++i)
+              o[i] = static_cast<std::int16_t>(
+                  8 * (d[2 * i] + d[2 * i + 1] + d[32 + 2 * i] + d[32 + 2 * i + 1]));
+          }
         }
         a.act.q4 = q4;
+        a.act.x8 = x8;
       }
     }
     if (!gemv) {
