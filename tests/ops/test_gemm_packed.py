@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from llmkernels import _core
+from op_helpers import check_fma_bound
 
 FORMATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 TAILS = (1, 7, 31, 33, 1025)
@@ -48,27 +49,9 @@ def linear(x, w, bias=None, y=None, route="auto"):
         _core._set_gemm_route(previous)
 
 
-def ref_linear(x, w, bias=None, y=None):
-    """float64 y = x . w^T (+ bias) (+ y), and the rounding-error bound of a float32 chain."""
-    out = x.astype(np.float64) @ w.astype(np.float64).T
-    mag = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T
-    if bias is not None:
-        out += bias
-        mag += np.abs(bias)
-    if y is not None:
-        out += y
-        mag += np.abs(y)
-    u = 2.0**-24
-    k = x.shape[1]
-    gamma = (k + 2) * u / (1 - (k + 2) * u)
-    return out, gamma * mag + 1e-37
-
-
 def check(got, x, w, bias=None, y=None):
-    want, bound = ref_linear(x, w, bias, y)
-    err = np.abs(got.astype(np.float64) - want)
-    assert got.dtype == np.float32 and got.shape == want.shape
-    assert np.all(err <= bound), f"max error / bound {np.max(err / bound):.3g}"
+    """float64 ``x . w^T (+ bias) (+ y)`` within the bound of a float32 fma chain over k."""
+    check_fma_bound(got, x, w, bias, y)
 
 
 def shapes() -> list[tuple[int, int, int]]:
