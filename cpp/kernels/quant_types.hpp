@@ -35,6 +35,9 @@ struct qacts {
   // + x[2i + 32] + x[2i + 33]) over q4's pair p (i < 16) -- what maddubs(8, x) of both halves
   // gives -- formed once per call instead of once per row (the kernel's offset correction)
   const std::int16_t* x8;
+  // with q4: (m, k / 64, 8) the activation scales of each pair p of blocks as the kernel's
+  // products are laid out, [s(2p) x 4, s(2p + 1) x 4]
+  const float* sx2;
 };
 
 // One call of gemv_q8_kernel / gemv_q4_kernel / gemm_q_kernel:

@@ -299,7 +299,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
     const std::size_t nb = w.k / kQBlock;
     const std::size_t np = nb / 2;
     const std::size_t act_bytes =
-        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * 16 * 2 + 256 : 0;
+        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * (16 * 2 + 8 * 4) + 256 : 0;
     const std::size_t panel_floats = gemv ? 0 : (m + kQPanel - 1) / kQPanel * kQPanel * w.k;
     ScratchLease lease(std::max<std::size_t>(act_bytes + panel_floats * sizeof(float), 64));
     auto* base = lease.as<std::uint8_t>();
@@ -313,7 +313,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         quantize_acts(a.x, m, w.k, xq, q16, sc);
       }
       auto* x8 = reinterpret_cast<std::int16_t*>(q4 + m * w.k);  // (m, np, 16)
-      a.act = qacts{xq, q16, sc, nullptr, nullptr};
+      a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr};
       if (bits == 4) {  // the pair order of the AVX2 int4 kernel
         for (std::size_t t = 0; t < m; ++t) {
           const std::int8_t* src = xq + t * w.k;
@@ -337,8 +337,16 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                   8 * (d[2 * i] + d[2 * i + 1] + d[32 + 2 * i] + d[32 + 2 * i + 1]));
           }
         }
+        // the activation scales of each pair as the int4 kernel's products are laid out:
+        // [s(2p) x 4, s(2p + 1) x 4] (after the offset sums: float-aligned, as k % 32 == 0)
+        auto* sx2 = reinterpret_cast<float*>(x8 + m * np * 16);  // (m, np, 8)
+        for (std::size_t t = 0; t < m; ++t)
+          for (std::size_t p = 0; p < np; ++p)
+            for (std::size_t i = 0; i < 8; ++i)
+              sx2[(t * np + p) * 8 + i] = sc[t * nb + 2 * p + i / 4];
         a.act.q4 = q4;
         a.act.x8 = x8;
+        a.act.sx2 = sx2;
       }
     }
     if (!gemv) {
