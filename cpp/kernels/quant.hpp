@@ -173,94 +173,59 @@ inline void qblock_float(const std::uint8_t* row, std::size_t b, QF f[kQBlockVec
   }
 }
 
-// The int8-activation kernels take the blocks kDChunk at a time: the combined scales
-// d = s_w * s_x of the chunk's (row, token, block)s are formed by one vector product per
-// (row, token) into a small array, and each block's FMA broadcasts its d from memory (a load,
-// no ALU work) -- a scalar product and a register broadcast per (row, block, token) were a
-// quarter of the loop's ALU operations. Each d is the same float product as before.
-constexpr std::size_t kDChunk = 8;
-
-// The float16 scales of rows [r0, r0 + R) for the chunk of blocks from b0 (a multiple of
-// kDChunk): sc refilled every kScaleChunk groups (a chunk never straddles two refills, as
-// kScaleChunk groups are a whole number of chunks)
-template <int R, std::size_t C>
-inline void chunk_weight_scales(const qweights& w, std::size_t r0, std::size_t b0, float (*sc)[C]) {
-  const std::size_t bpg = w.group / kQBlock;
-  if ((b0 / bpg) % kScaleChunk == 0) load_scales<R>(w, r0, b0 / bpg, sc);
-}
-
-// d[r][t][j] = s_w(row r0 + r, block b0 + j) * s_x(token t, block b0 + j) for the n <= kDChunk
-// blocks of the chunk from b0; sc[r] holds the rows' group scales (padded by kDChunk floats
-// past kScaleChunk: the vector loads of the last groups read them, unused)
-template <int R, int M, std::size_t C>
-inline void chunk_scales(const qgemv_args& a, std::size_t b0, std::size_t n, const float (*sc)[C],
-                         float (*d)[M][kDChunk]) {
-  static_assert(C >= kScaleChunk + kDChunk, "sc is padded for the 8-float loads");
-  const std::size_t bpg = a.w.group / kQBlock, nb = a.w.k / kQBlock;
-  const std::size_t j0 = (b0 / bpg) % kScaleChunk;
-  if (n == kDChunk) {
-    // block j of the chunk has the scale of group j0 + j / bpg (bpg = 1, 2 or 4)
-    const __m256i idx = bpg == 1   ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
-                        : bpg == 2 ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
-                                   : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    __m256 sx[M];
-    for (int t = 0; t < M; ++t) sx[t] = _mm256_loadu_ps(a.act.s + t * nb + b0);
-    for (int r = 0; r < R; ++r) {
-      const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(&sc[r][j0]), idx);
-      for (int t = 0; t < M; ++t) _mm256_store_ps(d[r][t], _mm256_mul_ps(sw, sx[t]));
-    }
-  } else {
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < M; ++t)
-        for (std::size_t j = 0; j < n; ++j)
-          d[r][t][j] = sc[r][j0 + j / bpg] * a.act.s[t * nb + b0 + j];
-  }
-}
-
 // int8 weights, rows [r0, r0 + R) against M tokens, int8 activations: per block and (row,
-// token) one integer dot product and one FMA by d = s_w * s_x (chunk_scales). maddubs
+// token) one integer dot product and one FMA by d = s_w * s_x. maddubs
 // multiplies unsigned by signed bytes: |w| (unsigned: -128 -> 128) times sign(w) * x (any int8
 // code, -128 included, since the activation codes stay in [-127, 127] and their negation
 // cannot overflow; a stored code of -128 would if the roles were swapped): pair sums at most
-// 2 * 128 * 127, within int16.
-template <int R, int M>
-inline void qgemv_rows_w8(const qgemv_args& a, std::size_t r0) {
-  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k;
+// 2 * 128 * 127, within int16. d = s_w * s_x is formed in registers per block (the float16
+// weight scale converted into every lane by F16C, times the token's scale broadcast): through
+// an array of d per 8 blocks (formed by one vector product per row and token, then broadcast
+// from memory) the scales took 24% of the time of a cache-resident 256 x 2048 matrix, 1 row at a
+// time (1.93 ns per block against 1.42 now, AVX2 EPYC, standalone loop). Same float products.
+template <int R, int M, bool Group32>
+inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0) {
+  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k, ng = k / a.w.group;
+  const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
   const std::size_t ahead = prefetch_distance<R>(row_bytes);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
-  alignas(32) float sc[R][kScaleChunk + kDChunk] = {};
-  alignas(32) float d[R][M][kDChunk];
   const std::uint8_t* w0 = a.w.q + r0 * row_bytes;
-  for (std::size_t b0 = 0; b0 < nb; b0 += kDChunk) {
-    const std::size_t n = std::min(kDChunk, nb - b0);
-    chunk_weight_scales<R>(a.w, r0, b0, sc);
-    chunk_scales<R, M>(a, b0, n, sc, d);
-    // (no lambda for the block body: one called from two loops was not inlined, and the
-    // accumulators it captured lived in memory)
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::size_t b = b0 + j;
-      __m256i xq[M];
-      for (int t = 0; t < M; ++t)
-        xq[t] =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.q + t * k + b * kQBlock));
-      for (int r = 0; r < R; ++r) {
-        const std::uint8_t* wp = w0 + r * row_bytes + b * kQBlock;
-        if (j % 2 == 0) prefetch_ahead(wp, ahead);  // one a 64-byte line
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-        const __m256i wa = _mm256_abs_epi8(w);
-        for (int t = 0; t < M; ++t) {
-          const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq[t], w));
-          const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-          acc[r][t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&d[r][t][j]), acc[r][t]);
-        }
+  const std::uint16_t* s0 = a.w.scales + r0 * ng;
+  const std::int8_t* const xq0 = a.act.q;
+  const float* const sx = a.act.s;
+  for (std::size_t b = 0; b < nb; ++b) {
+    __m256i xq[M];
+    for (int t = 0; t < M; ++t)
+      xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq0 + t * k + b * kQBlock));
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* wp = w0 + r * row_bytes + b * kQBlock;
+      if (b % 2 == 0) prefetch_ahead(wp, ahead);  // one a 64-byte line
+      // the block's float16 weight scale, converted by F16C into every lane
+      const std::uint16_t hs = s0[r * ng + (Group32 ? b : b >> sh)];
+      const __m256 sw = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(hs)));
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
+      const __m256i wa = _mm256_abs_epi8(w);
+      for (int t = 0; t < M; ++t) {
+        const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq[t], w));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+        const __m256 d = _mm256_mul_ps(sw, _mm256_broadcast_ss(sx + t * nb + b));
+        acc[r][t] = _mm256_fmadd_ps(p, d, acc[r][t]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]));
+}
+
+template <int R, int M>
+inline void qgemv_rows_w8(const qgemv_args& a, std::size_t r0) {
+  if (a.w.group == kQBlock)
+    qgemv_rows_w8_g<R, M, true>(a, r0);
+  else
+    qgemv_rows_w8_g<R, M, false>(a, r0);
 }
 
 // The weight scales of a pair of blocks (b, b + 1) of one row, laid out as the pair's products
@@ -289,8 +254,7 @@ inline __m256 int4_pair_wscale(const std::uint16_t* row_scales, std::size_t b, u
 // quarter of the loop, and it subtracted two large float sums). d is formed in registers for
 // both blocks of the pair at once: the row's two float16 scales converted and shuffled
 // (int4_pair_wscale) times the pair's activation scales, laid out the same way once per call
-// (qacts::sx2). (Through a per-chunk array of d -- chunk_scales, as the int8 kernel does -- the
-// scales took 40% of the time of a cache-resident 256 x 2048 matrix, 1 row at a time: 2.9 ns
+// (qacts::sx2). (Through a per-chunk array of d, as the int8 kernel did, the scales took 40% of the time of a cache-resident 256 x 2048 matrix, 1 row at a time: 2.9 ns
 // per pair of blocks against 2.0 now, AVX2 EPYC, standalone loop.) Per 64 weights and row:
 // 2 maddubs, an int16 add and subtraction, one madd, one FMA, and for the scales a shuffle, a
 // conversion and a product. An odd last block takes the one-block path (stored in natural
