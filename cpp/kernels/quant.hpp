@@ -254,11 +254,11 @@ inline __m256 int4_pair_wscale(const std::uint16_t* row_scales, std::size_t b, u
 // quarter of the loop, and it subtracted two large float sums). d is formed in registers for
 // both blocks of the pair at once: the row's two float16 scales converted and shuffled
 // (int4_pair_wscale) times the pair's activation scales, laid out the same way once per call
-// (qacts::sx2). (Through a per-chunk array of d, as the int8 kernel did, the scales took 40% of the time of a cache-resident 256 x 2048 matrix, 1 row at a time: 2.9 ns
-// per pair of blocks against 2.0 now, AVX2 EPYC, standalone loop.) Per 64 weights and row:
-// 2 maddubs, an int16 add and subtraction, one madd, one FMA, and for the scales a shuffle, a
-// conversion and a product. An odd last block takes the one-block path (stored in natural
-// order).
+// (qacts::sx2). (Through a per-chunk array of d, as the int8 kernel did, the scales took 40%
+// of the time of a cache-resident 256 x 2048 matrix, 1 row at a time: 2.9 ns per pair of
+// blocks against 2.0 now, AVX2 EPYC, standalone loop.) Per 64 weights and row: 2 maddubs, an
+// int16 add and subtraction, one madd, one FMA, and for the scales a shuffle, a conversion and
+// a product. An odd last block takes the one-block path (stored in natural order).
 template <int R, int M, bool Group32>
 inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0) {
   const std::size_t k = a.w.k, nb = k / kQBlock, np = nb / 2, row_bytes = k / 2;
