@@ -220,14 +220,6 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0) {
     for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]));
 }
 
-template <int R, int M>
-inline void qgemv_rows_w8(const qgemv_args& a, std::size_t r0) {
-  if (a.w.group == kQBlock)
-    qgemv_rows_w8_g<R, M, true>(a, r0);
-  else
-    qgemv_rows_w8_g<R, M, false>(a, r0);
-}
-
 // The weight scales of a pair of blocks (b, b + 1) of one row, laid out as the pair's products
 // are: [s(b) x 4, s(b + 1) x 4] -- F16C's conversion of the float16 scales, shuffled in place
 // (group 32: two scales; groups of 64 and 128 hold both blocks of a pair: one scale).
@@ -324,14 +316,6 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0) {
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]));
-}
-
-template <int R, int M>
-inline void qgemv_rows_int4_pairs(const qgemv_args& a, std::size_t r0) {
-  if (a.w.group == kQBlock)
-    qgemv_rows_int4_pairs_g<R, M, true>(a, r0);
-  else
-    qgemv_rows_int4_pairs_g<R, M, false>(a, r0);
 }
 
 #else  // SSE2 (128-bit): a block of 32 codes is two __m128i of int8.
@@ -497,15 +481,24 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
   }
 }
 
-// int8 activations: on AVX2 int8 weights by qgemv_rows_w8, int4 weights two blocks a step
-// (qgemv_rows_int4_pairs); SSE2 by qgemv_rows_int8
+// int8 activations: on AVX2 int8 weights by qgemv_rows_w8_g, int4 weights two blocks a step
+// (qgemv_rows_int4_pairs_g), each specialized for groups of 32 (one scale per block) or more;
+// SSE2 by qgemv_rows_int8
 template <int Bits, int R, int M>
 inline void qgemv_rows_int8_any(const qgemv_args& a, std::size_t r0) {
 #if defined(__AVX2__)
-  if constexpr (Bits == 4)
-    qgemv_rows_int4_pairs<R, M>(a, r0);
-  else
-    qgemv_rows_w8<R, M>(a, r0);
+  const bool group32 = a.w.group == kQBlock;
+  if constexpr (Bits == 4) {
+    if (group32)
+      qgemv_rows_int4_pairs_g<R, M, true>(a, r0);
+    else
+      qgemv_rows_int4_pairs_g<R, M, false>(a, r0);
+  } else {
+    if (group32)
+      qgemv_rows_w8_g<R, M, true>(a, r0);
+    else
+      qgemv_rows_w8_g<R, M, false>(a, r0);
+  }
 #else
   qgemv_rows_int8<Bits, R, M>(a, r0);
 #endif

@@ -1,8 +1,9 @@
 """The decode (GEMV) kernels' fast paths (issue 13 item 9): int8 / int4 weights with int8
-activations, taken in chunks of 8 blocks with the combined scales d = s_w * s_x formed 8 at a
-time (kernels/quant.hpp: qgemv_rows_w8, qgemv_rows_int4_pairs), the int4 nibble offset taken
-off in int16 per block; the vectorised activation quantization (ops/quant.cpp: quantize_acts);
-and the bfloat16 weights widened by one byte shuffle (kernels/weight16.hpp: load_w16).
+activations, the combined scales d = s_w * s_x formed in registers per block (int8) or pair of
+blocks (int4), specialized for groups of 32 and for larger groups (kernels/quant.hpp:
+qgemv_rows_w8_g, qgemv_rows_int4_pairs_g), the int4 nibble offset taken off in int16 per block;
+the vectorised activation quantization (ops/quant.cpp: quantize_acts); and the bfloat16
+weights widened by one byte shuffle (kernels/weight16.hpp: load_w16).
 
 Reference formulas:
   int8 activations: per token and block of 32, s_x = max|x| / 127, q_x = rint(x / s_x) (half to
@@ -69,8 +70,8 @@ def test_chunk_tails(isa: str, bits: int, rows: int, nblocks: int) -> None:
 @pytest.mark.parametrize("g", [32, 64, 128])
 @pytest.mark.parametrize("ngroups", [1, 3, 17, 65, 130])
 def test_group_sizes_and_scale_refills(isa: str, bits: int, g: int, ngroups: int) -> None:
-    """Groups spanning 1, 2 or 4 blocks of a chunk; past 64 groups the row scales are refilled
-    (kScaleChunk), which must land on a chunk boundary."""
+    """Groups spanning 1, 2 or 4 blocks (a group's scale read per block or pair of blocks), up
+    to 130 groups a row (past the 64 groups a chunk of the float-activation path holds)."""
     rng = np.random.default_rng(g * 100 + ngroups)
     k, rows = g * ngroups, 9
     q, s = lk.quantize(weights(rng, rows, k), bits, g)
