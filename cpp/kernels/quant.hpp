@@ -100,12 +100,12 @@ inline void qstore(const qgemv_args& a, std::size_t row, std::size_t t, float su
 }
 
 // Software prefetch of the same bytes a whole number of R-row blocks further on, at least
-// kQPrefetchBytes ahead. The rows of a block are consecutive, so this runs the reads ahead as one
-// sequential stream: with rows of 1-2 KiB (int4 / int8 at k = 2048) the hardware prefetchers,
-// which stop at 4 KiB pages and track a few streams, left a DRAM-resident matrix (the 2048 ->
-// 32000 output projection) at half the bandwidth of an fp32 sgemv. The distance is that of the
-// float GEMV (kernels/gemv.hpp's kGemvPrefetchBytes, measured there): one block of 4 KiB rows
-// was too close.
+// kQPrefetchBytes ahead (the float-activation and SSE2 kernels, whose R-row blocks are
+// consecutive rows; the AVX2 int8-activation kernels read 4 stripes instead: qgemv_tokens).
+// The rows of a block are consecutive, so this runs the reads ahead as one sequential stream:
+// with rows of 1-2 KiB (int4 / int8 at k = 2048) the hardware prefetchers, which stop at 4 KiB
+// pages and track a few streams, left a DRAM-resident matrix (the 2048 -> 32000 output
+// projection) at half the bandwidth of an fp32 sgemv. One block of 4 KiB rows was too close.
 constexpr std::size_t kQPrefetchBytes = 32768;
 
 template <int R>
@@ -173,7 +173,7 @@ inline void qblock_float(const std::uint8_t* row, std::size_t b, QF f[kQBlockVec
   }
 }
 
-// int8 weights, rows [r0, r0 + R) against M tokens, int8 activations: per block and (row,
+// int8 weights, rows r0 + r * rs (r < R) against M tokens, int8 activations: per block and (row,
 // token) one integer dot product and one FMA by d = s_w * s_x. maddubs
 // multiplies unsigned by signed bytes: |w| (unsigned: -128 -> 128) times sign(w) * x (any int8
 // code, -128 included, since the activation codes stay in [-127, 127] and their negation
@@ -184,10 +184,9 @@ inline void qblock_float(const std::uint8_t* row, std::size_t b, QF f[kQBlockVec
 // from memory) the scales took 24% of the time of a cache-resident 256 x 2048 matrix, 1 row at a
 // time (1.93 ns per block against 1.42 now, AVX2 EPYC, standalone loop). Same float products.
 template <int R, int M, bool Group32>
-inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0) {
+inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
   const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k, ng = k / a.w.group;
   const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
-  const std::size_t ahead = prefetch_distance<R>(row_bytes);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][M];
   for (int r = 0; r < R; ++r)
@@ -201,10 +200,9 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0) {
     for (int t = 0; t < M; ++t)
       xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq0 + t * k + b * kQBlock));
     for (int r = 0; r < R; ++r) {
-      const std::uint8_t* wp = w0 + r * row_bytes + b * kQBlock;
-      if (b % 2 == 0) prefetch_ahead(wp, ahead);  // one a 64-byte line
+      const std::uint8_t* wp = w0 + r * rs * row_bytes + b * kQBlock;
       // the block's float16 weight scale, converted by F16C into every lane
-      const std::uint16_t hs = s0[r * ng + (Group32 ? b : b >> sh)];
+      const std::uint16_t hs = s0[r * rs * ng + (Group32 ? b : b >> sh)];
       const __m256 sw = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(hs)));
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
       const __m256i wa = _mm256_abs_epi8(w);
@@ -217,7 +215,7 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0) {
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]));
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
 }
 
 // The weight scales of a pair of blocks (b, b + 1) of one row, laid out as the pair's products
@@ -236,28 +234,27 @@ inline __m256 int4_pair_wscale(const std::uint16_t* row_scales, std::size_t b, u
   }
 }
 
-// int4 weights x int8 activations, two blocks per step: one 32-byte load holds the nibbles of
-// blocks b and b + 1; a mask gives [b elements 0-15 | b+1 elements 0-15] and a shift + mask
-// [b 16-31 | b+1 16-31], which meet the activations stored in that order (qacts::q4). maddubs
-// takes the nibbles (code + 8, unsigned) times x; the 8 * x it adds is taken off in int16 per
-// pair of products (8 * the x pair sums, formed once per (token, pair) for the R rows), so each
-// block's integer dot product is exactly sum(code * x) and one FMA by d = s_w * s_x scales it,
-// as for int8 weights (no per-group float correction: its scalar work per (row, block) was a
-// quarter of the loop, and it subtracted two large float sums). d is formed in registers for
-// both blocks of the pair at once: the row's float16 scales converted and put in place (groups
-// of 32: eight at a time, then a permute per pair; else int4_pair_wscale) times the pair's
-// activation scales, laid out the same way once per call (qacts::sx2). (Through a per-chunk
-// array of d, as the int8 kernel did, the scales took 40% of the time of a cache-resident
-// 256 x 2048 matrix, 1 row at a time: 2.9 ns per pair of blocks against 2.0 with a conversion
-// per pair and 1.8 now, AVX2 EPYC, standalone loop.) Per 64 weights and row: 2 maddubs, an int16
-// add and subtraction, one madd, one FMA, and for the scales a permute, an eighth of a
-// conversion and a product. An odd last block takes the one-block path (natural order).
+// int4 weights x int8 activations (rows r0 + r * rs, r < R), two blocks per step: one 32-byte load
+// holds the nibbles of blocks b and b + 1; a mask gives [b elements 0-15 | b+1 elements 0-15] and a
+// shift + mask [b 16-31 | b+1 16-31], which meet the activations stored in that order (qacts::q4).
+// maddubs takes the nibbles (code + 8, unsigned) times x; the 8 * x it adds is taken off in int16
+// per pair of products (8 * the x pair sums, formed once per (token, pair) for the R rows), so each
+// block's integer dot product is exactly sum(code * x) and one FMA by d = s_w * s_x scales it, as
+// for int8 weights (no per-group float correction: its scalar work per (row, block) was a quarter
+// of the loop, and it subtracted two large float sums). d is formed in registers for both blocks of
+// the pair at once: the row's float16 scales converted and put in place (groups of 32: eight at a
+// time, then a permute per pair; else int4_pair_wscale) times the pair's activation scales, laid
+// out the same way once per call (qacts::sx2). (Through a per-chunk array of d, as the int8 kernel
+// did, the scales took 40% of the time of a cache-resident 256 x 2048 matrix, 1 row at a time: 2.9
+// ns per pair of blocks against 2.0 with a conversion per pair and 1.8 now, AVX2 EPYC, standalone
+// loop.) Per 64 weights and row: 2 maddubs, an int16 add and subtraction, one madd, one FMA, and
+// for the scales a permute, an eighth of a conversion and a product. An odd last block takes the
+// one-block path (natural order).
 template <int R, int M, bool Group32>
-inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0) {
+inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
   const std::size_t k = a.w.k, nb = k / kQBlock, np = nb / 2, row_bytes = k / 2;
   const std::size_t ng = k / a.w.group;
   const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
-  const std::size_t ahead = prefetch_distance<R>(row_bytes);
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
   const __m256i eight = _mm256_set1_epi8(8);
   const std::int8_t* const q4 = a.act.q4;
@@ -281,8 +278,7 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0) {
       x8[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8p + t * np * 16 + b * 8));
     }
     for (int r = 0; r < R; ++r) {
-      const std::uint8_t* wp = w0 + r * row_bytes + b * 16;
-      if (p % 2 == 0) prefetch_ahead(wp, ahead);  // one a 64-byte line
+      const std::uint8_t* wp = w0 + r * rs * row_bytes + b * 16;
       const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
       const __m256i lo = _mm256_and_si256(pk, mask);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
@@ -311,7 +307,7 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0) {
       __m256 s8[R];
       for (int r = 0; r < R; ++r)
         s8[r] = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + r * ng + 2 * p)));
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + r * rs * ng + 2 * p)));
       for (int j = 0; j < 4; ++j) {
         __m256 sw[R];
         for (int r = 0; r < R; ++r) sw[r] = _mm256_permutevar8x32_ps(s8[r], pick[j]);
@@ -321,16 +317,16 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0) {
   }
   for (; p < np; ++p) {
     __m256 sw[R];
-    for (int r = 0; r < R; ++r) sw[r] = int4_pair_wscale<Group32>(s0 + r * ng, 2 * p, sh);
+    for (int r = 0; r < R; ++r) sw[r] = int4_pair_wscale<Group32>(s0 + r * rs * ng, 2 * p, sh);
     pair(p, sw);
   }
   if (nb % 2) {  // the odd last block, stored in natural order
     const std::size_t b = nb - 1;
     for (int r = 0; r < R; ++r) {
       const __m128i pk =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + r * row_bytes + b * 16));
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + r * rs * row_bytes + b * 16));
       const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
-      const float sw = half_to_float(s0[r * ng + (Group32 ? b : b >> sh)]);
+      const float sw = half_to_float(s0[r * rs * ng + (Group32 ? b : b >> sh)]);
       for (int t = 0; t < M; ++t) {
         const __m256i xq =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q4 + t * k + b * kQBlock));
@@ -343,7 +339,7 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0) {
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t, qhsum(acc[r][t]));
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
 }
 
 #else  // SSE2 (128-bit): a block of 32 codes is two __m128i of int8.
@@ -513,39 +509,58 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
 // (qgemv_rows_int4_pairs_g), each specialized for groups of 32 (one scale per block) or more;
 // SSE2 by qgemv_rows_int8
 template <int Bits, int R, int M>
-inline void qgemv_rows_int8_any(const qgemv_args& a, std::size_t r0) {
+inline void qgemv_rows_int8_any(const qgemv_args& a, std::size_t r0, std::size_t rs) {
 #if defined(__AVX2__)
   const bool group32 = a.w.group == kQBlock;
   if constexpr (Bits == 4) {
     if (group32)
-      qgemv_rows_int4_pairs_g<R, M, true>(a, r0);
+      qgemv_rows_int4_pairs_g<R, M, true>(a, r0, rs);
     else
-      qgemv_rows_int4_pairs_g<R, M, false>(a, r0);
+      qgemv_rows_int4_pairs_g<R, M, false>(a, r0, rs);
   } else {
     if (group32)
-      qgemv_rows_w8_g<R, M, true>(a, r0);
+      qgemv_rows_w8_g<R, M, true>(a, r0, rs);
     else
-      qgemv_rows_w8_g<R, M, false>(a, r0);
+      qgemv_rows_w8_g<R, M, false>(a, r0, rs);
   }
 #else
+  (void)rs;  // consecutive rows only (qgemv_tokens)
   qgemv_rows_int8<Bits, R, M>(a, r0);
 #endif
 }
 
-// Rows of codes of at most this many bytes (int8 k <= 2048, int4 k <= 4096) are taken one at a
-// time with int8 activations: one sequential stream (each row prefetching the next), which the
-// hardware prefetcher follows, where 4 rows of 1-2 KiB in lockstep are 4 short streams (as
-// kernels/gemv.hpp's kGemvShortRowBytes). int8 2048 x 32000, DRAM-resident, 1 thread, AVX2
-// EPYC (a standalone loop of this body): 14.7-16.1 G weights/s one row at a time against
-// 13.8-14.2 in blocks of 4.
+// Without the AVX2 int8-activation kernels (float activations, SSE2): rows of codes of at most
+// this many bytes (int8 k <= 2048, int4 k <= 4096) are taken one at a time with int8
+// activations -- one sequential stream (each row prefetching the next), where 4 rows of 1-2 KiB
+// in lockstep are 4 short streams. int8 2048 x 32000, DRAM-resident, 1 thread, AVX2 EPYC (a
+// standalone loop of this body): 14.7-16.1 G weights/s one row at a time against 13.8-14.2 in
+// blocks of 4.
 constexpr std::size_t kQGemvShortRowBytes = 2048;
 
-// Every row against M tokens: R-row blocks, then single rows (same arithmetic per row).
+// Every row against M tokens (the same arithmetic per row whatever rows share its block, so
+// results do not depend on the blocking or the thread split). AVX2 with int8 activations: R
+// stripes, as the float GEMV (kernels/gemv.hpp's gemv_tokens) -- the rows split into R parts
+// and row r of each taken together, the matrix read as R sequential streams far apart, with no
+// software prefetch. DRAM-resident, 1 thread, AVX2 EPYC, a standalone loop of this body (GB/s
+// of codes and scales, against one row at a time with a software prefetch 32 KiB ahead, or for
+// rows over 2 KiB blocks of 4 consecutive rows): int8 8000 x 2048 22.0 against 15.1-18.8,
+// 2048 x 5632 20.1-20.4 against 18.1-19.0; int4 (compute-bound at 1 thread) 4096 x 5632
+// 16.1-16.8 against 14.3-14.7, 32000 x 2048 17.3-17.7 against 16.6; with the software prefetch
+// kept on each stripe, slower than either (int8 16.0-16.4, int4 14.0).
 template <int Bits, bool Int8Acts, int M>
 inline void qgemv_tokens(const qgemv_args& a) {
+#if defined(__AVX2__)
+  if constexpr (Int8Acts) {
+    constexpr int R = M <= 2 ? 4 : 2;  // R x M accumulators in 16 registers
+    const std::size_t part = a.w.rows / R;
+    for (std::size_t r = 0; r < part; ++r) qgemv_rows_int8_any<Bits, R, M>(a, r, part);
+    for (std::size_t r = R * part; r < a.w.rows; ++r) qgemv_rows_int8_any<Bits, 1, M>(a, r, 1);
+    return;
+  }
+#endif
   if constexpr (Int8Acts) {
     if (a.w.k * Bits / 8 <= kQGemvShortRowBytes) {
-      for (std::size_t r = 0; r < a.w.rows; ++r) qgemv_rows_int8_any<Bits, 1, M>(a, r);
+      for (std::size_t r = 0; r < a.w.rows; ++r) qgemv_rows_int8_any<Bits, 1, M>(a, r, 1);
       return;
     }
   }
@@ -553,13 +568,13 @@ inline void qgemv_tokens(const qgemv_args& a) {
   std::size_t r = 0;
   for (; r + R <= a.w.rows; r += R) {
     if constexpr (Int8Acts)
-      qgemv_rows_int8_any<Bits, R, M>(a, r);
+      qgemv_rows_int8_any<Bits, R, M>(a, r, 1);
     else
       qgemv_rows_float<Bits, R, M>(a, r);
   }
   for (; r < a.w.rows; ++r) {
     if constexpr (Int8Acts)
-      qgemv_rows_int8_any<Bits, 1, M>(a, r);
+      qgemv_rows_int8_any<Bits, 1, M>(a, r, 1);
     else
       qgemv_rows_float<Bits, 1, M>(a, r);
   }

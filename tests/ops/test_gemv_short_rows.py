@@ -1,7 +1,9 @@
-"""Decode projections on short rows (kernels/gemv.hpp ``kGemvShortRowBytes``, kernels/quant.hpp
-``kQGemvShortRowBytes``): rows of at most 2 KiB (float32 k <= 512, 16-bit k <= 1024, int8 codes
-k <= 2048, int4 k <= 4096) are taken one at a time (one sequential stream), longer ones in blocks
-of 4 rows. A row's arithmetic is the same either way (the same accumulators, the same order), so:
+"""Decode projections on short rows and at the blocking boundaries: the float GEMV
+(kernels/gemv.hpp ``gemv_tokens``) and the AVX2 int8-activation GEMV (kernels/quant.hpp
+``qgemv_tokens``) take rows in 4 stripes (rows r, r + n/4, ... together) and the n % 4 left one at
+a time; the other integer paths take rows of at most 2 KiB (``kQGemvShortRowBytes``: int8 codes
+k <= 2048, int4 k <= 4096) one at a time, longer ones in blocks of consecutive rows. A row's
+arithmetic is the same either way (the same accumulators, the same order), so:
 
 * 16-bit weights equal the float32 path on the widened weights bit for bit on both sides of the
   boundary -- also where one format is below it and the other above (k = 1024: 2 KiB of bf16,
