@@ -100,6 +100,17 @@ def compare(
         steps = [ours(ids[:, :3], cache=cache)]
         steps += [ours(ids[:, t : t + 1], cache=cache) for t in range(3, prompt_len)]
         np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-5, atol=1e-5)
+    # last_only: the last block computes the last position only (and every position's K/V): the
+    # same logits, and a cache filled as by the full forward (chunks of 3, then 5 tokens: past
+    # a sliding window's ring)
+    # (without ``decode``, RoPE depends on the call's length: chunks differ from the whole)
+    np.testing.assert_allclose(ours(ids, last_only=True), full[:, -1:], rtol=1e-5, atol=1e-5)
+    cache = ours.new_cache(2, prompt_len)
+    chunks = [(0, 3), (3, min(8, prompt_len - 1))] + [(t, t + 1) for t in range(8, prompt_len)]
+    for t0, t1 in chunks if decode else []:
+        if t0 < t1:
+            last = ours(ids[:, t0:t1], cache=cache, last_only=True)
+            np.testing.assert_allclose(last, full[:, t1 - 1 : t1], rtol=1e-5, atol=1e-5)
     if padded:  # row 1 shorter by 4, left-padded: its logits are those of the row alone
         batch = ids.copy()
         batch[1, :4] = 0
@@ -109,6 +120,8 @@ def compare(
         alone = ours(ids[1:, 4:])
         np.testing.assert_allclose(out[0], full[0], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(out[1, 4:], alone[0], rtol=1e-4, atol=1e-4)
+        last = ours(batch, mask=mask, last_only=True)
+        np.testing.assert_allclose(last, out[:, -1:], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("window", [5, None])

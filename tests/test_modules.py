@@ -1269,3 +1269,34 @@ def test_forward_bitwise_equal_across_thread_counts(threads, rng):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(results[1][0], results[1][1], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_last_only_skips_the_last_blocks_other_positions(rng, position: str, dtype: str) -> None:
+    """``last_only``: the last block computes the last position of each sequence only (its
+    query, output projection and MLP; every position's key and value still). Its logits are the
+    full forward's last row (a GEMV instead of a GEMM row: within rounding), and a cache it fills
+    holds the same keys and values: the decode steps after it match. (int8 / int4: those
+    rows take the decode kernels, with activations rounded to int8 per token, where the
+    prefill GEMM multiplies float ones: within the activations' rounding, and the same argmax.)"""
+    cfg = block_config("d64", 2, "llama3", n_layers=2, vocab_size=211, norm_position=position)
+    model = make_model(cfg, seed=4)
+    if dtype in ("int8", "int4"):
+        model.quantize(bits=int(dtype[3:]), group_size=32)
+    elif dtype != "float32":
+        model = model.to(dtype)
+    ids, mask = left_pad([rng.integers(1, 211, n) for n in (11, 6)])
+    full = model(ids, mask=mask)
+    tol = {"rtol": 5e-2, "atol": 5e-2} if dtype.startswith("int") else {"rtol": 1e-5, "atol": 1e-5}
+    last = model(ids, mask=mask, last_only=True)
+    np.testing.assert_allclose(last, full[:, -1:], **tol)
+    np.testing.assert_array_equal(last.argmax(-1), full[:, -1:].argmax(-1))
+    a, b = model.new_cache(2, 16), model.new_cache(2, 16)
+    model(ids, mask=mask, cache=a)
+    np.testing.assert_allclose(model(ids, mask=mask, cache=b, last_only=True), full[:, -1:], **tol)
+    for la, lb in zip(a.layers, b.layers, strict=True):
+        np.testing.assert_array_equal(la.keys(), lb.keys())
+        np.testing.assert_array_equal(la.values(), lb.values())
+    nxt = rng.integers(1, 211, (2, 1))
+    np.testing.assert_array_equal(model(nxt, cache=a), model(nxt, cache=b, last_only=True))

@@ -101,6 +101,8 @@ enum Slot {
   kHidden,
   kRope,
   kBlockTmp,
+  kLastRows,
+  kKV,
   kSlots
 };
 
@@ -485,19 +487,41 @@ std::vector<Param> MultiHeadAttentionModule::params() {
 void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
                                        const std::int64_t* positions, const std::uint8_t* key_mask,
                                        KVCache* cache, float* out, const float* residual,
-                                       const double* inv_freq_override) const {
+                                       const double* inv_freq_override, bool last_only) const {
   const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
   // partial rotary (HF partial_rotary_factor): the first 2 * len(inv_freq) features of each head
   // are rotated, the rest pass through (the constructor checks len(inv_freq) <= head_dim / 2)
   const std::size_t m = batch * seq, hd = head_dim, half = inv_freq.size();
   const std::size_t hq = n_heads, hkv = n_kv_heads;
   const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
+  last_only = last_only && seq > 1;
+  const std::size_t mo = last_only ? batch : m;  // query rows (and rows of out)
   ScratchScope scope;
-  float* qkv = scratch(kQKV, m * width);         // (B*T, width)
-  float* rope_tab = scratch(kRope, m * hd);      // (B*T, [cos half | sin half])
-  float* attn = scratch(kAttnOut, m * hq * hd);  // (B*T, Hq*hd)
+  float* qkv = scratch(kQKV, m * width);          // (B*T, width)
+  float* rope_tab = scratch(kRope, m * hd);       // (B*T, [cos half | sin half])
+  float* attn = scratch(kAttnOut, mo * hq * hd);  // (mo, Hq*hd)
   const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
-  project(x, m, dim, w_qkv.ref(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
+  const float* b_qkv = qkv_bias ? b_qkv_.data() : nullptr;
+  if (!last_only) {
+    project(x, m, dim, w_qkv.ref(), width, b_qkv, qkv, false);
+  } else {
+    // Only the last token's query is asked for (and every token's key and value, which the
+    // cache keeps or the last query reads): k and v of all B*T tokens, q of B of them, each
+    // copied into its token's [q | k | v] (the q of the other tokens is never read)
+    float* last = scratch(kLastRows, batch * (dim + hq * hd));  // (B, dim), then (B, Hq*hd)
+    float* kv = scratch(kKV, m * 2 * hkv * hd);                  // (B*T, 2*Hkv*hd)
+    project(x, m, dim, weight_rows(w_qkv.ref(), hq * hd, dim), 2 * hkv * hd,
+            b_qkv ? b_qkv + hq * hd : nullptr, kv, false);
+    for (std::size_t b = 0; b < batch; ++b)
+      std::memcpy(last + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));
+    float* q_last = last + batch * dim;
+    project(last, batch, dim, w_qkv.ref(), hq * hd, b_qkv, q_last, false);
+    for (std::size_t r = 0; r < m; ++r)
+      std::memcpy(qkv + r * width + hq * hd, kv + r * 2 * hkv * hd, 2 * hkv * hd * sizeof(float));
+    for (std::size_t b = 0; b < batch; ++b)
+      std::memcpy(qkv + (b * seq + seq - 1) * width, q_last + b * hq * hd,
+                  hq * hd * sizeof(float));
+  }
 
   // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
   static const std::vector<std::int64_t> zeros(4096, 0);
@@ -507,14 +531,17 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       float* s = c + half;
       rope_table_row(positions[r], freqs, half, attention_factor, c, s);
       float* q = qkv + r * width;
+      // with last_only, a token before the last of its sequence has no query: its k alone
+      const bool has_q = !last_only || r % seq == seq - 1;
       if (qk_norm) {  // Qwen3: each q head and each k head RMS-normalised, then rotated
-        dispatch(rms_norm_kernel{}, q, static_cast<const float*>(q), q_norm_.data(), hq, hd,
-                 qk_norm_eps, false);
+        if (has_q)
+          dispatch(rms_norm_kernel{}, q, static_cast<const float*>(q), q_norm_.data(), hq, hd,
+                   qk_norm_eps, false);
         dispatch(rms_norm_kernel{}, q + hq * hd, static_cast<const float*>(q + hq * hd),
                  k_norm_.data(), hkv, hd, qk_norm_eps, false);
       }
       // heads of one token share the table row: table_row = 0 with the table at this token
-      for (std::size_t h0 = 0; h0 < hq + hkv; h0 += zeros.size()) {
+      for (std::size_t h0 = has_q ? 0 : hq; h0 < hq + hkv; h0 += zeros.size()) {
         std::size_t rows = std::min(zeros.size(), hq + hkv - h0);
         dispatch(rope_kernel{}, q + h0 * hd, static_cast<const float*>(q + h0 * hd), zeros.data(),
                  static_cast<const float*>(c), static_cast<const float*>(s), rows, hd, 2 * half,
@@ -524,11 +551,13 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   });
 
   attn_params<float> p{};
-  p.b = batch, p.hq = hq, p.hkv = hkv, p.tq = seq, p.d = hd, p.dv = hd;
-  p.q = qkv;
+  // last_only: one query per sequence, the last token's, which the bottom-right alignment of
+  // the causal and window masks places after every key (as a decode step's)
+  p.b = batch, p.hq = hq, p.hkv = hkv, p.tq = mo / batch, p.d = hd, p.dv = hd;
+  p.q = qkv + (last_only ? (seq - 1) * width : 0);
   p.qs[0] = seq * width, p.qs[1] = hd, p.qs[2] = width;
   p.out = attn;
-  p.os[0] = seq * hq * hd, p.os[1] = hd, p.os[2] = hq * hd;
+  p.os[0] = p.tq * hq * hd, p.os[1] = hd, p.os[2] = hq * hd;
   p.scale = scale > 0.0 ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   p.causal = causal;
   p.window = window;
@@ -634,8 +663,13 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   attention<float>(p);
   if (cache) cache->length += seq;
 
-  if (residual && residual != out) std::memcpy(out, residual, m * dim * sizeof(float));
-  project(attn, m, hq * hd, w_o.ref(), dim, o_bias ? b_o_.data() : nullptr, out,
+  if (residual && last_only) {  // the last row of each sequence (in place: rows move down)
+    for (std::size_t b = 0; b < batch; ++b)
+      std::memmove(out + b * dim, residual + (b * seq + seq - 1) * dim, dim * sizeof(float));
+  } else if (residual && residual != out) {
+    std::memcpy(out, residual, m * dim * sizeof(float));
+  }
+  project(attn, mo, hq * hd, w_o.ref(), dim, o_bias ? b_o_.data() : nullptr, out,
           residual != nullptr);
 }
 
@@ -661,33 +695,41 @@ TransformerBlockModule::TransformerBlockModule(std::shared_ptr<MultiHeadAttentio
 void TransformerBlockModule::forward(const float* x, std::size_t batch, std::size_t seq,
                                      const std::int64_t* positions, const std::uint8_t* key_mask,
                                      KVCache* cache, float* out,
-                                     const double* inv_freq_override) const {
+                                     const double* inv_freq_override, bool last_only) const {
   ScratchScope scope;
   const std::size_t m = batch * seq, dim = attention->dim;
+  last_only = last_only && seq > 1;
+  const std::size_t mo = last_only ? batch : m;  // rows of out
   float* tmp = scratch(kNormOut, m * dim);
   if (post_attention_norm) {
     // sandwich (Gemma 2): h = x + post1(attn(norm1(x))); y = h + post2(ffn(norm2(h)))
-    float* a = scratch(kSandwich, m * dim);  // (B*T, dim)
+    float* a = scratch(kSandwich, mo * dim);  // (mo, dim)
     attention_norm->forward(x, tmp, m);
-    attention->forward(tmp, batch, seq, positions, key_mask, cache, a, nullptr, inv_freq_override);
-    post_attention_norm->forward(a, a, m);
-    for (std::size_t i = 0; i < m * dim; ++i) out[i] = x[i] + a[i];
-    ffn_norm->forward(out, tmp, m);
-    feed_forward->forward(tmp, m, a, nullptr);
-    post_ffn_norm->forward(a, a, m);
-    for (std::size_t i = 0; i < m * dim; ++i) out[i] += a[i];
+    attention->forward(tmp, batch, seq, positions, key_mask, cache, a, nullptr, inv_freq_override,
+                       last_only);
+    post_attention_norm->forward(a, a, mo);
+    for (std::size_t r = 0; r < mo; ++r) {
+      const float* xr = x + (last_only ? r * seq + seq - 1 : r) * dim;
+      for (std::size_t i = 0; i < dim; ++i) out[r * dim + i] = xr[i] + a[r * dim + i];
+    }
+    ffn_norm->forward(out, tmp, mo);
+    feed_forward->forward(tmp, mo, a, nullptr);
+    post_ffn_norm->forward(a, a, mo);
+    for (std::size_t i = 0; i < mo * dim; ++i) out[i] += a[i];
   } else if (pre_norm) {
     // h = x + attn(norm1(x)); y = h + ffn(norm2(h))    (h lives in out)
     attention_norm->forward(x, tmp, m);
-    attention->forward(tmp, batch, seq, positions, key_mask, cache, out, x, inv_freq_override);
-    ffn_norm->forward(out, tmp, m);
-    feed_forward->forward(tmp, m, out, out);
+    attention->forward(tmp, batch, seq, positions, key_mask, cache, out, x, inv_freq_override,
+                       last_only);
+    ffn_norm->forward(out, tmp, mo);
+    feed_forward->forward(tmp, mo, out, out);
   } else {
     // h = norm1(x + attn(x)); y = norm2(h + ffn(h))
-    attention->forward(x, batch, seq, positions, key_mask, cache, tmp, x, inv_freq_override);
-    attention_norm->forward(tmp, out, m);
-    feed_forward->forward(out, m, tmp, out);
-    ffn_norm->forward(tmp, out, m);
+    attention->forward(x, batch, seq, positions, key_mask, cache, tmp, x, inv_freq_override,
+                       last_only);
+    attention_norm->forward(tmp, out, mo);
+    feed_forward->forward(out, mo, tmp, out);
+    ffn_norm->forward(tmp, out, mo);
   }
 }
 
@@ -761,17 +803,22 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
     const float sc = static_cast<float>(embed_scale);
     for (std::size_t i = 0; i < m * dim; ++i) x[i] *= sc;
   }
+  // last_only: the last block computes the last position of each sequence only (every
+  // position's key and value still, which the cache keeps and the last query reads): its
+  // output is (B, dim) -- as llama.cpp skips the last layer's unused outputs
   for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const bool last_block = last_only && i + 1 == blocks.size();
     blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i], y,
-                       inv_freq_override);
+                       inv_freq_override, last_block);
     std::swap(x, y);
   }
   const WeightBuffer lm_head = lm_head_.load();  // empty when tied (and not quantized)
   const WeightRef head = lm_head.size() ? lm_head.ref() : embed_.ref();
-  if (last_only) {  // gather the last position of each sequence, normalise only those rows
-    for (std::size_t b = 0; b < batch; ++b)
-      std::memcpy(y + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));
-    final_norm->forward(y, y, batch);
+  if (last_only) {  // x: the last position of each sequence (B, dim); normalise only those
+    if (blocks.empty())
+      for (std::size_t b = 0; b < batch; ++b)
+        std::memmove(x + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));
+    final_norm->forward(x, y, batch);
     project(y, batch, dim, head, vocab, nullptr, logits, false);
   } else {
     final_norm->forward(x, x, m);

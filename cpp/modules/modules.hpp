@@ -215,9 +215,11 @@ class MultiHeadAttentionModule {
   // With a cache, the new K/V are appended at cache->length and attention covers the cache.
   // inv_freq: null, or (head_dim/2,) frequencies for this call (sequence-length dependent RoPE
   // scaling: dynamic NTK, longrope).
+  // last_only: only the last token of each sequence is a query (the K/V of all are computed,
+  // appended and attended): out (B, dim) = [the last rows of residual +] attn.
   void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
                const std::uint8_t* key_mask, KVCache* cache, float* out, const float* residual,
-               const double* inv_freq_override = nullptr) const;
+               const double* inv_freq_override = nullptr, bool last_only = false) const;
   std::vector<Param> params();
   WeightFormat format() const { return w_o_.load().format(); }  // of the QKV and O matrices
   std::size_t group() const { return w_o_.load().group(); }
@@ -255,10 +257,11 @@ class TransformerBlockModule {
                          std::shared_ptr<Norm> attention_norm, std::shared_ptr<Norm> ffn_norm,
                          bool pre_norm, std::shared_ptr<Norm> post_attention_norm = nullptr,
                          std::shared_ptr<Norm> post_ffn_norm = nullptr);
-  // out (B*T, dim) = block(x (B*T, dim)); out may not alias x
+  // out (B*T, dim) = block(x (B*T, dim)); out may not alias x. last_only: out (B, dim), the
+  // last position of each sequence (the cache still takes every token's K/V)
   void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
                const std::uint8_t* key_mask, KVCache* cache, float* out,
-               const double* inv_freq_override = nullptr) const;
+               const double* inv_freq_override = nullptr, bool last_only = false) const;
   std::shared_ptr<MultiHeadAttentionModule> attention;
   std::shared_ptr<FeedForwardModule> feed_forward;
   std::shared_ptr<Norm> attention_norm, ffn_norm;
