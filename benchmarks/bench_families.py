@@ -20,7 +20,8 @@ What it does (issue 14 item 6; the protocol is ``harness.py``'s: interleaved rou
    llmkernels / transformers (above 1: llmkernels is faster), and each side's place against
    the machine's limits measured in the same run (the roofline probe): prefill GFLOP/s over
    the FMA peak (the projections' 2 FLOPs per weight and token plus causal attention's
-   scores), decode GB/s of weights read per token over the triad bandwidth.
+   scores, as each side computes them: llmkernels' last layer runs the last position only,
+   ``work``), decode GB/s of weights read per token over the triad bandwidth.
 
 Writes ``<out>/families.md`` and ``<out>/families.json``. ``--quick`` (tiny shapes, one round)
 is the smoke test.
@@ -119,17 +120,24 @@ def hf_model(family: str, cfg: Config) -> Any:
     return model
 
 
-def work(hf: Any, cfg: Config) -> tuple[float, float]:
-    """(FLOPs of one prefill, bytes of weights one decode step reads), from the HF model."""
+def work(hf: Any, cfg: Config) -> tuple[float, float, float]:
+    """(FLOPs of one prefill as transformers computes it, as llmkernels does, bytes of weights
+    one decode step reads), from the HF model. transformers runs every layer for every token;
+    llmkernels' ``last_only`` runs the last layer's k and v for every token, and its q, one
+    attention row, o and MLP for the last token only."""
     emb = hf.get_input_embeddings().weight
     head = hf.get_output_embeddings().weight
     layer_params = sum(p.numel() for n, p in hf.named_parameters() if ".layers." in n)
     t, heads = cfg.prefill_len, cfg.heads
     head_dim = hf.config.head_dim if getattr(hf.config, "head_dim", None) else cfg.dim // heads
-    attn_flops = cfg.layers * 2 * 2 * heads * head_dim * t * (t + 1) / 2  # QK^T and PV, causal
-    flops = 2 * t * layer_params + attn_flops + 2 * head.numel()  # head: the last row only
+    attn_layer = 2 * 2 * heads * head_dim * t * (t + 1) / 2  # QK^T and PV, causal
+    hf_flops = 2 * t * layer_params + cfg.layers * attn_layer + 2 * head.numel()  # head: last row
+    per_layer = layer_params / cfg.layers
+    kv = 2 * hf.config.num_key_value_heads * head_dim * cfg.dim  # k and v of one layer
+    last = 2 * (t * kv + (per_layer - kv)) + 2 * 2 * heads * head_dim * t
+    lk_flops = (2 * t * per_layer + attn_layer) * (cfg.layers - 1) + last + 2 * head.numel()
     decode_bytes = 4 * (layer_params + head.numel()) + 4 * emb.shape[1]  # + one embedding row
-    return float(flops), float(decode_bytes)
+    return float(hf_flops), float(lk_flops), float(decode_bytes)
 
 
 def bench_family(
@@ -137,7 +145,7 @@ def bench_family(
 ) -> dict[str, Any]:
     torch = peers.torch
     hf = hf_model(family, cfg)
-    flops, decode_bytes = work(hf, cfg)
+    hf_flops, lk_flops, decode_bytes = work(hf, cfg)
     hf.save_pretrained(tmp / family, safe_serialization=True)
     ours = lk.Transformer.from_pretrained(tmp / family, progress=False)
     rng = np.random.default_rng(0)
@@ -185,7 +193,7 @@ def bench_family(
     result: dict[str, Any] = {
         "family": family,
         "max_rel_diff_last_logits": diff,
-        "prefill_flops": flops,
+        "prefill_flops": {LK: lk_flops, HF: hf_flops},
         "decode_weight_bytes": decode_bytes,
     }
     per_round = max(1, cfg.repeats // cfg.rounds)
@@ -216,7 +224,10 @@ def bench_family(
                 "prefill_tok_s": cfg.prefill_len / p,
                 "decode_s": d,
                 "decode_tok_s": cfg.decode_steps / d,
-                "prefill_fraction_of_fma_peak": flops / p / 1e9 / h.roof(probe, "GFLOP/s", t),
+                "prefill_fraction_of_fma_peak": (lk_flops if name == LK else hf_flops)
+                / p
+                / 1e9
+                / h.roof(probe, "GFLOP/s", t),
                 "decode_fraction_of_triad": decode_bytes
                 * cfg.decode_steps
                 / d
@@ -321,6 +332,8 @@ def targets(report: dict[str, Any]) -> list[str]:
                     met += 1
                     continue
                 need = target * e[HF][key] * e[f"{what}_ratio_of_medians"] / ratio
+                if what == "prefill":  # the sides' work differs (``work``)
+                    need *= fam["prefill_flops"][LK] / fam["prefill_flops"][HF]
                 lines.append(
                     f"- {fam['family']}, {t} thread(s), {what}: {ratio:.2f}x; {target}x needs "
                     f"{need:.0%} of the {limit} (llmkernels ran at {e[LK][key]:.0%})"

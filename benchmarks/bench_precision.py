@@ -270,23 +270,34 @@ def case_order(cases: Iterable[str]) -> list[str]:
     return order + [n for n in names if n not in order]
 
 
-def prefill_flops(cfg: Config) -> float:
-    """FLOPs of the timed prefill (both sides do the same work): every projection for each of
-    the T tokens, causal attention (QK^T and PV over T (T + 1) / 2 query-key pairs per head),
-    the LM head for the last token only (last logits)."""
+def prefill_flops(cfg: Config, peer: bool = False) -> float:
+    """FLOPs of the timed prefill (last position's logits) as each side computes it: every
+    projection for each of the T tokens and causal attention (QK^T and PV over T (T + 1) / 2
+    query-key pairs per head) in every layer but the last; the LM head for the last token only.
+    The last layer: ours (``last_only``) computes k and v for every token, and q, one attention
+    row, o and the MLP for the last token only; llama.cpp (``peer``) computes q, k, v, attention
+    and o for every token and the MLP for the last (``inp_out_ids``: it skips the last layer's
+    unused MLP rows)."""
     hd = cfg.dim // cfg.n_heads
-    proj = cfg.layers * (2 * cfg.dim * cfg.dim + 2 * cfg.dim * cfg.n_kv_heads * hd
-                         + 3 * cfg.dim * cfg.hidden)  # fmt: skip
-    pairs = cfg.prefill * (cfg.prefill + 1) // 2
-    attn = cfg.layers * 2 * cfg.n_heads * hd * pairs
-    return 2.0 * (cfg.prefill * proj + attn + cfg.dim * cfg.vocab)
+    t = cfg.prefill
+    q_o = 2 * cfg.dim * cfg.dim
+    kv = 2 * cfg.dim * cfg.n_kv_heads * hd
+    mlp = 3 * cfg.dim * cfg.hidden
+    pairs = t * (t + 1) // 2
+    attn = 2 * cfg.n_heads * hd * pairs  # one layer's
+    full = t * (q_o + kv + mlp) + attn
+    if peer:
+        last = t * (q_o + kv) + attn + mlp
+    else:
+        last = t * kv + q_o + mlp + 2 * cfg.n_heads * hd * t
+    return 2.0 * ((cfg.layers - 1) * full + last + cfg.dim * cfg.vocab)
 
 
 def summarise(
     models: dict[str, lk.Transformer], cfg: Config, res: dict, probe: dict, peer: dict
 ) -> list:
     rows = []
-    flops = prefill_flops(cfg)
+    flops, peer_flops = prefill_flops(cfg), prefill_flops(cfg, peer=True)
     peer_read = peer.get("read", {})
     for t in cfg.threads:
         sec = res[str(t)]["seconds"]
@@ -332,7 +343,10 @@ def summarise(
                         "decode_vs_peer": paired(f"decode llama.cpp {peer}", f"decode {dtype}"),
                         "peer_prefill_tok_s": cfg.prefill / sec[f"prefill llama.cpp {peer}"],
                         "prefill_vs_peer": paired(f"prefill llama.cpp {peer}", f"prefill {dtype}"),
-                        "peer_prefill_of_fma": flops / sec[f"prefill llama.cpp {peer}"] / 1e9 / fma,
+                        "peer_prefill_of_fma": peer_flops
+                        / sec[f"prefill llama.cpp {peer}"]
+                        / 1e9
+                        / fma,
                     }
                 )
                 if peer in peer_read:

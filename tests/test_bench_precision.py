@@ -33,8 +33,10 @@ def test_bench_precision_quick_writes_every_row(tmp_path: Path) -> None:
 
 
 def test_prefill_flops_counts_the_model() -> None:
-    """The prefill's FLOPs, counted independently: per token 2 x the projection weights, the
-    causal attention's QK^T and PV over i + 1 keys for query i, the head once (last logits)."""
+    """The prefill's FLOPs, counted independently, token by token: 2 x the projection weights a
+    token passes through, the causal attention's QK^T and PV over i + 1 keys for query i, the
+    head once (last logits). In the last layer ours computes the last token's query, attention,
+    o and MLP only (k and v for all); llama.cpp skips the MLP of the other tokens only."""
     bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
     if bench not in sys.path:
         sys.path.insert(0, bench)
@@ -42,14 +44,20 @@ def test_prefill_flops_counts_the_model() -> None:
 
     cfg = bp.QUICK
     hd = cfg.dim // cfg.n_heads
-    per_token = 0
-    for _ in range(cfg.layers):
-        kv = cfg.n_kv_heads * hd  # q, k, v, o, gate, up, down as (out, in)
-        shapes = [(cfg.dim, cfg.dim), (kv, cfg.dim), (kv, cfg.dim), (cfg.dim, cfg.dim),
-                  (cfg.hidden, cfg.dim), (cfg.hidden, cfg.dim), (cfg.dim, cfg.hidden)]  # fmt: skip
-        per_token += sum(2 * n * k for n, k in shapes)
-    attn = sum(cfg.layers * cfg.n_heads * 2 * 2 * hd * (i + 1) for i in range(cfg.prefill))
-    assert bp.prefill_flops(cfg) == cfg.prefill * per_token + attn + 2 * cfg.dim * cfg.vocab
+    kv = cfg.n_kv_heads * hd
+    q_o = 2 * 2 * cfg.dim * cfg.dim  # (out, in) each
+    k_v = 2 * 2 * kv * cfg.dim
+    mlp = 3 * 2 * cfg.hidden * cfg.dim
+    for peer in (False, True):
+        total = 2 * cfg.dim * cfg.vocab
+        for layer in range(cfg.layers):
+            for i in range(cfg.prefill):
+                everything = layer < cfg.layers - 1 or i == cfg.prefill - 1
+                total += k_v
+                total += q_o if everything or peer else 0
+                total += mlp if everything else 0
+                total += cfg.n_heads * 2 * 2 * hd * (i + 1) if everything or peer else 0
+        assert bp.prefill_flops(cfg, peer=peer) == total
 
 
 def test_cases_are_timed_beside_their_peer() -> None:
