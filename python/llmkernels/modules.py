@@ -1632,6 +1632,12 @@ class Transformer(_Module):
         ``(B, 1, vocab)`` with ``last_only``. ``mask``: ``(B, T)`` padding mask (True = real
         token, e.g. left padding for batched prompts).
 
+        ``last_only`` also saves work, as llama.cpp does: the last layer computes the keys and
+        values of every token (the cache keeps them) but the query, attention, output
+        projection and MLP of the last position only -- a quarter of a 4-layer model's prefill.
+        Its logits equal the full forward's last row within rounding (with int8 / int4 weights
+        those rows take the decode kernels: activations rounded to int8 per token).
+
         ``return_attention`` / ``return_stats`` (no cache): run layer by layer through
         :func:`llmkernels.inspect.trace` and return ``(logits, weights)``, ``(logits, stats)``
         or ``(logits, weights, stats)``: ``weights`` a list of ``(B, Hq, T, T)`` arrays, one per
