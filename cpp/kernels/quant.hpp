@@ -276,8 +276,9 @@ inline __m256 int4_pair_wscale(const std::uint16_t* row_scales, std::size_t b, u
 // did, the scales took 40% of the time of a cache-resident 256 x 2048 matrix, 1 row at a time: 2.9
 // ns per pair of blocks against 2.0 with a conversion per pair and 1.8 now, AVX2 EPYC, standalone
 // loop.) Per 64 weights and row: 2 maddubs, an int16 add and subtraction, one madd, one FMA, and
-// for the scales a permute, an eighth of a conversion and a product. An odd last block takes the
-// one-block path (natural order).
+// for the scales a permute, an eighth of a conversion and a product (one token, groups of 32:
+// the products of 8 blocks are formed at once per row, then a permute per pair). An odd last
+// block takes the one-block path (natural order).
 template <int R, int M, bool Group32>
 inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
   const std::size_t k = a.w.k, nb = k / kQBlock, np = nb / 2, row_bytes = k / 2;
