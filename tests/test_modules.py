@@ -1300,3 +1300,27 @@ def test_last_only_skips_the_last_blocks_other_positions(rng, position: str, dty
         np.testing.assert_array_equal(la.values(), lb.values())
     nxt = rng.integers(1, 211, (2, 1))
     np.testing.assert_array_equal(model(nxt, cache=a), model(nxt, cache=b, last_only=True))
+
+
+def test_mask_free_paths_give_the_masked_answers(rng) -> None:
+    """Attention skips the padding mask where it masks nothing: an all-true ``mask`` (what a
+    tokenizer gives for unpadded prompts), and a cache none of whose tokens since its last
+    reset was padding. Bitwise the answers of the masked paths; a cache that held padding
+    before ``reset`` answers as a fresh one."""
+    model = make_model(model_config(), seed=5)
+    ids = rng.integers(1, 211, (2, 9))
+    ones = np.ones(ids.shape, dtype=bool)
+    np.testing.assert_array_equal(model(ids, mask=ones), model(ids))
+    fresh = model.new_cache(2, 12)
+    want = [model(ids, cache=fresh), model(ids[:, :1], cache=fresh)]
+    used = model.new_cache(2, 12)
+    padded, mask = left_pad([ids[0, :5], ids[1]])
+    model(padded, mask=mask, cache=used)  # padding in the cache
+    nxt = model(ids[:, :1], cache=used)  # its mask still applies: the padded slots stay out
+    alone = model.new_cache(1, 12)
+    model(ids[:1, :5], cache=alone)
+    np.testing.assert_allclose(nxt[0], model(ids[:1, :1], cache=alone)[0], rtol=1e-4, atol=1e-4)
+    used.reset()
+    got = [model(ids, cache=used), model(ids[:, :1], cache=used)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)

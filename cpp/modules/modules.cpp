@@ -579,7 +579,9 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
             store_kv(cache->k.at(0), p.kv_format, off, kr + g * hd, hd);
             store_kv(cache->v.at(0), p.kv_format, off, vr + g * hd, hd);
           }
-          cache->valid[b * C + slot] = key_mask ? (key_mask[r] ? 1 : 0) : 1;
+          const bool real = !key_mask || key_mask[r];
+          cache->valid[b * C + slot] = real ? 1 : 0;
+          if (!real) cache->masked = true;
         }
       });
     };
@@ -609,6 +611,9 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       p.ks[0] = p.vs[0] = hkv * C * hd, p.ks[1] = p.vs[1] = C * hd, p.ks[2] = p.vs[2] = hd;
       p.mask = cache->valid.data();
       p.mask_strides[0] = static_cast<std::int64_t>(C), p.mask_strides[3] = 1;
+      // every slot attention reads holds a real token unless one appended since the last
+      // reset was padding: then no mask (the kernel's scalar mask pass was 2% of a prefill)
+      if (!cache->masked) p.mask_kind = AttnMask::none;
     } else {
       // Several tokens past a rolling buffer's end: the first of them still sees the
       // window - 1 positions before it, which the later ones push out of the ring. Attention runs
@@ -654,7 +659,8 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
     p.k = qkv + hq * hd;
     p.v = qkv + (hq + hkv) * hd;
     p.ks[0] = p.vs[0] = seq * width, p.ks[1] = p.vs[1] = hd, p.ks[2] = p.vs[2] = width;
-    if (key_mask) {
+    // (an all-true mask, as a tokenizer gives for unpadded prompts, masks nothing)
+    if (key_mask && std::find(key_mask, key_mask + m, std::uint8_t{0}) != key_mask + m) {
       p.mask_kind = AttnMask::boolean;
       p.mask = key_mask;
       p.mask_strides[0] = static_cast<std::int64_t>(seq), p.mask_strides[3] = 1;

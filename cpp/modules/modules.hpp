@@ -193,12 +193,18 @@ class KVCache {
   std::size_t window;  // 0: not a rolling buffer
   std::size_t slots;   // token slots per sequence and head
   std::atomic<std::size_t> length{0};
+  // some token appended since the last reset was padding (key mask 0): only then does
+  // attention read `valid` (sticky: a rollback that restores `valid` leaves it set)
+  std::atomic<bool> masked{false};
   WeightBuffer k, v;  // (B, Hkv, slots, head_dim) each, zero-filled at construction
   std::vector<std::uint8_t> valid;
   WeightFormat format() const { return k.format(); }
   std::size_t itemsize() const { return WeightBuffer::itemsize(format()); }
   std::mutex mutex;
-  void reset() { length = 0; }  // call with `mutex` held
+  void reset() {  // call with `mutex` held
+    length = 0;
+    masked = false;
+  }
   bool wrapped() const { return length.load() > slots; }
 };
 
