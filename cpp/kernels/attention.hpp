@@ -159,11 +159,17 @@ inline void small_gemm(const T* a, std::ptrdiff_t a_rs, std::ptrdiff_t a_ks,
                                       m_of(j, 1, m), k_len, accumulate, k_of);
 }
 
-// exp(x) for x <= 0 or NaN (a score minus its row's running max), as exp_flush computes it
-// (results below T's normal range flushed to +0, NaN kept) in half the instructions: no
-// overflow to handle, so no range checks and no blends but the flush. float: the cephes
-// reduction and polynomial xsimd's exp uses, 2^k built in the exponent bits (k >= -126 after
-// the clamp, so no subnormal is formed). double keeps exp_flush.
+// exp(x) for x <= 0 or NaN (a score minus its row's running max) in 13 instructions, where
+// exp_flush takes twice as many (no overflow here, so no range checks and no blends). float:
+//   k = round(x log2 e), by adding 1.5 * 2^23 + 127: the sum's low mantissa bits are then
+//       k + 127, the biased exponent of 2^k, which one integer shift puts in place;
+//   r = x - k ln 2 in [-0.347, 0.347], ln 2 in two parts (k * the first is exact), as cephes;
+//   exp(r) by cephes' expf polynomial in Horner form (degree 6), times 2^k.
+// Max relative error over [-87.3, 0] against float64: 1.2e-7 (1.4e-7 without FMA, SSE2;
+// xsimd's exp: 1.3e-7). x is clamped at -88, where k = -127: 2^k's bits are then 0, so
+// x <= -87.68 (-inf included) gives exactly +0, as a masked key must; (-87.68, -87.34) gives
+// subnormals (scores 87 below the row's max, which nothing downstream can notice). A NaN x
+// stays NaN (max() keeps it). double keeps exp_flush.
 template <class Arch, class T>
 inline vec<Arch, T> exp_nonpos(const vec<Arch, T>& x) {
   if constexpr (!std::is_same<T, float>::value) {
@@ -171,19 +177,21 @@ inline vec<Arch, T> exp_nonpos(const vec<Arch, T>& x) {
   } else {
     using V = vec<Arch, float>;
     using I = xsimd::batch<std::int32_t, Arch>;
-    const V lo(exp_subnormal_below<float>());  // ln(FLT_MIN)
-    // max(lo, x) is maxps(lo, x): a NaN x comes out as itself and stays NaN to the end
-    const V xc = xsimd::max(lo, x);
-    const V k = xsimd::nearbyint(xc * V(1.44269504088896341f));
+    const V magic(12582912.0f + 127.0f);  // 1.5 * 2^23 + 127
+    // max(c, x) is maxps(c, x): a NaN x comes out as itself and stays NaN to the end
+    const V xc = xsimd::max(V(-88.0f), x);
+    const V t = xsimd::fma(xc, V(1.44269504088896341f), magic);
+    const V k = t - magic;
     V r = xsimd::fnma(k, V(0.693359375f), xc);  // ln 2 = 0.693359375 - 2.12194440e-4
     r = xsimd::fnma(k, V(-2.12194440e-4f), r);
     V y = xsimd::fma(V(1.3997796e-03f), r, V(8.3955629e-03f));
     y = xsimd::fma(y, r, V(4.1665401e-02f));
     y = xsimd::fma(y, r, V(1.6666277e-01f));
     y = xsimd::fma(y, r, V(0.5f));
-    const V e = xsimd::fma(y, r * r, r) + V(1.0f);
-    const V two_k = xsimd::bitwise_cast<V>((xsimd::to_int(k) + I(127)) << 23);
-    return xsimd::select(x < lo, V(0.0f), e * two_k);
+    y = xsimd::fma(y, r, V(1.0f));
+    y = xsimd::fma(y, r, V(1.0f));
+    const V two_k = xsimd::bitwise_cast<V>(xsimd::bitwise_cast<I>(t) << 23);
+    return y * two_k;
   }
 }
 

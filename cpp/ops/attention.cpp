@@ -144,7 +144,13 @@ template <class T>
 void attention(const attn_params<T>& p) {
   const std::size_t group = p.hq / p.hkv;
   const std::size_t rows_per_group = group * p.tq;
-  const std::size_t row_tiles = (rows_per_group + kAttnRowTile - 1) / kAttnRowTile;
+  // rows per tile: balanced tiles of at most kAttnRowTile rows (kAttnRowTileLimited for causal
+  // or windowed calls; see ops.hpp), a multiple of 16 (whole column blocks of the micro-GEMMs)
+  const std::size_t max_tile = p.causal || p.window > 0 ? kAttnRowTileLimited : kAttnRowTile;
+  const std::size_t min_tiles = std::max<std::size_t>(1, (rows_per_group + max_tile - 1) / max_tile);
+  const std::size_t tile_rows = std::min(
+      max_tile, std::max<std::size_t>(16, ((rows_per_group + min_tiles - 1) / min_tiles + 15) / 16 * 16));
+  const std::size_t row_tiles = (rows_per_group + tile_rows - 1) / tile_rows;
   const std::size_t splits = (p.weights == nullptr && row_tiles == 1 && p.tk > 2 * kKeySplit)
                                  ? (p.tk + kKeySplit - 1) / kKeySplit
                                  : 1;
@@ -154,8 +160,8 @@ void attention(const attn_params<T>& p) {
   for (std::size_t b = 0; b < p.b; ++b)
     for (std::size_t g = 0; g < p.hkv; ++g)
       for (std::size_t t = 0; t < row_tiles; ++t) {
-        std::size_t row0 = t * kAttnRowTile;
-        std::size_t nrows = std::min(kAttnRowTile, rows_per_group - row0);
+        std::size_t row0 = t * tile_rows;
+        std::size_t nrows = std::min(tile_rows, rows_per_group - row0);
         for (std::size_t s = 0; s < splits; ++s) {
           std::size_t k0 = splits == 1 ? 0 : s * kKeySplit;
           std::size_t k1 = splits == 1 ? p.tk : std::min(p.tk, k0 + kKeySplit);

@@ -119,6 +119,11 @@ SWEEP = {
     "h8_2": {"hq": 8, "hkv": 2},
     "h8_1": {"hq": 8, "hkv": 1},
     "h8_1_t257": {"hq": 8, "hkv": 1, "tq": 257, "tk": 257},  # tiles span query heads
+    # non-causal tiles of up to 192 rows, balanced: 385 rows -> 3 x 144 (last 97), GQA 4 x 200
+    # rows -> 5 x 160; causal keeps 64-row tiles
+    "t385": {"tq": 385, "tk": 70},
+    "h8_2_t200": {"hq": 8, "hkv": 2, "tq": 200, "tk": 33},
+    "causal_t385": {"causal": True, "tq": 385, "tk": 385, "hq": 2, "hkv": 1},
     # batch, 3-D inputs
     "b3": {"b": 3},
     "3d": {"b": None},
@@ -276,6 +281,25 @@ def test_fully_masked_rows(dtype, isa, rng):
     out, w = lk.attention(q2, k2, v2, mask=m, causal=True, return_weights=True)
     assert (out[0, 0, :5] == 0).all() and (out[0, 1] == 0).all()
     check(out, ref.attention(q2, k2, v2, mask=m, causal=True), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scores_far_below_the_max(dtype, isa, rng):
+    """Scores 80-100 below their row's max, where exp leaves float32's normal range (the
+    kernel's exp gives +0 from 87.68 below the max down, subnormals just above): the softmax
+    is the reference's within the tolerance, weights sum to 1, -inf gives exactly 0."""
+    tq, tk = 9, 8
+    q = np.zeros((1, 1, tq, 4), dtype)
+    k = np.zeros((1, 1, tk, 4), dtype)
+    v = rng.standard_normal((1, 1, tk, 5)).astype(dtype)
+    gaps = [0.0, -80.0, -87.3, -87.5, -87.7, -88.0, -100.0, -np.inf]
+    mask = np.array([np.roll(gaps, i) for i in range(tq)], dtype)
+    got_o, got_w = lk.attention(q, k, v, mask=mask, return_weights=True)
+    want_o, want_w = ref.attention(q, k, v, mask=mask, return_weights=True)
+    check(got_o, want_o, dtype)
+    check_weights(got_w, want_w, dtype)
+    np.testing.assert_allclose(got_w.sum(-1), 1.0, rtol=1e-6)
+    assert (got_w[np.isneginf(np.broadcast_to(mask, got_w.shape))] == 0).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
