@@ -343,7 +343,7 @@ struct PackPlain {
 };
 
 // y[:, 0:n] (+)= x . W^T (+ bias) for one thread's features, x packed by gemm_pack_x_kernel,
-// W's blocks packed by the policy `pack` (above) into wpack (kGemmPackKc x kGemmPackNc).
+// W's blocks packed by the policy `pack` (above) into wpack (kGemmPackKc x gemm_pack_nc(m, k)).
 template <class Arch, class T, class Pack>
 inline void gemm_packed_impl(T* y, std::size_t ldy, const T* xp, std::size_t m, std::size_t k,
                              const Pack& pack, std::size_t n, T* wpack, bool accumulate,
@@ -351,9 +351,10 @@ inline void gemm_packed_impl(T* y, std::size_t ldy, const T* xp, std::size_t m, 
   constexpr int MR = gemm_packed_tokens<Arch>();
   constexpr int NV = kGemmPackedVectors;
   constexpr std::size_t NR = NV * vec<Arch, T>::size;
-  static_assert(kGemmPackNc % NR == 0, "whole micro-panels per block");
-  for (std::size_t jc = 0; jc < n; jc += kGemmPackNc) {
-    const std::size_t nb = std::min(kGemmPackNc, n - jc);
+  static_assert(kGemmPackNc % NR == 0 && kGemmPackNcSmallX % NR == 0, "whole micro-panels");
+  const std::size_t nc = gemm_pack_nc(m, k);  // features per packed block
+  for (std::size_t jc = 0; jc < n; jc += nc) {
+    const std::size_t nb = std::min(nc, n - jc);
     for (std::size_t pc = 0; pc < k; pc += kGemmPackKc) {
       const std::size_t kc = std::min(kGemmPackKc, k - pc);
       pack.template run<Arch, NR>(wpack, jc, nb, pc, kc);
@@ -413,7 +414,7 @@ void gemm_pack_x_kernel::operator()(Arch, T* xp, const T* x, std::size_t ldx, st
 
 // y (m, n) (+)= x (m, k) . W^T (+ bias): x packed by gemm_pack_x_kernel (xp), W (n, k) with row
 // stride ldw, or (k, n) with row stride ldw when in_out; y row stride ldy; bias (n,) or null;
-// wpack: kGemmPackKc * kGemmPackNc elements of this thread's scratch. Each output is one fma
+// wpack: kGemmPackKc * gemm_pack_nc(m, k) elements of this thread's scratch. Each output is one fma
 // chain over k (see gemm_xt_block), so the thread split of n does not change any bit.
 template <class Arch, class T>
 void gemm_packed_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xp, std::size_t m,

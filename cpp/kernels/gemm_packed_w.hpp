@@ -7,7 +7,7 @@
 // matrix. A widened bf16 / f16 weight is exact in float32, and so is a dequantized code * scale
 // (at most 8 + 11 significant bits), so the panels -- and every product -- equal the float32
 // kernel's on the widened / dequantized matrix bit for bit (tests/ops/test_gemm_packed_w.py).
-// The only converted copy is the thread's packed block (kGemmPackKc x kGemmPackNc floats, 2 MiB,
+// The only converted copy is the thread's packed block (kGemmPackKc x gemm_pack_nc(m, k) floats,
 // the scratch the float32 kernel packs into anyway): never a dequantized copy of the matrix. The
 // conversion is paid once per block for all m tokens of the call.
 //
@@ -147,7 +147,7 @@ struct PackQ {
 // y (m, n) (+)= x (m, k) . W^T (+ bias): x packed by gemm_pack_x_kernel (xp), W (n, k) rows =
 // output features in w.format (f32, bf16, f16: (n, k) elements; q8: (n, k) int8 codes; q4:
 // (n, k / 2) nibbles; quantized: scales (n, k / group), k a multiple of the group); y row stride
-// ldy; bias (n,) or null; wpack: kGemmPackKc * kGemmPackNc floats of this thread's scratch. The
+// ldy; bias (n,) or null; wpack: kGemmPackKc * gemm_pack_nc(m, k) floats of this thread's scratch. The
 // same bits as gemm_packed_kernel on the float32 (widened / dequantized) matrix.
 template <class Arch>
 void gemm_packed_w_kernel::operator()(Arch, float* y, std::size_t ldy, const float* xp,

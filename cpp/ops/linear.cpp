@@ -96,7 +96,7 @@ struct PackedWeights {
 // y (m, n) (+)= x . W (+ bias) with both operands packed: x once for all threads (panels of
 // the ISA's token count), then each thread takes a contiguous share of the features (a multiple
 // of 32, which every ISA's feature panel divides) and packs its weights block by block into its
-// own kGemmPackKc x kGemmPackNc scratch (converting 16-bit / quantized weights as it packs).
+// own kGemmPackKc x gemm_pack_nc(m, k) scratch (converting 16-bit / quantized weights as it packs).
 // Each output is one fma chain over k (kernels/gemm.hpp), so the split -- which depends on the
 // thread count -- changes no bit.
 template <class T>
@@ -109,16 +109,17 @@ void gemm_packed(const T* x, std::size_t m, std::size_t k, const PackedWeights<T
   const std::size_t share = (units + want - 1) / want * kAlign;
   const std::size_t shares = (n + share - 1) / share;
   ScratchLease xp_lease((m + kTok - 1) / kTok * kTok * k * sizeof(T));
-  ScratchLease wp_lease(shares * kGemmPackKc * kGemmPackNc * sizeof(T));
+  const std::size_t wp_block = kGemmPackKc * gemm_pack_nc(m, k);  // elements per thread
+  ScratchLease wp_lease(shares * wp_block * sizeof(T));
   T* const xp = xp_lease.as<T>();  // (m rounded up to kTok, k) in panels of the ISA's MR tokens
-  T* const wp = wp_lease.as<T>();  // (threads, kGemmPackKc * kGemmPackNc) packed weight blocks
+  T* const wp = wp_lease.as<T>();  // (threads, wp_block) packed weight blocks
   parallel_for((m + kTok - 1) / kTok, 1, 2.0 * kTok * k, [&](std::size_t b0, std::size_t b1) {
     dispatch(gemm_pack_x_kernel{}, xp, x, k, m, k, b0 * kTok, std::min(m, b1 * kTok));
   });
   const std::size_t ldw = w.in_out ? n : k;
   parallel_chunks(static_cast<int>(shares), [&](int c, int nc) {
     const auto first = static_cast<std::size_t>(c), step = static_cast<std::size_t>(nc);
-    T* const wpc = wp + static_cast<std::size_t>(c) * kGemmPackKc * kGemmPackNc;
+    T* const wpc = wp + static_cast<std::size_t>(c) * wp_block;
     for (std::size_t s = first; s < shares; s += step) {
       const std::size_t f0 = s * share, nb = std::min(share, n - f0);
       if constexpr (std::is_same<T, float>::value) {

@@ -80,8 +80,9 @@ def test_vs_float64_every_route(isa, route, mkn):
 
 @pytest.mark.parametrize("m", [9, 130, 601])
 def test_routes_agree_bitwise_past_the_blocks(isa, route, m):
-    # k and n past the packed kernel's blocks (kGemmPackKc = 256, feature panels of 8-32, one
-    # weight block of 1024 features): the chain continues through y across k blocks
+    # k and n past the packed kernel's blocks (kGemmPackKc = 512, feature panels of 8-32,
+    # weight blocks of 256 features for m = 9 and 130, of 1024 for m = 601, whose packed x
+    # passes 2 MiB: ops.hpp's gemm_pack_nc): the chain continues through y across k blocks
     rng = np.random.default_rng(m)
     k, n = 1025, 1030
     x = rng.standard_normal((m, k), dtype=np.float32)
