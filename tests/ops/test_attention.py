@@ -489,6 +489,15 @@ def test_key_split_path(dtype, isa, rng):
             ref.attention(qi, ki, v4, mask=big, scale=0.25, causal=causal),
             dtype,
         )
+    # a non-causal group of 65-192 rows is one tile too (ops.hpp: kAttnRowTile), so its keys
+    # are split: 4 heads x 40 queries of one KV head, and 150 rows of one head; lse merges
+    for shape in ((1, 4, 1, 40, 1300, 32), (1, 1, 1, 150, 1100, 16)):
+        qg, kg, vg = qkv(rng, *shape, dv=9, dtype=dtype)
+        got, lse = lk.attention(qg, kg, vg, return_lse=True)
+        want, want_lse = ref.attention(qg, kg, vg, return_lse=True)
+        check(got, want, dtype)
+        np.testing.assert_allclose(lse, want_lse, **ATTN_TOL[np.dtype(dtype)])
+        np.testing.assert_array_equal(lk.attention(qg, kg, vg), got)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
