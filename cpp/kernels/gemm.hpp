@@ -439,8 +439,8 @@ void gemm_pack_x_kernel::operator()(Arch, T* xp, const T* x, std::size_t ldx, st
 
 // y (m, n) (+)= x (m, k) . W^T (+ bias): x packed by gemm_pack_x_kernel (xp), W (n, k) with row
 // stride ldw, or (k, n) with row stride ldw when in_out; y row stride ldy; bias (n,) or null;
-// wpack: kGemmPackKc * gemm_pack_nc(m, k) elements of this thread's scratch. Each output is one fma
-// chain over k (see gemm_xt_block), so the thread split of n does not change any bit.
+// wpack: kGemmPackKc * gemm_pack_nc(m, k) elements of this thread's scratch. Each output is one
+// fma chain over k (see gemm_xt_block), so the thread split of n does not change any bit.
 template <class Arch, class T>
 void gemm_packed_kernel::operator()(Arch, T* y, std::size_t ldy, const T* xp, std::size_t m,
                                     std::size_t k, const T* w, std::size_t ldw, bool in_out,

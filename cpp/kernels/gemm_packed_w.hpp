@@ -147,8 +147,8 @@ struct PackQ {
 // y (m, n) (+)= x (m, k) . W^T (+ bias): x packed by gemm_pack_x_kernel (xp), W (n, k) rows =
 // output features in w.format (f32, bf16, f16: (n, k) elements; q8: (n, k) int8 codes; q4:
 // (n, k / 2) nibbles; quantized: scales (n, k / group), k a multiple of the group); y row stride
-// ldy; bias (n,) or null; wpack: kGemmPackKc * gemm_pack_nc(m, k) floats of this thread's scratch. The
-// same bits as gemm_packed_kernel on the float32 (widened / dequantized) matrix.
+// ldy; bias (n,) or null; wpack: kGemmPackKc * gemm_pack_nc(m, k) floats of this thread's
+// scratch. The same bits as gemm_packed_kernel on the float32 (widened / dequantized) matrix.
 template <class Arch>
 void gemm_packed_w_kernel::operator()(Arch, float* y, std::size_t ldy, const float* xp,
                                       std::size_t m, std::size_t k, const WeightRef& w,

@@ -147,9 +147,10 @@ void attention(const attn_params<T>& p) {
   // rows per tile: balanced tiles of at most kAttnRowTile rows (kAttnRowTileLimited for causal
   // or windowed calls; see ops.hpp), a multiple of 16 (whole column blocks of the micro-GEMMs)
   const std::size_t max_tile = p.causal || p.window > 0 ? kAttnRowTileLimited : kAttnRowTile;
-  const std::size_t min_tiles = std::max<std::size_t>(1, (rows_per_group + max_tile - 1) / max_tile);
-  const std::size_t tile_rows = std::min(
-      max_tile, std::max<std::size_t>(16, ((rows_per_group + min_tiles - 1) / min_tiles + 15) / 16 * 16));
+  const std::size_t min_tiles =
+      std::max<std::size_t>(1, (rows_per_group + max_tile - 1) / max_tile);
+  const std::size_t balanced = ((rows_per_group + min_tiles - 1) / min_tiles + 15) / 16 * 16;
+  const std::size_t tile_rows = std::min(max_tile, std::max<std::size_t>(16, balanced));
   const std::size_t row_tiles = (rows_per_group + tile_rows - 1) / tile_rows;
   const std::size_t splits = (p.weights == nullptr && row_tiles == 1 && p.tk > 2 * kKeySplit)
                                  ? (p.tk + kKeySplit - 1) / kKeySplit

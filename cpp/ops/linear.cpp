@@ -96,7 +96,8 @@ struct PackedWeights {
 // y (m, n) (+)= x . W (+ bias) with both operands packed: x once for all threads (panels of
 // the ISA's token count), then each thread takes a contiguous share of the features (a multiple
 // of 32, which every ISA's feature panel divides) and packs its weights block by block into its
-// own kGemmPackKc x gemm_pack_nc(m, k) scratch (converting 16-bit / quantized weights as it packs).
+// own kGemmPackKc x gemm_pack_nc(m, k) scratch (converting 16-bit / quantized weights as it
+// packs).
 // Each output is one fma chain over k (kernels/gemm.hpp), so the split -- which depends on the
 // thread count -- changes no bit.
 template <class T>
