@@ -403,6 +403,28 @@ def test_generation_config_sampling_defaults(tmp_path: Path, peer: dict[str, Any
     )
 
 
+def test_generation_config_nulls_and_bad_values(tmp_path: Path, peer: dict[str, Any]) -> None:
+    """null (or absent) sampling values take transformers' defaults (temperature 1, top_k 50);
+    a value of the wrong type is an error naming the file and the key."""
+    d = tmp_path / "nulls"
+    shutil.copytree(peer["dir"], d)
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen.update(do_sample=True, temperature=None, top_k=None)
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    model, tok = lk.load(d)
+    sampled = lk.generate(model, tok, "The Math", 20, seed=3)
+    assert sampled == lk.generate(model, tok, "The Math", 20, seed=3, temperature=1.0, top_k=50)
+    gen.update(temperature="hot")
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    model, tok = lk.load(d)
+    with pytest.raises(ValueError, match=r"\[generation_config.json\] temperature must be a"):
+        lk.generate(model, tok, "The Math", 3)
+    # the argument given overrides the file's value, which is then not used
+    assert lk.generate(model, tok, "The Math", 3, temperature=0) == lk.generate(
+        peer["model"], peer["tok"], "The Math", 3
+    )
+
+
 # ------------------------------------------------------------------------------------------
 # incremental detokenization
 # ------------------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ RoPE parameters in HF dicts: transformers 5.x writes ``rope_parameters`` (a dict
 ``rope_theta`` and an optional ``rope_scaling`` dict. Both are read with transformers 5's
 precedence: a non-empty legacy ``rope_scaling`` wins over ``rope_parameters``; ``rope_theta``
 inside the dict wins over the top-level key; for ``llama3``/``yarn``/``longrope``,
-``original_max_position_embeddings`` defaults to ``max_position_embeddings``.
+``original_max_position_embeddings`` is the top-level key if there is one (Phi-3's configs keep
+it there), else the dict's, else ``max_position_embeddings``. A key the file leaves out takes
+the default of the family's transformers config class (Gemma: tied head, tanh GELU; Gemma 2:
+``query_pre_attn_scalar`` 256, caps 50 / 30, windows of 4096; Mistral: windows of 4096; ...).
 :attr:`ModelConfig.rope_scaling` is the scaling dict without ``rope_theta`` (``None`` for plain
 RoPE); :attr:`ModelConfig.rope_theta` holds the base.
 
@@ -164,7 +167,10 @@ def _check_size(key: str, value: object) -> int:
 def _check_real(key: str, value: object, *, positive: bool) -> float:
     if not _is_real(value):
         raise _err(key, f"must be a real number, got {type(value).__name__} {value!r:.60}")
-    value = float(value)  # type: ignore[arg-type]
+    try:
+        value = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int like 10**400 has no float
+        raise _err(key, f"must be finite, got an integer of {len(str(value))} digits") from None
     if not math.isfinite(value):
         raise _err(key, f"must be finite, got {value!r}")
     if value < 0.0 or (positive and value == 0.0):
@@ -309,6 +315,8 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
     if out["norm_eps"] is None:
         out["norm_eps"] = _DEFAULT_EPS[out["norm"]]
     out["norm_eps"] = _check_real(n("norm_eps"), out["norm_eps"], positive=False)
+    if out["norm_eps"] >= 1.0:  # as the norm modules require
+        raise _err(n("norm_eps"), f"must be < 1, got {out['norm_eps']!r}")
     out["rope_theta"] = _check_real(n("rope_theta"), out["rope_theta"], positive=True)
 
     # 4. RoPE scaling: validated by the same code that computes the frequencies
@@ -536,7 +544,9 @@ class ModelConfig:
             extra["sliding_window"] = self.sliding_window
         if self.model_type == "gemma2":
             extra.update(
-                layer_types=list(self.layer_types or ["sliding_attention"] * self.n_layers),
+                layer_types=["full_attention"] * self.n_layers
+                if self.sliding_window is None
+                else list(self.layer_types or ["sliding_attention"] * self.n_layers),
                 attn_logit_softcapping=self.attn_softcap,
                 final_logit_softcapping=self.final_softcap,
                 query_pre_attn_scalar=self.head_dim
@@ -545,6 +555,13 @@ class ModelConfig:
             )
         if self.model_type in ("qwen2", "qwen3"):
             extra["use_sliding_window"] = False
+        if gemma2:
+            extra["hidden_activation"] = "gelu_pytorch_tanh"  # what Gemma2Config reads
+        if self.model_type == "phi3" and scaling is not None:
+            # Phi3Config's top-level key (default 4096) overrides the one in the RoPE dict
+            extra["original_max_position_embeddings"] = scaling.get(
+                "original_max_position_embeddings", self.max_seq_len
+            )
         return extra | {
             "model_type": self.model_type,
             "architectures": [MODEL_TYPES[self.model_type]],
@@ -630,6 +647,43 @@ class ModelConfig:
         return float(rope_attention_factor(self.rope_scaling_dict()))
 
 
+# transformers' defaults (its config classes, 5.x) for the keys a config.json may leave out,
+# where a family's differ from LlamaConfig's (which the canonical defaults follow)
+_HF_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "mistral": {
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+    },
+    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768},
+    "phi3": {
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096,
+    },
+    "gemma": {
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "hidden_act": "gelu_pytorch_tanh",
+    },
+    "gemma2": {
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+    },
+}
+
+
 def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     """Canonical keyword arguments from an HF LlamaConfig-style dict (HF names in errors)."""
     canonical_only = sorted(set(_HF_NAMES) - set(_HF_NAMES.values()) | {"norm", "norm_position"})
@@ -637,18 +691,30 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     if mixed:
         raise _err(mixed[0], "canonical key in an HF-style config (do not mix the two forms)")
     model_type = d.get("model_type", "llama")
-    if model_type not in MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         raise _err(
             "model_type",
             f"{model_type!r:.60} is not supported (supported: {', '.join(MODEL_TYPES)})",
         )
-    act = d.get("hidden_act", "silu")
-    # Gemma: the tanh GELU ("gelu" is a legacy spelling transformers reads as the tanh one)
-    gelu_names = ("gelu_pytorch_tanh", "gelu_tanh", "gelu")
-    if model_type in ("gemma", "gemma2") and (d.get("hidden_activation") or act) in gelu_names:
+    # a key the file leaves out takes the family's transformers default (GemmaConfig ties the
+    # head, MistralConfig slides over 4096 keys, ...), not LLaMA's
+    d = {**_HF_FAMILY_DEFAULTS[model_type], **d}
+    # the activation: transformers' Gemma 2 reads hidden_activation, every other family
+    # hidden_act (Gemma 1 maps its legacy "gelu" to the tanh GELU, and so do we)
+    act_key = "hidden_activation" if model_type == "gemma2" else "hidden_act"
+    act = d.get(act_key, "silu")
+    gelu_names = ("gelu_pytorch_tanh", "gelu_python_tanh")
+    if model_type == "gemma":
+        gelu_names += ("gelu",)
+    if model_type in ("gemma", "gemma2") and isinstance(act, str) and act in gelu_names:
         act = "gelu_tanh"
-    elif act != "silu":
-        raise _err("hidden_act", f"only 'silu' (SwiGLU) is supported, got {act!r:.60}")
+    elif act in ("silu", "swish"):
+        act = "silu"
+    else:
+        supported = "'silu' (SwiGLU)" + (
+            " or 'gelu_pytorch_tanh' (GeGLU)" if model_type in ("gemma", "gemma2") else ""
+        )
+        raise _err(act_key, f"only {supported} is supported, got {act!r:.60}")
     for key in _HF_REQUIRED:
         if key not in d:
             raise _err(key, "missing required key")
@@ -674,8 +740,17 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         rope.setdefault("partial_rotary_factor", d["partial_rotary_factor"])
     if rope:
         rope.setdefault("rope_type", rope.get("type", "default"))
-        if rope["rope_type"] in ("llama3", "yarn", "longrope") and _is_int(max_seq_len):
-            rope.setdefault("original_max_position_embeddings", max_seq_len)
+        if rope["rope_type"] in ("llama3", "yarn", "longrope"):
+            if "original_max_position_embeddings" in d:
+                # a top-level value wins over the dict's (transformers'
+                # standardize_rope_params; Phi-3's configs keep it there, default 4096)
+                rope["original_max_position_embeddings"] = d["original_max_position_embeddings"]
+            elif _is_int(max_seq_len):
+                rope.setdefault("original_max_position_embeddings", max_seq_len)
+        if rope["rope_type"] == "default" and model_type != "phi3":
+            # transformers' plain RoPE of these families rotates every feature whatever
+            # partial_rotary_factor says (its scaled RoPE types and Phi-3 do read it)
+            rope.pop("partial_rotary_factor", None)
     names.update(rope_theta=theta_key, rope_scaling=rope_key)
     values = {
         "dim": d["hidden_size"],
@@ -710,13 +785,23 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         values.update(norm_unit_offset=True, embed_scale=True)
     if model_type == "gemma2":  # sandwich norms, soft-capping, alternating windows
         scalar = d.get("query_pre_attn_scalar")
+        if scalar is not None:  # scores scaled by query_pre_attn_scalar ** -0.5
+            scalar = _check_real("query_pre_attn_scalar", scalar, positive=True)
         values.update(
             norm_position="sandwich",
             layer_types=d.get("layer_types"),
             attn_softcap=d.get("attn_logit_softcapping"),
             final_softcap=d.get("final_logit_softcapping"),
-            attn_scale=None if scalar is None else float(scalar) ** -0.5,
+            attn_scale=None if scalar is None else scalar**-0.5,
         )
+        if d.get("sliding_window") is None and "sliding_attention" in (
+            values["layer_types"] or ("sliding_attention",)  # transformers' default alternates
+        ):
+            raise _err(
+                "sliding_window",
+                "is null but layer_types has sliding_attention layers (absent layer_types: "
+                "transformers' default, every other layer) -- a window size is needed",
+            )
         if values["layer_types"] is None and d.get("sliding_window") is not None:
             # transformers' default: even layers (0, 2, ...) slide, odd ones attend fully
             n_layers = d["num_hidden_layers"]

@@ -36,6 +36,7 @@ import json
 import math
 import os
 import re
+import warnings
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, BinaryIO, NamedTuple
 
@@ -405,6 +406,13 @@ class _Reader:
     def close(self) -> None:
         self._handle = None  # drops the mapping (no slice object outlives a chunk)
 
+    def rows(self, name: str, info: TensorInfo, step: int) -> Any:
+        """Tensor ``name`` as it is stored, ``step`` rows (of the first dimension) at a time."""
+        for r0 in range(0, info.shape[0], step):
+            piece = self._get_handle().get_slice(name)[r0 : min(info.shape[0], r0 + step)]
+            self._mapped += piece.nbytes
+            yield piece
+
     def read_into(self, name: str, info: TensorInfo, dst: Any) -> None:
         """Tensor ``name`` into ``dst``, a C-contiguous array of its shape, converted slice by
         slice (rows of the first dimension): no tensor-sized temporary. ``dst`` may also be a
@@ -507,6 +515,31 @@ def _load_located(
     for file, dests in by_file.items():
         _read_file_into(file, located, dests)
     return out
+
+
+def tensors_equal(located: Mapping[str, tuple[str, TensorInfo]], a: str, b: str) -> bool:
+    """Whether the 2-D float tensors ``a`` and ``b`` hold equal values (as float32; NaN equals
+    nothing), read a few MiB of rows at a time from both files."""
+    (file_a, info_a), (file_b, info_b) = located[a], located[b]
+    if info_a.shape != info_b.shape or len(info_a.shape) != 2:
+        return False
+    itemsize = max(DTYPES[info_a.dtype].itemsize, DTYPES[info_b.dtype].itemsize)
+    step = max(1, _CHUNK_BYTES // max(1, info_a.shape[1] * itemsize))
+    fa, size_a = _open_regular(file_a)
+    fb, size_b = _open_regular(file_b)
+    with fa, fb:
+        for f, file, size, name in ((fa, file_a, size_a, a), (fb, file_b, size_b, b)):
+            if _read_header_from(f, file, size)[0].get(name) != located[name][1]:
+                raise _err(file, f"tensor {_short(name)} changed since the header was read")
+        ra, rb = _Reader(fa, file_a, size_a), _Reader(fb, file_b, size_b)
+        try:
+            for pa, pb in zip(ra.rows(a, info_a, step), rb.rows(b, info_b, step), strict=True):
+                if not np.array_equal(pa.astype(np.float32), pb.astype(np.float32)):
+                    return False
+        finally:
+            ra.close()
+            rb.close()
+    return True
 
 
 def load_into(
@@ -715,7 +748,8 @@ def check_key_shapes(
             )
 
 
-_LAYER_KEY = re.compile(r"model\.layers\.(\d+)\.")
+# (a layer number of more digits than any layer count can have is just an unexpected key)
+_LAYER_KEY = re.compile(r"model\.layers\.(\d{1,9})\.")
 
 
 def _check_layer_count(cfg: Any, located: Mapping[str, Any], source: str) -> None:
@@ -767,6 +801,23 @@ def read_pretrained(path: str | os.PathLike[str], with_quantization: bool = Fals
     quant = read_quantization_config(config_path)
     located = read_checkpoint_index(directory)
     _check_layer_count(cfg, located, directory)
+    head, emb = "lm_head.weight", "model.embed_tokens.weight"
+    if (
+        cfg.tie_embeddings
+        and quant is None
+        and head in located
+        and emb in located
+        and {located[head][1].dtype, located[emb][1].dtype} <= _FLOAT_DTYPES
+        and located[head][1].shape == located[emb][1].shape
+        and not tensors_equal(located, head, emb)
+    ):
+        # transformers' tie_weights keeps a saved head that differs from the embedding
+        warnings.warn(
+            f"{_PREFIX} {directory}: tie_word_embeddings is true, but {head} differs from "
+            f"{emb}: both are kept, untied (as transformers does)",
+            stacklevel=3,
+        )
+        cfg = dataclasses.replace(cfg, tie_embeddings=False)
     expected = hf_key_shapes(cfg)
     if quant is not None:
         expected = quantized_key_shapes(expected, quant, cfg.tie_embeddings, config_path)

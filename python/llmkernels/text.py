@@ -153,14 +153,25 @@ def _prompt_ids(fn: str, tokenizer: Tokenizer, prompt: Any) -> list[int]:
 def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> _Sampling:
     """Parameters left to ``None`` from generation_config.json, as transformers reads it."""
     gc = tokenizer.generation_config
+
+    def value(key: str, default: Any) -> Any:  # null or absent: transformers' default
+        v = gc.get(key)
+        return default if v is None else v
+
     sample = bool(gc.get("do_sample", False))
+    top_k = value("top_k", 50) if sample else None
     defaults: dict[str, Any] = {
-        "temperature": float(gc.get("temperature", 1.0) or 0.0) if sample else 0.0,
-        "top_k": (gc.get("top_k", 50) or None) if sample else None,
+        "temperature": value("temperature", 1.0) if sample else 0.0,
+        "top_k": None if top_k == 0 else top_k,  # 0: no top-k, as transformers
         "top_p": gc.get("top_p") if sample else None,
         "min_p": gc.get("min_p") if sample else None,
         "repetition_penalty": gc.get("repetition_penalty"),
+        "seed": None,
     }
+    # the file's values that are used are checked as arguments are, the file named
+    used = {k: v for k, v in defaults.items() if given.get(k) is None}
+    neutral = dict.fromkeys(defaults) | {"temperature": 0.0}
+    _Sampling.checked(f"{fn}] [generation_config.json", **(neutral | used))
     values = {k: (defaults.get(k) if v is None else v) for k, v in given.items()}
     return _Sampling.checked(fn, **values)
 
