@@ -51,6 +51,30 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "yarn": {
         "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
     },
+    # the families' features (a window shorter than the 70-token prompt, q/k norms, fused
+    # q/k/v, GeGLU and (1 + w) norms, sandwich norms with capped and rescaled scores)
+    "mistral_window": {"model_type": "mistral", "sliding_window": 5},
+    "qwen3_qk_norm": {"model_type": "qwen3", "qk_norm": True},
+    "phi3_fused": {"model_type": "phi3", "sliding_window": 6},
+    "gemma": {
+        "model_type": "gemma",
+        "activation": "gelu_tanh",
+        "norm_unit_offset": True,
+        "embed_scale": True,
+        "tie_embeddings": True,
+    },
+    "gemma2": {
+        "model_type": "gemma2",
+        "activation": "gelu_tanh",
+        "norm_unit_offset": True,
+        "embed_scale": True,
+        "norm_position": "sandwich",
+        "sliding_window": 5,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "attn_softcap": 2.0,
+        "final_softcap": 3.0,
+        "attn_scale": 0.2,
+    },
     # (no partial_rotary_factor: the C++ attention module rotates head_dim / 2 pairs whatever
     # the length of its frequencies, see the report of issue 15)
 }

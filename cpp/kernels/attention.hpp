@@ -490,10 +490,14 @@ void attention_tile(const attn_params<T>& p, const attn_item& it, T* workspace, 
           (V::load_unaligned(s.st + j * LS + c) * vscale).store_unaligned(s.st + j * LS + c);
     }
     if (p.softcap != 0.0) {  // Gemma 2: c * tanh(s / c), before the mask
+      // A score that left T's range (+-inf, NaN: q.k overflowed, its sign arbitrary) becomes
+      // NaN, not +-c: its row then goes to the exact path, as without softcap
+      const V vinf(std::numeric_limits<T>::infinity()), vnan(std::numeric_limits<T>::quiet_NaN());
       for (std::size_t j = 0; j < nk; ++j)
         for (std::size_t c = 0; c < ncols; c += N) {
           const V sc = V::load_unaligned(s.st + j * LS + c);
-          (vcap * xsimd::tanh(sc * vinv_cap)).store_unaligned(s.st + j * LS + c);
+          xsimd::select(xsimd::abs(sc) < vinf, vcap * xsimd::tanh(sc * vinv_cap), vnan)
+              .store_unaligned(s.st + j * LS + c);
         }
     }
     if (((p.causal || p.window > 0) && !full_tile(k0, nk)) || nrows < ncols) {

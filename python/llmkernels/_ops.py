@@ -168,6 +168,13 @@ def _narrow(fn: str, result: np.ndarray, dtype: np.dtype, out: Any = None) -> np
     return out
 
 
+def _past_range(m: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether float array ``m`` has finite entries beyond ``dtype``'s largest finite value."""
+    with np.errstate(invalid="ignore"):
+        big = np.abs(m) > np.finfo(dtype).max
+    return bool(np.any(big & np.isfinite(m)))
+
+
 def _compute_dtype(*arrays: np.ndarray | None) -> np.dtype:
     """The dtype the kernels run in: the result dtype, float32 for float16/bfloat16 results."""
     dt = _result_dtype(*arrays)
@@ -576,6 +583,28 @@ def attention(
     m = None
     if mask is not None:
         m = _as_array(fn, "mask", mask) if _is_torch_bf16(mask) else np.asarray(mask)
+        if m.dtype.kind == "f" and m.dtype.itemsize > dtype.itemsize and _past_range(m, dtype):
+            # a wider mask with finite entries past the compute dtype's range (1e39, float64's
+            # min as HF masks with): the cast would make them +-inf (NaN rows, zeros), so the
+            # call runs in float64, as the reference, and its results are rounded
+            r = attention(
+                q.astype(np.float64),
+                k.astype(np.float64),
+                v.astype(np.float64),
+                causal=causal,
+                mask=m,
+                scale=scale,
+                window=window,
+                softcap=softcap,
+                sinks=sinks,
+                return_weights=return_weights,
+                return_lse=return_lse,
+            )
+            if isinstance(r, tuple):  # lse past float32's range rounds to inf, as _narrow
+                with np.errstate(over="ignore"):
+                    rest = tuple(a.astype(dtype) for a in r[1:])
+                return (_narrow(fn, r[0], dtype, out), *rest)
+            return _narrow(fn, r, dtype, out)
         if m.dtype.kind == "f" or m.dtype == _BF16:
             m = m.astype(dtype, copy=False)
     s = None

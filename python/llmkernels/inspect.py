@@ -181,6 +181,12 @@ def _static_rope(attn: MultiHeadAttention) -> tuple[np.ndarray, float]:
     return inv_freq, factor
 
 
+def _head_rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Qwen3's q/k norm: RMSNorm of each head's features (last axis), in float32."""
+    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(ms + np.float32(eps)) * weight).astype(np.float32)
+
+
 def _self_attention(
     attn: MultiHeadAttention,
     x: np.ndarray,
@@ -190,24 +196,43 @@ def _self_attention(
     factor: float,
     keep_weights: bool = True,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """LLaMA attention of ``x (B, T, dim)`` float32: ``(out (B, T, dim), weights (B, Hq, T,
+    """The attention of ``x (B, T, dim)`` float32: ``(out (B, T, dim), weights (B, Hq, T,
     T) or None)``. The formula of ``reference._self_attention``, run on the package's
-    kernels."""
+    kernels, with every feature the module has: fused q/k/v (Phi-3), q/k norms (Qwen3), the
+    sliding window, soft-capping and score scale (Gemma 2), sinks, and non-causal modules."""
     b, t, _ = x.shape
+    impl = attn._impl
     hq, hkv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
     p = attn.state_dict()
-    q = _linear(x, p, "q_proj").reshape(b, t, hq, hd).transpose(0, 2, 1, 3)
-    k = _linear(x, p, "k_proj").reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
-    v = _linear(x, p, "v_proj").reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
+    if "qkv_proj.weight" in p or "qkv_proj.qweight" in p:  # Phi-3: [q | k | v] rows
+        qkv = _linear(x, p, "qkv_proj")
+        q, k, v = np.split(qkv, [hq * hd, (hq + hkv) * hd], axis=-1)
+    else:
+        q, k, v = (_linear(x, p, f"{n}_proj") for n in "qkv")
+    q = q.reshape(b, t, hq, hd)
+    k = k.reshape(b, t, hkv, hd)
+    v = v.reshape(b, t, hkv, hd)
+    if impl.qk_norm:
+        q = _head_rms_norm(q, p["q_norm.weight"], impl.qk_norm_eps)
+        k = _head_rms_norm(k, p["k_norm.weight"], impl.qk_norm_eps)
+    q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
     # half-split RoPE on the first 2 * len(inv_freq) features (partial rotary leaves the rest)
     rope_kw = {"inv_freq": inv_freq, "rotary_dim": 2 * len(inv_freq), "attention_factor": factor}
     q = _rope(q, pos[:, None, :], **rope_kw)
     k = _rope(k, pos[:, None, :], **rope_kw)
     mask = None if key_mask is None else key_mask.astype(bool)[:, None, None, :]
+    kw = {
+        "causal": bool(impl.causal),
+        "mask": mask,
+        "scale": impl.scale or None,
+        "window": impl.window or None,
+        "softcap": impl.softcap or None,
+        "sinks": p["sinks"] if impl.sinks else None,
+    }
     if keep_weights:
-        out, weights = _attention(q, k, v, causal=True, mask=mask, return_weights=True)
+        out, weights = _attention(q, k, v, return_weights=True, **kw)
     else:  # stats only: the streaming kernel, no score matrix
-        out, weights = _attention(q, k, v, causal=True, mask=mask), None
+        out, weights = _attention(q, k, v, **kw), None
     out = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(b, t, hq * hd)
     return _linear(out, p, "o_proj"), weights
 
@@ -226,6 +251,8 @@ def _forward(
     real = np.ones((b, t), bool) if key_mask is None else key_mask.astype(bool)
     params = model.state_dict()
     x = params["model.embed_tokens.weight"][ids].astype(np.float32, copy=False)  # (B, T, dim)
+    if model.config.embed_scale:  # Gemma: sqrt(dim), rounded to float32 (as transformers)
+        x = x * np.float32(np.sqrt(model.config.dim))
     # one rotary schedule for the model (dynamic NTK / longrope frequencies depend on the
     # positions), exactly as Transformer.__call__ asks it
     per_call = model._rope.frequencies(pos)
@@ -236,15 +263,21 @@ def _forward(
         inv_freq, factor = _static_rope(block.attention)
         if per_call is not None:
             inv_freq = per_call
-        if block.norm_position == "pre":
-            # h = x + attn(norm1(x)); y = h + ffn(norm2(h))
+        if block.norm_position in ("pre", "sandwich"):
+            # h = x + attn(norm1(x)); y = h + ffn(norm2(h)); sandwich (Gemma 2): each branch's
+            # output normed too before it is added
             n1 = block.attention_norm(x)
             a, w = _self_attention(
                 block.attention, n1, pos, key_mask, inv_freq, factor, keep_weights
             )
+            if block.post_attention_norm is not None:
+                a = block.post_attention_norm(a)
             h = x + a
             n2 = block.ffn_norm(h)
-            y = h + block.feed_forward(n2)
+            f = block.feed_forward(n2)
+            if block.post_ffn_norm is not None:
+                f = block.post_ffn_norm(f)
+            y = h + f
             seen = (x, n1, h, n2, y)
         else:
             # h = norm1(x + attn(x)); y = norm2(h + ffn(h))
@@ -264,6 +297,9 @@ def _forward(
     final = model.norm(x)
     # tied: lm_head.weight is the embedding (unless the head is quantized: its own codes)
     logits = _linear(final[:, -1:] if last_only else final, params, "lm_head")
+    if model.config.final_softcap:  # Gemma 2: logits / c, tanh, * c (transformers' order)
+        c = np.float32(model.config.final_softcap)
+        logits = np.tanh(logits.astype(np.float32) / c) * c
     return Trace(
         logits=np.ascontiguousarray(logits, dtype=np.float32),
         attention=weights_per_layer,

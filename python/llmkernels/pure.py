@@ -246,6 +246,11 @@ def rope(
 # --------------------------------------------------------------------------------------
 
 
+def _is_bool(x: Any) -> bool:
+    """A Python bool or a NumPy one (``np.bool_``, an entry of a bool array), without NumPy."""
+    return isinstance(x, bool) or getattr(getattr(x, "dtype", None), "kind", None) == "b"
+
+
 def attention(
     q: Sequence[Sequence[Sequence[float]]],
     k: Sequence[Sequence[Sequence[float]]],
@@ -296,7 +301,7 @@ def attention(
                     s = softcap * math.tanh(s / softcap)
                 if mask is not None:
                     m = mask[i][j]
-                    if isinstance(m, bool):
+                    if _is_bool(m):
                         if not m:
                             continue
                     else:

@@ -302,6 +302,53 @@ def test_scores_far_below_the_max(dtype, isa, rng):
     assert (got_w[np.isneginf(np.broadcast_to(mask, got_w.shape))] == 0).all()
 
 
+@pytest.mark.parametrize("tq", [1, 9])
+def test_softcap_does_not_hide_an_overflowed_score(tq, isa):
+    """q.k = 0 whose float32 partial sums overflow (+-4e38): the kernel's score is +-inf or
+    NaN, which tanh would cap to a finite +-c of an arbitrary sign; the row must go to the
+    exact path as it does without softcap, and equal the float64 reference."""
+    q = np.full((1, 1, tq, 4), 1e19, np.float32)
+    k = np.array([[[[2e19, 2e19, -2e19, -2e19], [0.0, 0.0, 0.0, 0.0]]]], np.float32)
+    v = np.array([[[[1.0], [0.0]]]], np.float32)
+    for softcap in (None, 1.0):
+        got, w = lk.attention(q, k, v, scale=1.0, softcap=softcap, return_weights=True)
+        want, want_w = ref.attention(q, k, v, scale=1.0, softcap=softcap, return_weights=True)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+        np.testing.assert_allclose(w, want_w, rtol=1e-6)
+        np.testing.assert_allclose(got, 0.5, rtol=1e-6)
+
+
+def test_wide_mask_past_the_compute_range(isa, rng):
+    """A float64 additive mask with finite entries past float32's range (1e39; float64's min,
+    as an HF float64 mask on every key of a row) and float32 q/k/v: not cast to +-inf (NaN
+    rows, zeros) but computed as the float64 reference, results rounded to float32."""
+    q, k, v = (rng.standard_normal((1, 2, 3, 4)).astype(np.float32) for _ in range(3))
+    fmin = np.finfo(np.float64).min
+    masks = [
+        np.array([[1e39, 0.0, 0.0], [1e39, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+        np.array([[0.0, fmin, fmin], [fmin, fmin, fmin], [0.0, 0.0, -np.inf]]),
+    ]
+    for mask in masks:
+        out = np.full((1, 2, 3, 4), np.nan, np.float32)
+        got, lse = lk.attention(q, k, v, mask=mask, out=out, return_lse=True)
+        want, want_lse = ref.attention(q, k, v, mask=mask, return_lse=True)
+        assert got is out and got.dtype == np.float32 and lse.dtype == np.float32
+        np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-6)
+        with np.errstate(over="ignore"):  # lse of 1e39: inf in float32
+            np.testing.assert_allclose(lse, want_lse.astype(np.float32), rtol=1e-6)
+
+
+def test_pure_reads_a_numpy_bool_mask_as_bool(rng):
+    q, k, v = (
+        rng.standard_normal((1, 2, 4)),
+        rng.standard_normal((1, 3, 4)),
+        rng.standard_normal((1, 3, 2)),
+    )
+    mask = np.array([[True, False, True], [False, True, True]])
+    want = ref.attention(q, k, v, mask=mask)
+    np.testing.assert_allclose(pure.attention(q.tolist(), k.tolist(), v.tolist(), mask=mask), want)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_large_logits(dtype, isa, rng):
     """Logits of about ±1e4 (from q·k and from the additive mask): no overflow, no NaN, the
