@@ -282,3 +282,27 @@ def test_a_huge_layer_number_in_a_key_is_an_unexpected_key(tmp_path: Path) -> No
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"\[from_pretrained\]"):
         lk.Transformer.from_pretrained(d, progress=False)
+
+
+def test_gemma2_save_pretrained_loads_in_transformers(tmp_path: Path) -> None:
+    """query_pre_attn_scalar is written as an int (transformers' Gemma2Config takes no float)."""
+    d, hf = checkpoint(tmp_path, "gemma2", GEMMA2)
+    ours = lk.Transformer.from_pretrained(d, progress=False)
+    out = tmp_path / "saved"
+    ours.save_pretrained(out)
+    assert json.loads((out / "config.json").read_text())["query_pre_attn_scalar"] == 24
+    again = transformers.Gemma2ForCausalLM.from_pretrained(out, attn_implementation="eager")
+    ids = np.arange(3, 40)[None]
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids)).logits.numpy()
+        got = again.eval()(torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_generate_checks_ids_for_zero_new_tokens() -> None:
+    model = lk.Transformer(
+        {"dim": 16, "n_layers": 1, "n_heads": 2, "hidden_dim": 32, "vocab_size": 50}, seed=0
+    )
+    for n in (0, 1):
+        with pytest.raises(ValueError, match=r"\[generate\] ids must be in \[0, vocab_size=50\)"):
+            model.generate([5000, -3], n, progress=False)

@@ -535,3 +535,55 @@ def test_scratch_released_after_huge_calls(kernel_threads):
             "a measure of what the code holds"
         )
     assert run_ok(SCRATCH_SCRIPT.replace("sys.argv[1]", str(kernel_threads))).endswith("ok\n")
+
+
+# ------------------------------------------------------------------------------------------
+# caches left inconsistent by an interrupt or by use of one layer alone
+# ------------------------------------------------------------------------------------------
+
+
+def _small_model() -> lk.Transformer:
+    cfg = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 48}
+    return lk.Transformer({**cfg, "vocab_size": 50}, seed=0)
+
+
+def test_interrupt_after_the_forward_keeps_positions_in_step(monkeypatch) -> None:
+    """A KeyboardInterrupt landing after the C++ forward appended its tokens but before the
+    positions advanced (simulated at that point): the next call continues at the right
+    position, and decode equals the full forward."""
+    model = _small_model()
+    ids = np.arange(1, 13)[None]
+    full = model(ids)
+    cache = model.new_cache(1, 12)
+    model(ids[:, :5], cache=cache)
+
+    def interrupted(self, nxt):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(lk.KVCache, "_commit", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            model(ids[:, 5:8], cache=cache)
+    assert cache.length == 8 and cache.next_positions.tolist() == [8]
+    steps = [model(ids[:, t : t + 1], cache=cache) for t in range(8, 12)]
+    np.testing.assert_allclose(np.concatenate(steps, 1), full[:, 8:], rtol=1e-5, atol=1e-5)
+    # a call that failed before appending anything does not advance them
+    with pytest.raises(ValueError, match="KV cache is full"):
+        model(ids[:, :1], cache=cache)
+    assert cache.length == 12 and cache.next_positions.tolist() == [12]
+
+
+def test_cache_layers_out_of_step_are_refused() -> None:
+    model = _small_model()
+    ids = np.arange(1, 9)[None]
+    cache = model.new_cache(1, 16)
+    model(ids[:, :5], cache=cache)
+    cache.layers[0].reset()
+    with pytest.raises(ValueError, match=r"\[Transformer\] cache: layer 1 holds 5 tokens"):
+        model(ids[:, 5:], cache=cache)
+    cache.reset()  # the whole cache: usable again
+    np.testing.assert_allclose(model(ids, cache=cache), model(ids), rtol=1e-5, atol=1e-6)
+    other = model.new_cache(1, 16)
+    model.blocks[1](np.ones((1, 3, 32), np.float32), cache=other.layers[1])
+    with pytest.raises(ValueError, match="the layers must move together"):
+        model(ids, cache=lk.ModelCache([cache.layers[0], other.layers[1]]))

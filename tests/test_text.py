@@ -583,3 +583,30 @@ def test_chat_session_prefills_only_the_new_turn(peer: dict[str, Any]) -> None:
     assert theirs[: len(ours)] == ours
     assert len(theirs) == len(ours) or theirs[len(ours)] in tok.eos_token_ids
     assert tok.decode(ours) == reply
+
+
+def test_chat_turn_that_fails_leaves_the_conversation(peer: dict[str, Any]) -> None:
+    """A turn that raises before any reply (max_tokens past the model's length) leaves no
+    phantom user or assistant turn: the retry sends the message once."""
+    model, tok = peer["model"], peer["tok"]
+    chat = lk.ChatSession(model, tok)
+    list(chat.send("Hi", max_tokens=4))
+    before = [dict(m) for m in chat.messages]
+    with pytest.raises(ValueError, match=r"\[chat\] max_tokens"):
+        list(chat.send("Again", max_tokens=10**9))
+    assert chat.messages == before
+    # (the retry prefills the whole conversation again: the failed turn dropped the cached
+    # continuation, so its tokens are the rendering's, not the first reply's as generated)
+    retry = "".join(r.text for r in chat.send("Again", max_tokens=4))
+    assert [m["role"] for m in chat.messages] == ["user", "assistant"] * 2
+    assert [m["content"] for m in chat.messages][::2] == ["Hi", "Again"]
+    assert chat.messages[-1]["content"] == retry
+
+
+def test_a_tiny_temperature_is_greedy(peer: dict[str, Any]) -> None:
+    """temperature 1e-310 (accepted: > 0) must not overflow logits / t into NaN
+    probabilities: it samples the argmax, as greedy decoding does."""
+    model, tok = peer["model"], peer["tok"]
+    greedy = lk.generate(model, tok, "The Math", 8)
+    for t in (1e-300, 1e-310):
+        assert lk.generate(model, tok, "The Math", 8, temperature=t, seed=1) == greedy

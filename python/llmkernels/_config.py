@@ -549,9 +549,7 @@ class ModelConfig:
                 else list(self.layer_types or ["sliding_attention"] * self.n_layers),
                 attn_logit_softcapping=self.attn_softcap,
                 final_logit_softcapping=self.final_softcap,
-                query_pre_attn_scalar=self.head_dim
-                if self.attn_scale is None
-                else self.attn_scale**-2,
+                query_pre_attn_scalar=_scale_scalar(self.head_dim, self.attn_scale),
             )
         if self.model_type in ("qwen2", "qwen3"):
             extra["use_sliding_window"] = False
@@ -645,6 +643,16 @@ class ModelConfig:
         from ._rope_scaling import rope_attention_factor
 
         return float(rope_attention_factor(self.rope_scaling_dict()))
+
+
+def _scale_scalar(head_dim: int, attn_scale: float | None) -> int | float:
+    """Gemma 2's query_pre_attn_scalar for a score scale: an int when it is one (transformers'
+    Gemma2Config accepts only ints; 24 ** -0.5 squared back is 24.000000000000004)."""
+    if attn_scale is None:
+        return head_dim
+    value = attn_scale**-2
+    near = round(value)
+    return int(near) if near > 0 and near**-0.5 == attn_scale else value
 
 
 # transformers' defaults (its config classes, 5.x) for the keys a config.json may leave out,

@@ -613,10 +613,37 @@ class KVCache:
         if batch * slots * n_kv_heads * head_dim > 1 << 33:
             raise ValueError("[KVCache] batch * max_seq_len * heads * head_dim is too large")
         self._impl = _core.KVCacheImpl(batch, max_seq_len, n_kv_heads, head_dim, window, kv_dtype)
-        self.next_positions = np.zeros(batch, np.int64)
+        self._next = np.zeros(batch, np.int64)
+        # (length before, next positions) of a call in flight: a call whose C++ forward appended
+        # its tokens but was interrupted before it advanced the positions (KeyboardInterrupt
+        # lands between the two) is settled by the next use (see _settle)
+        self._pending: tuple[int, np.ndarray] | None = None
         # held from reading next_positions to updating them (the C++ call in between holds the
         # cache's own mutex, which also guards direct _core use)
         self._lock = threading.Lock()
+
+    @property
+    def next_positions(self) -> np.ndarray:
+        """The RoPE position of the next token of each sequence ``(B,)``."""
+        self._settle()
+        return self._next
+
+    def _settle(self) -> None:
+        pending = self._pending
+        if pending is not None:
+            if self._impl.length != pending[0]:  # the tokens were appended: so are positions
+                self._next[:] = pending[1]
+            self._pending = None
+
+    def _begin(self, nxt: np.ndarray) -> None:
+        """Before the C++ call that appends to the cache (with its lock held)."""
+        self._settle()
+        self._pending = (self._impl.length, nxt)
+
+    def _commit(self, nxt: np.ndarray) -> None:
+        """After it returned."""
+        self._next[:] = nxt
+        self._pending = None
 
     batch = _from_impl("batch")
     max_seq_len = _from_impl("max_len")
@@ -636,8 +663,9 @@ class KVCache:
 
     def reset(self) -> None:
         with self._lock:
+            self._pending = None
             self._impl.reset()
-            self.next_positions[:] = 0
+            self._next[:] = 0
 
     def __repr__(self) -> str:
         dt = "" if self.dtype == "float32" else f", dtype={self.dtype}"
@@ -967,15 +995,14 @@ def _locked_forward(
         pos, key_mask, nxt = _positions_and_mask(name, b, t, positions, mask, cache)
         if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
             return np.zeros((b, t, module.dim), np.float32)
+        freqs = rope.frequencies(pos)
+        if cache is not None:
+            cache._begin(nxt)
         y = module._impl.forward(
-            arr,
-            pos,
-            key_mask,
-            cache._impl if cache is not None else None,
-            rope.frequencies(pos),
+            arr, pos, key_mask, cache._impl if cache is not None else None, freqs
         )
         if cache is not None:
-            cache.next_positions[:] = nxt
+            cache._commit(nxt)
     return y
 
 
@@ -984,6 +1011,19 @@ def _check_btd(cls: str, x: Any, dim: int) -> np.ndarray:
     if arr.ndim != 3:
         raise ValueError(f"[{cls}] x must have shape (B, T, {dim}), got {arr.shape}")
     return arr
+
+
+def _check_layers_in_step(cls: str, cache: ModelCache) -> None:
+    """Every layer of a model's cache holds the same tokens at the same positions (a layer
+    reset or run alone, or a ModelCache assembled from unrelated caches, would otherwise
+    attend over other tokens than the rest, silently)."""
+    first = cache.layers[0]
+    for i, c in enumerate(cache.layers[1:], 1):
+        if c.length != first.length or not np.array_equal(c.next_positions, first.next_positions):
+            raise ValueError(
+                f"[{cls}] cache: layer {i} holds {c.length} tokens, layer 0 {first.length} (or "
+                "their positions differ): the layers must move together; reset() the cache"
+            )
 
 
 def _check_cache(cls: str, cache: Any, batch: int, seq: int) -> None:
@@ -1668,10 +1708,13 @@ class Transformer(_Module):
         if cache is not None:
             if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.blocks):
                 raise TypeError(f"[{self._name}] cache must come from this model's new_cache()")
-            _check_cache(self._name, cache.layers[0], b, t)
+            for c in cache.layers:
+                _check_cache(self._name, c, b, t)
         with _holding(cache):  # positions continue from the previous call on this cache
             if cache is not None:
-                _check_cache(self._name, cache.layers[0], b, t)
+                for c in cache.layers:
+                    _check_cache(self._name, c, b, t)
+                _check_layers_in_step(self._name, cache)
             pos, key_mask, nxt = _positions_and_mask(self._name, b, t, positions, mask, cache)
             if return_attention is not False or return_stats is not False:
                 from .inspect import call_hook
@@ -1679,17 +1722,19 @@ class Transformer(_Module):
                 return call_hook(
                     self, ids_arr, pos, key_mask, cache, last_only, return_attention, return_stats
                 )
+            freqs = self._rope.frequencies(pos)
+            for c in cache.layers if cache is not None else []:
+                c._begin(nxt)
             logits = self._impl.forward(
                 np.ascontiguousarray(ids_arr, dtype=np.int64),
                 pos,
                 key_mask,
                 [c._impl for c in cache.layers] if cache is not None else [],
                 bool(last_only),
-                self._rope.frequencies(pos),
+                freqs,
             )
-            if cache is not None:
-                for c in cache.layers:
-                    c.next_positions[:] = nxt
+            for c in cache.layers if cache is not None else []:
+                c._commit(nxt)
         return logits
 
     def generate(
@@ -1738,6 +1783,8 @@ class Transformer(_Module):
             )
         if ids_arr.dtype.kind not in "iu":
             raise TypeError(f"[{self._name}] ids must be integers, got dtype {ids_arr.dtype}")
+        if ids_arr.min() < 0 or ids_arr.max() >= self.config.vocab_size:  # also for 0 steps
+            raise ValueError(f"[generate] ids must be in [0, vocab_size={self.config.vocab_size})")
         ids_arr, mask = _left_align("generate", ids_arr, mask)
         b, t = ids_arr.shape
         if steps == 0:
@@ -1789,7 +1836,13 @@ def _sample(
         z = np.where(seen, np.where(z < 0, z * repetition_penalty, z / repetition_penalty), z)
     if temperature == 0:
         return np.argmax(z, axis=-1).astype(np.int64)
-    z = z / temperature
+    with np.errstate(over="ignore"):
+        scaled = z / temperature
+        if np.isinf(scaled[np.isfinite(z)]).any():
+            # a tiny temperature: logits / t overflow (inf - inf is NaN below); scaled from the
+            # max instead, every logit but the max's goes to -inf (probability 0)
+            scaled = (z - z.max(axis=-1, keepdims=True)) / temperature
+    z = scaled
     if top_k is not None and top_k < z.shape[-1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k][:, None]
         z = np.where(z < kth, -np.inf, z)

@@ -616,23 +616,38 @@ class ChatSession:
             raise TypeError(f"[{fn}] unknown arguments {sorted(unknown)}")
         params = _sampling(fn, self.tokenizer, **{k: sampling.get(k) for k in names})
         stops = _stop_list(fn, stop)
+        # a turn that fails before any reply (a template error, max_tokens past the model's
+        # length, an interrupted prefill) leaves the conversation as it was
         self.messages.append({"role": "user", "content": content})
-        text = self.tokenizer.apply_chat_template(
-            self.messages, add_generation_prompt=True, tokenize=False
-        )
-        ids = self._continuation(text)
-        if ids is None:
-            ids = _prompt_ids(fn, self.tokenizer, self.messages)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                self.messages, add_generation_prompt=True, tokenize=False
+            )
+            ids = self._continuation(text)
+            if ids is None:
+                ids = _prompt_ids(fn, self.tokenizer, self.messages)
+        except BaseException:
+            self.messages.pop()
+            raise
         self._prompt_text, self._reply_end = None, None
         reply: list[str] = []
         last: GenerationResponse | None = None
+        failed = False
         try:
             for r in _stream(fn, self.model, self.tokenizer, ids, steps, params, stops, self):
                 reply.append(r.text)
                 last = r
                 yield r
+        except GeneratorExit:  # the caller stopped reading: the reply so far joins
+            raise
+        except BaseException:
+            failed = last is None
+            raise
         finally:
-            self.messages.append({"role": "assistant", "content": "".join(reply)})
+            if failed:
+                self.messages.pop()
+            else:
+                self.messages.append({"role": "assistant", "content": "".join(reply)})
             # the cache holds this prompt + the reply's tokens unless a stop string cut the
             # reply (then the cache holds text the conversation does not): next turn re-prefills
             eos = set(self.tokenizer.eos_token_ids)
