@@ -394,3 +394,29 @@ def test_build_info_follows_runtime_changes(threads):
     assert lk.build_info()["num_threads"] == 1
     lk.set_num_threads(3)
     assert lk.build_info()["num_threads"] == 3
+
+
+@pytest.mark.parametrize(
+    ("env", "warned"),
+    [
+        ({"LLMKERNELS_ARCH": "bogus"}, "LLMKERNELS_ARCH='bogus' is not a SIMD path"),
+        ({"LLMKERNELS_ARCH": "sse2"}, None),
+        ({"LLMKERNELS_ARCH": "fma3"}, None),  # xsimd's name of the AVX2 path
+        ({"LLMKERNELS_NUM_THREADS": "abc"}, "LLMKERNELS_NUM_THREADS='abc' is not a thread"),
+        ({"LLMKERNELS_NUM_THREADS": "0"}, "LLMKERNELS_NUM_THREADS='0' is not a thread"),
+        ({"LLMKERNELS_NUM_THREADS": "1"}, None),
+    ],
+)
+def test_an_ignored_environment_variable_warns(env, warned):
+    """A typo in LLMKERNELS_ARCH / LLMKERNELS_NUM_THREADS is ignored by the core (the best
+    path, all cores) -- with a warning at import, not silently."""
+    r = run_python(
+        "import warnings; warnings.simplefilter('always')\n"
+        "import llmkernels as lk; print(lk.simd_arch(), lk.get_num_threads())",
+        env={"LLMKERNELS_NUM_THREADS": "2", **env},
+    )
+    assert r.returncode == 0, r.stderr
+    if warned is None:
+        assert "RuntimeWarning" not in r.stderr, r.stderr
+    else:
+        assert "RuntimeWarning" in r.stderr and warned in r.stderr, r.stderr

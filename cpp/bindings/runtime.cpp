@@ -22,6 +22,13 @@ void bind_runtime(py::module_& m) {
       "The SIMD path in use (one of isa_names).");
   m.attr("isa_names") = py::tuple(py::cast(isa_names()));
   m.def(
+      "_is_simd_arch_name",
+      [](const std::string& name) {
+        Isa isa;
+        return parse_isa(name, &isa);
+      },
+      "name"_a, "Whether LLMKERNELS_ARCH / set_simd_arch accept this spelling.");
+  m.def(
       "best_simd_arch", [] { return std::string(isa_name(best_supported_isa())); },
       "The best SIMD path this CPU supports.");
   m.def("set_simd_arch", &ops::set_simd_arch, "arch"_a,

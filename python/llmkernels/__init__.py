@@ -28,6 +28,35 @@ from typing import Any
 from ._extension import load_core as _load_core
 
 _core = _load_core()
+
+
+def _check_environment() -> None:
+    """Warn about an environment variable the C++ core reads and ignores (a typo would
+    otherwise run another path or thread count than the one asked for, silently)."""
+    import os
+    import re
+    import warnings
+
+    arch = os.environ.get("LLMKERNELS_ARCH")
+    if arch is not None and not _core._is_simd_arch_name(arch):
+        warnings.warn(
+            f"LLMKERNELS_ARCH={arch!r} is not a SIMD path ({', '.join(_core.isa_names)}): "
+            f"ignored, running {_core.simd_arch()}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    threads = os.environ.get("LLMKERNELS_NUM_THREADS")
+    lead = re.match(r"\s*([+-]?\d+)", threads or "")  # what the core's strtol reads
+    if threads is not None and not (lead and 1 <= int(lead.group(1)) < 2**63):
+        warnings.warn(
+            f"LLMKERNELS_NUM_THREADS={threads!r} is not a thread count >= 1: ignored, "
+            f"using {_core.get_num_threads()}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+_check_environment()
 # the Python layer imports _core, so it comes after _load_core() has set up OpenBLAS
 from . import inspect as inspect  # noqa: E402  (lk.inspect: attention weights, residual RMS)
 from . import modules as _modules  # noqa: E402

@@ -80,13 +80,10 @@ class KVCacheImpl:
     def values(self) -> numpy.ndarray:
         ...
     @property
-    def dtype(self) -> str:
-        ...
-    @property
-    def nbytes(self) -> int:
-        ...
-    @property
     def batch(self) -> int:
+        ...
+    @property
+    def dtype(self) -> str:
         ...
     @property
     def head_dim(self) -> int:
@@ -99,6 +96,9 @@ class KVCacheImpl:
         ...
     @property
     def n_kv_heads(self) -> int:
+        ...
+    @property
+    def nbytes(self) -> int:
         ...
     @property
     def slots(self) -> int:
@@ -228,6 +228,10 @@ class TransformerImpl:
     @property
     def vocab(self) -> int:
         ...
+def _attention_kv16(q: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], k: numpy.ndarray, v: numpy.ndarray, dtype: str, causal: bool = False, window: typing.SupportsInt | typing.SupportsIndex = 0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None = None) -> numpy.typing.NDArray[numpy.float32]:
+    """
+    Attention of float32 q over K/V given as the uint16 words of bfloat16 / float16 (dtype), read the way a KV cache of that dtype is (widened in the kernel); for tests.
+    """
 def _exp(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
     The vectorized exp the kernels use (subnormal results flushed to 0).
@@ -256,13 +260,13 @@ def _fast_swiglu(gate: typing.Any, up: typing.Any, out: typing.Any) -> typing.An
     """
     swiglu's common case in C++, or None.
     """
-def _attention_kv16(q: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], k: numpy.ndarray, v: numpy.ndarray, dtype: str, causal: bool = False, window: typing.SupportsInt | typing.SupportsIndex = 0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None = None) -> numpy.typing.NDArray[numpy.float32]:
+def _is_simd_arch_name(name: str) -> bool:
     """
-    Attention of float32 q over K/V given as the uint16 words of bfloat16 / float16 (dtype), read the way a KV cache of that dtype is (widened in the kernel); for tests.
+    Whether LLMKERNELS_ARCH / set_simd_arch accept this spelling.
     """
-def _linear(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], w: numpy.ndarray, dtype: str, bias: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None, y: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None) -> numpy.typing.NDArray[numpy.float32]:
+def _linear(x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32], w: numpy.ndarray, dtype: str, bias: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None, y: typing.Annotated[numpy.typing.ArrayLike, numpy.float32] | None = None, scales: numpy.ndarray | None = None, group: typing.SupportsInt | typing.SupportsIndex = 0) -> numpy.typing.NDArray[numpy.float32]:
     """
-    y = x . w^T [+ bias] [+ y] through the modules' projection path, w (n, k) float32 or the uint16 words of bfloat16 / float16 weights (dtype); for tests.
+    y = x . w^T [+ bias] [+ y] through the modules' projection path, w (n, k) float32, the uint16 words of bfloat16 / float16 weights, or int8 / int4 codes with float16 scales and group (dtype); for tests.
     """
 def _probe_fma_gflops(threads: typing.SupportsInt | typing.SupportsIndex, iterations: typing.SupportsInt | typing.SupportsIndex) -> float:
     ...
