@@ -899,7 +899,10 @@ def test_rope_inv_freq(dim, theta, seq_len, data):
             edges = [ctx / scaling["low_freq_factor"], ctx / scaling["high_freq_factor"]]
             near = np.any([np.abs(wavelen / e - 1) < 1e-5 for e in edges], axis=0)
             inv, hf_inv = inv[~near], hf_inv[~near]
-        np.testing.assert_allclose(inv, hf_inv, rtol=3e-6, atol=0)
+        # yarn mixes the interpolated and extrapolated frequencies (factor apart) with a ramp
+        # HF computes in float32: its rounding (6e-8) grows with the factor
+        rtol = 3e-6 + (1e-7 * scaling["factor"] if rope_type == "yarn" else 0.0)
+        np.testing.assert_allclose(inv, hf_inv, rtol=rtol, atol=0)
         assert af == pytest.approx(hf_af, rel=1e-6)
 
 

@@ -651,13 +651,19 @@ void attention_tile(const attn_params<T>& p, const attn_item& it, T* workspace, 
   for (std::size_t r = 0; r < nrows; ++r) {
     if (p.sinks) attn_add_sink(p.sinks[row_head(r)], s.m[r], s.l[r], s.o + r * ldo, Dv);
     T* orow = p.out + it.b * p.os[0] + row_head(r) * p.os[1] + row_query(r) * p.os[2];  // (Dv,)
-    // nothing to attend (l = 0): zeros; NaN scores (l = NaN) propagate
-    const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : (std::isnan(s.l[r]) ? s.l[r] : T(0));
-    const T* orow_acc = s.o + r * ldo;
-    const V vinv(inv);
-    std::size_t d = 0;
-    for (; d + N <= Dv; d += N) (V::load_unaligned(orow_acc + d) * vinv).store_unaligned(orow + d);
-    for (; d < Dv; ++d) orow[d] = orow_acc[d] * inv;
+    // nothing to attend (l = 0): zeros -- written, not O * 0, which is NaN where a key the
+    // row may not see has a NaN or inf value; NaN scores (l = NaN) propagate
+    if (s.l[r] == T(0)) {
+      std::fill(orow, orow + Dv, T(0));
+    } else {
+      const T inv = s.l[r] > T(0) ? T(1) / s.l[r] : s.l[r];
+      const T* orow_acc = s.o + r * ldo;
+      const V vinv(inv);
+      std::size_t d = 0;
+      for (; d + N <= Dv; d += N)
+        (V::load_unaligned(orow_acc + d) * vinv).store_unaligned(orow + d);
+      for (; d < Dv; ++d) orow[d] = orow_acc[d] * inv;
+    }
     if (p.lse) p.lse[(it.b * p.hq + row_head(r)) * p.tq + row_query(r)] = attn_lse(s.m[r], s.l[r]);
   }
   if (p.weights) {  // second sweep: the normalised probabilities, for plots

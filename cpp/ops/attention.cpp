@@ -274,8 +274,9 @@ void attention(const attn_params<T>& p) {
               }
               T m_row = std::isinf(m) && m < 0 ? m : m_safe;  // the state (m, l, orow) of the row
               if (p.sinks) attn_add_sink(p.sinks[h], m_row, l, orow, p.dv);
-              const T inv = l > T(0) ? T(1) / l : (std::isnan(l) ? l : T(0));
-              for (std::size_t d = 0; d < p.dv; ++d) orow[d] *= inv;
+              // nothing to attend: zeros (written: O * 0 is NaN for a NaN value of an unseen key)
+              const T inv = l > T(0) ? T(1) / l : l;
+              for (std::size_t d = 0; d < p.dv; ++d) orow[d] = l == T(0) ? T(0) : orow[d] * inv;
               if (p.lse) p.lse[(it.b * p.hq + h) * p.tq + i] = attn_lse(m_row, l);
             }
           }

@@ -337,7 +337,8 @@ def attention(
         total = total + np.exp(sink - row_max)
     weights = np.where(attends, e / np.where(attends, total, 1.0), 0.0)
 
-    out = weights @ v
+    # (a row that attends nothing is zeros even where v holds NaN or inf: 0 @ NaN is NaN)
+    out = np.where(attends, weights @ v, 0.0)
     result: tuple[F64, ...] = (out,)
     if return_weights:
         result += (weights,)

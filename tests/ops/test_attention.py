@@ -318,6 +318,26 @@ def test_softcap_does_not_hide_an_overflowed_score(tq, isa):
         np.testing.assert_allclose(got, 0.5, rtol=1e-6)
 
 
+@pytest.mark.parametrize(("tq", "tk"), [(1, 5), (2, 5), (9, 70), (1, 1100)])
+def test_row_with_nothing_to_attend_is_zeros_whatever_v_holds(tq, tk, isa, rng):
+    """A row whose every key is masked gives zeros even when V holds NaN or inf at those keys
+    (a preallocated buffer's unused slots): written as zeros, not O * 0. Decode rows, a tile,
+    and a decode split over keys (Tk = 1100)."""
+    q, k = rng.standard_normal((1, 2, tq, 8)), rng.standard_normal((1, 2, tk, 8))
+    v = rng.standard_normal((1, 2, tk, 8))
+    v[0, 0, 1], v[0, 1, 2] = np.nan, np.inf
+    mask = np.ones((tq, tk), bool)
+    mask[-1] = False  # the last query row sees nothing
+    # no row sees the non-finite values (rows that attend other keys are NaN: probability 0
+    # times NaN, as in torch's SDPA -- README, attention; equal_nan compares them below)
+    mask[:, 1:3] = False
+    got, lse = lk.attention(q, k, v, mask=mask, return_lse=True)
+    want, want_lse = ref.attention(q, k, v, mask=mask, return_lse=True)
+    assert (got[:, :, -1] == 0).all() and np.isneginf(lse[:, :, -1]).all()
+    np.testing.assert_array_equal(want[:, :, -1], 0.0)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_wide_mask_past_the_compute_range(isa, rng):
     """A float64 additive mask with finite entries past float32's range (1e39; float64's min,
     as an HF float64 mask on every key of a row) and float32 q/k/v: not cast to +-inf (NaN
