@@ -587,3 +587,23 @@ def test_cache_layers_out_of_step_are_refused() -> None:
     model.blocks[1](np.ones((1, 3, 32), np.float32), cache=other.layers[1])
     with pytest.raises(ValueError, match="the layers must move together"):
         model(ids, cache=lk.ModelCache([cache.layers[0], other.layers[1]]))
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="ASan's allocator touches what it hands out")
+def test_kv_cache_memory_follows_the_tokens_written() -> None:
+    """A cache is sized for its capacity but only the pages of the tokens written become
+    resident (calloc'd zeros): generate(max_tokens=huge) costs the tokens it produces."""
+
+    def rss_mib() -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    cfg = {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 96, "vocab_size": 50}
+    model = lk.Transformer({**cfg, "max_seq_len": 4_000_000}, seed=0)
+    ids = np.arange(1, 40)[None]
+    full = model(ids)
+    before = rss_mib()
+    cache = model.new_cache(1, 4_000_000)  # 3.9 GiB of keys and values
+    assert cache.nbytes > 3 << 30
+    np.testing.assert_allclose(model(ids, cache=cache), full, rtol=1e-5, atol=1e-6)
+    assert rss_mib() - before < 200  # the slot mask (4 MB a layer) and a few pages a head

@@ -49,7 +49,7 @@ std::size_t data_bytes(std::size_t n, WeightFormat f) {
 
 }  // namespace
 
-WeightBuffer::WeightBuffer(std::size_t n, WeightFormat format, std::size_t group)
+WeightBuffer::WeightBuffer(std::size_t n, WeightFormat format, std::size_t group, bool zeroed)
     : s_(std::make_shared<Storage>()) {
   s_->n = n;
   s_->format = format;
@@ -61,6 +61,13 @@ WeightBuffer::WeightBuffer(std::size_t n, WeightFormat format, std::size_t group
     s_->group = group;
   }
   if (n == 0) return;
+  if (zeroed) {
+    if (is_quantized(format)) throw std::invalid_argument("[modules] a zeroed buffer is of floats");
+    void* p = std::calloc(1, data_bytes(n, format));
+    if (!p) throw std::bad_alloc();
+    s_->data.reset(p);
+    return;
+  }
   s_->data.reset(alloc_weights(data_bytes(n, format)));
   if (is_quantized(format)) s_->scales.reset(alloc_weights(n / group * sizeof(std::uint16_t)));
 }
@@ -337,6 +344,14 @@ std::vector<Param> FeedForwardModule::params() {
 // ---------------------------------------------------------------------------------------------
 // attention
 
+namespace {
+WeightFormat check_kv_format(WeightFormat format) {
+  if (format != WeightFormat::f32 && format != WeightFormat::bf16 && format != WeightFormat::f16)
+    throw std::invalid_argument("[KVCache] dtype must be float32, bfloat16 or float16");
+  return format;
+}
+}  // namespace
+
 KVCache::KVCache(std::size_t b, std::size_t l, std::size_t hkv, std::size_t hd, std::size_t w,
                  WeightFormat format)
     : batch(b),
@@ -345,17 +360,11 @@ KVCache::KVCache(std::size_t b, std::size_t l, std::size_t hkv, std::size_t hd, 
       head_dim(hd),
       window(w),
       slots(w > 0 && w < l ? w : l),
-      k(b * hkv * slots * hd, format),
-      v(b * hkv * slots * hd, format),
-      valid(b * slots, 0) {
-  if (format != WeightFormat::f32 && format != WeightFormat::bf16 && format != WeightFormat::f16)
-    throw std::invalid_argument("[KVCache] dtype must be float32, bfloat16 or float16");
-  // (slots past `length` are never read; zeros keep a fresh cache's bytes defined)
-  if (k.size()) {
-    std::memset(k.at(0), 0, k.size() * itemsize());
-    std::memset(v.at(0), 0, v.size() * itemsize());
-  }
-}
+      // zeros (slots past `length` are never read; zeros keep a fresh cache's bytes defined),
+      // from calloc: only the pages of the tokens written are ever resident
+      k(b * hkv * slots * hd, check_kv_format(format), 0, true),
+      v(b * hkv * slots * hd, format, 0, true),
+      valid(b * slots, 0) {}
 
 namespace {
 

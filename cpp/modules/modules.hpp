@@ -59,8 +59,11 @@ struct Param {
 class WeightBuffer {
  public:
   WeightBuffer() = default;
+  // zeroed: the storage reads as zeros, from calloc -- for a large buffer, fresh pages the OS
+  // maps in as they are first touched (a KV cache of a million slots costs the memory of the
+  // tokens written, not of its capacity); 16-byte aligned only
   explicit WeightBuffer(std::size_t n, WeightFormat format = WeightFormat::f32,
-                        std::size_t group = 0);
+                        std::size_t group = 0, bool zeroed = false);
   WeightFormat format() const { return s_ ? s_->format : WeightFormat::f32; }
   std::size_t size() const { return s_ ? s_->n : 0; }
   std::size_t group() const { return s_ ? s_->group : 0; }

@@ -575,6 +575,10 @@ class KVCache:
     since the layer never looks further back -- and only a layer with that window may use it.
     ``keys()`` / ``values()`` then hold the last ``window`` tokens once more were appended.
 
+    Memory: ``nbytes`` is reserved for the capacity, but only the pages of the tokens written
+    become resident (the storage is calloc'd zeros), so a cache sized for a long generation
+    that stops early costs what it holds.
+
     ``dtype``: how keys and values are stored -- ``"float32"`` (default), ``"bfloat16"`` or
     ``"float16"`` (half the bytes: ``nbytes``). They are rounded to nearest even as they are
     written (as ``ml_dtypes`` / torch round) and attention reads them widened to float32 inside
