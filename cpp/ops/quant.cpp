@@ -440,6 +440,11 @@ py::array quantized_linear(py::array x, py::array q, py::array scales, long long
   const float* xp = static_cast<const float*>(x.data());
   const float* bp = bias ? static_cast<const float*>(bias->data()) : nullptr;
   float* yp = out.mutable_data();
+  if (w.k == 0) {  // an empty sum: the bias (or zeros), as x @ W.T + b with k = 0
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < w.rows; ++j) yp[i * w.rows + j] = bp ? bp[j] : 0.0f;
+    return std::move(out);
+  }
   const bool int8_acts = activations == "int8";
   {
     py::gil_scoped_release nogil;

@@ -1256,6 +1256,26 @@ class TransformerBlock(_Module):
         )
 
 
+def _token_ids(config_path: str) -> dict[str, Any]:
+    """bos / eos / pad token ids of an HF config.json (ints, lists of ints or null), for
+    save_pretrained to write back; {} when the file has none (or cannot be read again)."""
+    import json
+
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, Any] = {}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = d.get(key, ...) if isinstance(d, dict) else ...
+        ok = v is None or (isinstance(v, int) and not isinstance(v, bool))
+        ok = ok or (isinstance(v, list) and all(type(i) is int for i in v))
+        if v is not ... and ok:
+            out[key] = v
+    return out
+
+
 class _QuantizingSink:
     """Where :meth:`Transformer.from_pretrained` puts a float checkpoint matrix stored as
     int8 / int4: the loader hands it the matrix a few rows at a time (``write_rows``), each
@@ -1291,6 +1311,8 @@ class Transformer(_Module):
     """
 
     _name = "Transformer"
+    # bos / eos / pad ids of the checkpoint loaded (from_pretrained), written by save_pretrained
+    _token_ids: dict[str, Any] = {}  # noqa: RUF012 - replaced, never mutated
 
     def __init__(
         self,
@@ -1544,6 +1566,7 @@ class Transformer(_Module):
             bar.close()
         if remake_head:  # tied: the quantized head is made from the embedding just read
             model._impl.assign(model._impl.converted(wdtype, group, fn))
+        model._token_ids = _token_ids(os.path.join(path, "config.json"))
         return model
 
     @property
@@ -1576,15 +1599,20 @@ class Transformer(_Module):
         to a float dtype the matrices are dequantized (exactly: ``code * scale``)."""
         fn = "Transformer.to"
         wdtype = _weight_dtype(fn, dtype)
-        if wdtype == self.dtype:
+        parts = self._quant_parts()
+        # (a block or module quantized or converted on its own makes a mixed model: each part
+        # is looked at, not only the model's dtype, which reads the LM head's)
+        if wdtype == self.dtype and all(str(impl.dtype) == wdtype for impl, _ in parts):
             return self
         if wdtype in _QUANT_DTYPES:
             bits, group = _check_quant_args(fn, _QUANT_DTYPES[wdtype], 32)
-            _convert_parts(fn, self._quant_parts(), wdtype, group)
+            _convert_parts(fn, parts, wdtype, group)
             return self
-        if self.dtype in _QUANT_DTYPES:  # dequantized in C++, tensor by tensor
-            _convert_parts(fn, self._quant_parts(), "float32", 0)
-            if wdtype == "float32" and self.embed_dtype == "float32":
+        quantized = [part for part in parts if str(part[0].dtype) in _QUANT_DTYPES]
+        if quantized:  # dequantized in C++, tensor by tensor
+            _convert_parts(fn, quantized, "float32", 0)
+            floats = all(str(impl.dtype) == "float32" for impl, _ in parts)
+            if wdtype == "float32" and self.embed_dtype == "float32" and floats:
                 return self
         with _no_random_init():
             new = Transformer(self.config, dtype=wdtype)
@@ -1647,6 +1675,13 @@ class Transformer(_Module):
         else:
             cfg["torch_dtype"] = wdtype
             write_dtype = wdtype
+        # the special token ids of the checkpoint it was loaded from (transformers builds the
+        # embedding's padding row from pad_token_id: Phi3Config's default, 32000, is past a small
+        # vocabulary)
+        cfg.update(self._token_ids)
+        if "pad_token_id" not in self._token_ids and self.config.model_type == "phi3":
+            if self.config.vocab_size <= 32000:
+                cfg["pad_token_id"] = None
         with open(os.path.join(out, "config.json"), "w") as f:
             json.dump(cfg, f, indent=2)
         save_file(os.path.join(out, "model.safetensors"), tensors, dtype=write_dtype)

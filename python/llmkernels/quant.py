@@ -18,11 +18,13 @@ HF stores ``nn.Linear`` weights -- is quantized along k in groups of ``group_siz
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from . import _core
+from ._ops import _BF16
 
 __all__ = ["dequantize", "quantize", "quantized_linear"]
 
@@ -39,6 +41,8 @@ FLOAT_GEMV_TOKENS = 8
 
 def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
     arr = np.asarray(a)
+    if arr.dtype == _BF16:  # ml_dtypes' bfloat16 (a bf16 model's state_dict): widened exactly
+        return np.ascontiguousarray(arr, dtype=np.float32)
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"[{fn}] {name} must be a real array, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.float32)
@@ -120,7 +124,7 @@ def quantized_linear(
         raise ValueError("[quantized_linear] x must have shape (..., k), got a 0-d array")
     xa = _as_f32("x", "quantized_linear", x)
     lead = xa.shape[:-1]
-    x2 = xa.reshape(-1, xa.shape[-1])
+    x2 = xa.reshape(math.prod(lead), xa.shape[-1])  # (-1 is ambiguous when k = 0)
     b = None if bias is None else _as_f32("bias", "quantized_linear", bias)
     y = _core.quantized_linear(
         x2,
