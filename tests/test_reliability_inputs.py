@@ -17,6 +17,7 @@ import threading
 import llmkernels as lk
 import numpy as np
 import pytest
+from llmkernels import pure
 from llmkernels import reference as ref
 
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -207,3 +208,85 @@ def test_block_positions_past_2_24_and_2_31(base):
     block(x[:, :4], positions=pos[:, :4], cache=cache)
     assert list(cache.next_positions) == list(pos[:, 3] + 1)
     np.testing.assert_allclose(block(x[:, 4:], cache=cache), want[:, 4:], rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------
+# edges found by an adversarial pass (session 12)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("eps", [1e-80, 1e-300, 5e-324])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_norms_of_a_zero_or_constant_row_with_a_tiny_eps(eps, dtype, isa):
+    """1/sqrt(eps) past float32's range: a zero row is zeros and a constant row exactly its
+    bias (was 0 * inf = NaN in float32), as the float64 kernel and the reference give."""
+    x = np.zeros((2, 33), dtype)
+    x[1] = 7.0
+    np.testing.assert_array_equal(lk.rms_norm(x[:1], eps=eps), 0.0)
+    bias = np.arange(33, dtype=dtype)
+    np.testing.assert_array_equal(lk.layer_norm(x, bias=bias, eps=eps), np.stack([bias, bias]))
+    np.testing.assert_array_equal(lk.RMSNorm(33, eps=eps)(x[:1].astype(np.float32)), 0.0)
+
+
+def test_rope_positions_that_do_not_convert_name_the_argument():
+    x = np.ones((2, 3, 8), np.float32)
+
+    class Bad:
+        def __array__(self, *a, **k):
+            raise ZeroDivisionError("no")
+
+    for positions in ([[0, 1, 2], [0, 1]], Bad()):
+        with pytest.raises(TypeError, match=r"\[rope\] positions could not be converted"):
+            lk.rope(x, positions)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: lk.rope_inv_freq(8, 10**400), r"\[rope_inv_freq\] theta must be finite"),
+        (
+            lambda: lk.rope_inv_freq(8, 1e4, {"rope_type": "linear", "factor": 10**400}),
+            r"\[rope_inv_freq\] scaling\['factor'\] must be finite",
+        ),
+        (
+            lambda: lk.rope_attention_factor(
+                {"rope_type": "yarn", "factor": 10**400, "original_max_position_embeddings": 64}
+            ),
+            r"\[rope_attention_factor\] scaling\['factor'\] must be finite",
+        ),
+        (
+            lambda: lk.rope_inv_freq(
+                8, 1e4, {"rope_type": "dynamic", "factor": 2.0}, seq_len=10**400
+            ),
+            r"\[rope_inv_freq\] seq_len must be at most 2\*\*63",
+        ),
+        (lambda: lk.rope_inv_freq(10**20, 1e4), r"\[rope_inv_freq\] dim must be at most 2\*\*24"),
+    ],
+)
+def test_rope_frequency_arguments_past_float_range(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_default_rope_tables_stay_within_the_documented_bound():
+    """The C++ map of the default calls' tables holds at most 8 MiB, the Python LRU 24 MiB:
+    32 MiB in all (the map could hold 128 MiB of tables the LRU had dropped)."""
+    import tracemalloc
+
+    from llmkernels import _ops
+
+    _ops._TABLE_CACHE.clear()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for t in range(960, 1024):  # 64 shapes of ~1 MiB tables each
+            lk.rope(np.ones((1, t, 256), np.float32))
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert _ops._table_cache_used <= _ops._TABLE_CACHE_BYTES == 24 << 20
+    assert held < 34 << 20
+
+
+def test_pure_norms_of_empty_rows():
+    assert pure.rms_norm([[], []]) == [[], []] and pure.layer_norm([[]]) == [[]]

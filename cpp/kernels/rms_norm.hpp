@@ -1,6 +1,8 @@
 // RMSNorm: out = x / sqrt(mean(x^2) + eps) * weight, row by row.
 #pragma once
 
+#include <algorithm>
+
 #include "kernels/ops.hpp"
 #include "kernels/simd_common.hpp"
 
@@ -53,7 +55,10 @@ void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std:
       rms_norm_row_wide(o, xr, weight, n, eps);
       continue;
     }
-    const T inv = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / n + eps));
+    // (capped at T's max: a zero row with eps below ~1e-77 would make 1/sqrt(eps) inf in
+    // float32, and 0 * inf NaN; a nonzero row that small went wide above)
+    const T inv = static_cast<T>(std::min(1.0 / std::sqrt(static_cast<double>(ss) / n + eps),
+                                          static_cast<double>(std::numeric_limits<T>::max())));
     const B vinv(inv);
     // with streamed stores, a scalar head brings o + i to vector alignment (same arithmetic)
     const std::size_t head = stream ? align_head<Arch, T>(o, n) : 0;

@@ -198,7 +198,8 @@ std::vector<std::int64_t> table_rows(const py::array& x, const py::array* pos) {
 // The tables of the default call (positions arange(T), rotary_dim = D, frequencies from theta),
 // by (T, D, theta, attention_factor, dtype): one map lookup instead of the caller's LRU (which
 // hashes positions and frequencies). Only touched with the GIL held; the arrays are the LRU's
-// (read-only), small (at most kDefaultBytes each, kDefaultEntries of them, cleared when full),
+// (read-only), small (at most kDefaultBytes each, kDefaultEntries of them and kDefaultBudget
+// bytes in all, cleared when full),
 // and never released at exit (no Python calls after finalisation).
 struct default_key {
   py::ssize_t t, d;
@@ -210,6 +211,10 @@ struct default_key {
 };
 constexpr std::size_t kDefaultBytes = std::size_t(1) << 20;
 constexpr std::size_t kDefaultEntries = 64;
+// all the map's tables together (cos and sin): with the Python LRU's 24 MiB, the 32 MiB the
+// README promises in all (the map may hold tables the LRU has already let go)
+constexpr std::size_t kDefaultBudget = std::size_t(8) << 20;
+std::size_t default_tables_bytes = 0;  // guarded by the GIL, as the map
 std::map<default_key, std::pair<py::object, py::object>>& default_tables() {
   static auto* tables = new std::map<default_key, std::pair<py::object, py::object>>();
   return *tables;
@@ -304,9 +309,14 @@ py::object fast_rope(py::handle x_h, py::handle pos_h, py::handle theta_h, py::h
       tabs = {hit->second.first, hit->second.second};
     } else {
       tabs = make_tables(arange(t), default_inv_freq(rdim, theta));
-      if (static_cast<std::size_t>(tabs.first.nbytes()) <= kDefaultBytes) {
-        if (cache.size() >= kDefaultEntries) cache.clear();
+      const std::size_t bytes = static_cast<std::size_t>(tabs.first.nbytes()) * 2;
+      if (bytes <= 2 * kDefaultBytes) {
+        if (cache.size() >= kDefaultEntries || default_tables_bytes + bytes > kDefaultBudget) {
+          cache.clear();
+          default_tables_bytes = 0;
+        }
         cache.emplace(key, std::make_pair(tabs.first, tabs.second));
+        default_tables_bytes += bytes;
       }
     }
   } else {

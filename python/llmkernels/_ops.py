@@ -388,7 +388,9 @@ def swiglu_ffn(
 # pass and every benchmark repeat reuses them. An LRU bounded by bytes (documented in the README:
 # at most _TABLE_CACHE_BYTES are kept for the life of the process), shared by threads under a lock.
 _TABLE_CACHE: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-_TABLE_CACHE_BYTES = 32 << 20  # all cached tables together
+# all cached tables together; the C++ fast path keeps the default calls' tables in a map of
+# its own of at most 8 MiB (cpp/ops/rope.cpp), which may hold some the LRU has dropped: 32 MiB
+_TABLE_CACHE_BYTES = 24 << 20
 _TABLE_CACHE_LOCK = threading.Lock()
 _table_cache_used = 0
 
@@ -476,7 +478,7 @@ def rope(
         )
         return _narrow(fn, r, low, out)
     xc = _contiguous(x, _compute_dtype(x)).reshape(x.shape)
-    pos = None if positions is None else np.asarray(positions)
+    pos = None if positions is None else _as_array(fn, "positions", positions)
     freqs = None if inv_freq is None else _as_array(fn, "inv_freq", inv_freq).astype(np.float64)
     if isinstance(out, np.ndarray):
         xc = _detach_from_out(xc, out, allow_exact=True)

@@ -74,19 +74,35 @@ def _type_name(value: object) -> str:
     return type(value).__name__
 
 
+def _float(fn: str, label: str, value: Any) -> float:
+    """float(value), an int past float's range refused with the function and the name."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(
+            f"[{fn}] {label} must be finite (got an integer beyond float range)"
+        ) from None
+
+
+_MAX_DIM = 2**24  # as the model config's largest size
+_MAX_SEQ_LEN = 2**63  # past every int64 position + 1
+
+
 def _check_dim(fn: str, dim: object) -> int:
     if not _is_int(dim):
         raise TypeError(f"[{fn}] dim must be an int, got {_type_name(dim)}")
     dim = int(dim)  # type: ignore[arg-type]
     if dim <= 0 or dim % 2:
         raise ValueError(f"[{fn}] dim must be a positive even integer, got {dim}")
+    if dim > _MAX_DIM:
+        raise ValueError(f"[{fn}] dim must be at most 2**24, got {dim}")
     return dim
 
 
 def _check_theta(fn: str, theta: object, name: str = "theta") -> float:
     if not _is_real(theta):
         raise TypeError(f"[{fn}] {name} must be a real number, got {_type_name(theta)}")
-    value = float(theta)  # type: ignore[arg-type]
+    value = _float(fn, name, theta)
     if not (math.isfinite(value) and value > 0.0):
         raise ValueError(f"[{fn}] {name} must be a positive finite number, got {theta!r}")
     return value
@@ -100,6 +116,9 @@ def _check_seq_len(fn: str, seq_len: object) -> int | None:
     value = int(seq_len)  # type: ignore[arg-type]
     if value < 0:
         raise ValueError(f"[{fn}] seq_len must be >= 0, got {value}")
+    if value > _MAX_SEQ_LEN:
+        shown = str(value) if value < 10**30 else f"an int of {len(str(value))} digits"
+        raise ValueError(f"[{fn}] seq_len must be at most 2**63 (int64 positions), got {shown}")
     return value
 
 
@@ -147,7 +166,7 @@ class _Scaling:
             raise TypeError(
                 f"[{self.fn}] scaling[{key!r}] must be a real number, got {_type_name(value)}"
             )
-        value = float(value)
+        value = _float(self.fn, f"scaling[{key!r}]", value)
         if not math.isfinite(value):
             raise ValueError(f"[{self.fn}] scaling[{key!r}] must be finite, got {value!r}")
         if positive and (value < 0.0 or (value == 0.0 and not allow_zero)):
@@ -273,7 +292,7 @@ class _Scaling:
         """``rope_theta`` from the dict, else the ``theta`` argument."""
         if not self.has("rope_theta"):
             return theta
-        dict_theta = float(self.params["rope_theta"])
+        dict_theta = _float(self.fn, "scaling['rope_theta']", self.params["rope_theta"])
         if theta != _DEFAULT_THETA and dict_theta != theta:
             raise ValueError(
                 f"[{self.fn}] theta={theta!r} conflicts with scaling['rope_theta']="
@@ -398,7 +417,15 @@ def rope_inv_freq(
         max_pos = sc.dynamic_max_positions()
         s = max_pos if seq_len is None else max(float(seq_len), max_pos)
         if rdim > 2:  # with dim == 2 the only frequency is base**0 == 1 whatever the base
-            base = base * ((factor * s / max_pos) - (factor - 1.0)) ** (rdim / (rdim - 2))
+            try:
+                base = base * ((factor * s / max_pos) - (factor - 1.0)) ** (rdim / (rdim - 2))
+            except OverflowError:
+                base = math.inf
+            if not math.isfinite(base):
+                raise ValueError(
+                    f"[{fn}] dynamic RoPE's base overflows at seq_len {seq_len} "
+                    f"(factor {factor}, max_position_embeddings {max_pos})"
+                )
         return _default_inv_freq(rdim, base)
 
     if rope_type == "yarn":

@@ -52,6 +52,8 @@ def rms_norm(x: Sequence[Any], weight: Sequence[float] | None = None, eps: float
     if not _is_vector(x):
         return [rms_norm(row, weight, eps) for row in x]
     n = len(x)
+    if n == 0:  # an empty row normalises to an empty row (as lk.rms_norm)
+        return []
     mean_square = sum(v * v for v in x) / n
     inv_rms = 1.0 / math.sqrt(mean_square + eps)
     out = []
@@ -73,6 +75,8 @@ def layer_norm(
     if not _is_vector(x):
         return [layer_norm(row, weight, bias, eps) for row in x]
     n = len(x)
+    if n == 0:
+        return []
     mean = sum(x) / n
     var = sum((v - mean) * (v - mean) for v in x) / n
     inv_std = 1.0 / math.sqrt(var + eps)

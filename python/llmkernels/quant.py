@@ -40,7 +40,10 @@ FLOAT_GEMV_TOKENS = 8
 
 
 def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
-    arr = np.asarray(a)
+    try:
+        arr = np.asarray(a)
+    except Exception as exc:  # ragged lists and the like
+        raise TypeError(f"[{fn}] {name} could not be converted to an array: {exc}") from None
     if arr.dtype == _BF16:  # ml_dtypes' bfloat16 (a bf16 model's state_dict): widened exactly
         return np.ascontiguousarray(arr, dtype=np.float32)
     if arr.dtype.kind not in "fiub":
@@ -120,9 +123,9 @@ def quantized_linear(
         ...                  rtol=1e-5, atol=1e-4))
         True
     """
-    if np.ndim(x) < 1:
-        raise ValueError("[quantized_linear] x must have shape (..., k), got a 0-d array")
     xa = _as_f32("x", "quantized_linear", x)
+    if xa.ndim < 1:
+        raise ValueError("[quantized_linear] x must have shape (..., k), got a 0-d array")
     lead = xa.shape[:-1]
     x2 = xa.reshape(math.prod(lead), xa.shape[-1])  # (-1 is ambiguous when k = 0)
     b = None if bias is None else _as_f32("bias", "quantized_linear", bias)
