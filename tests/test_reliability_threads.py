@@ -607,3 +607,44 @@ def test_kv_cache_memory_follows_the_tokens_written() -> None:
     assert cache.nbytes > 3 << 30
     np.testing.assert_allclose(model(ids, cache=cache), full, rtol=1e-5, atol=1e-6)
     assert rss_mib() - before < 200  # the slot mask (4 MB a layer) and a few pages a head
+
+
+def test_fork_while_another_thread_writes_a_cache() -> None:
+    """A child forked while a thread of the parent is inside a forward on a cache: using that
+    cache in the child raises (its lock and C++ mutex stay held there, its contents are half
+    written) instead of hanging; fresh caches work."""
+    out = run_ok(
+        """
+        import os, threading, time
+        import numpy as np
+        import llmkernels as lk
+        cfg = {"dim": 256, "n_layers": 4, "n_heads": 4, "hidden_dim": 512, "vocab_size": 64}
+        model = lk.Transformer(cfg, seed=0)
+        ids = np.arange(1024)[None] % 64
+        cache = model.new_cache(1, 4096)
+        go = threading.Thread(target=lambda: [model(ids, cache=cache) for _ in range(3)])
+        go.start()
+        while not cache._lock.locked():
+            time.sleep(0.0005)
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                model(ids[:, :4], cache=cache)
+            except RuntimeError as e:
+                code = 0 if "another thread was writing it when this process forked" in str(e) else 4
+            try:
+                cache.reset()
+                code = code or 5
+            except RuntimeError:
+                pass
+            fresh = model.new_cache(1, 8)
+            if not np.allclose(model(ids[:, :4], cache=fresh), model(ids[:, :4]), atol=1e-5):
+                code = code or 6
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        go.join()
+        print("child", os.waitstatus_to_exitcode(status))
+        """
+    )
+    assert "child 0" in out, out

@@ -30,6 +30,7 @@ import numbers
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -625,6 +626,8 @@ class KVCache:
         # held from reading next_positions to updating them (the C++ call in between holds the
         # cache's own mutex, which also guards direct _core use)
         self._lock = threading.Lock()
+        self._torn = False  # see _after_fork_in_child
+        _LIVE_CACHES.add(self)
 
     @property
     def next_positions(self) -> np.ndarray:
@@ -666,6 +669,7 @@ class KVCache:
         return self._impl.values()
 
     def reset(self) -> None:
+        _check_not_torn(self, "KVCache.reset")
         with self._lock:
             self._pending = None
             self._impl.reset()
@@ -692,6 +696,8 @@ class ModelCache:
     def __init__(self, caches: Sequence[KVCache]) -> None:
         self.layers = list(caches)
         self._lock = threading.Lock()  # a Transformer call holds it (see KVCache)
+        self._torn = False
+        _LIVE_CACHES.add(self)
 
     @property
     def length(self) -> int:
@@ -712,14 +718,46 @@ class ModelCache:
         return sum(c.nbytes for c in self.layers)
 
     def reset(self) -> None:
+        _check_not_torn(self, "ModelCache.reset")
         with self._lock:
             for c in self.layers:
                 c.reset()
 
 
-def _holding(cache: KVCache | ModelCache | None) -> Any:
+def _holding(cache: KVCache | ModelCache | None, cls: str) -> Any:
     """The cache's lock as a context manager (nothing without a cache)."""
-    return cache._lock if cache is not None else contextlib.nullcontext()
+    if cache is None:
+        return contextlib.nullcontext()
+    _check_not_torn(cache, cls)
+    return cache._lock
+
+
+# Caches, so that a forked child can tell the ones another thread of the parent was writing at
+# the fork: their lock (and the C++ mutex inside) stays held in the child, where that thread does
+# not exist, and their keys and values are half written. They raise there instead of hanging.
+_LIVE_CACHES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for cache in list(_LIVE_CACHES):
+        if cache._lock.locked():
+            cache._lock = threading.Lock()
+            cache._torn = True
+            for layer in getattr(cache, "layers", ()):
+                layer._torn = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_not_torn(cache: KVCache | ModelCache, cls: str) -> None:
+    if cache._torn:
+        raise RuntimeError(
+            f"[{cls}] cache: another thread was writing it when this process forked, so its keys "
+            "and values are undefined here (and its lock belongs to a thread that does not "
+            "exist): make a new cache in this process"
+        )
 
 
 # Positions are bounded so that a cache's next position (max + 1) never wraps int64.
@@ -994,7 +1032,7 @@ def _locked_forward(
     arr = _check_btd(name, x, module.dim)
     b, t, _ = arr.shape
     _check_cache(name, cache, b, t)
-    with _holding(cache):  # positions continue from the previous call on this cache
+    with _holding(cache, name):  # positions continue from the previous call on this cache
         _check_cache(name, cache, b, t)
         pos, key_mask, nxt = _positions_and_mask(name, b, t, positions, mask, cache)
         if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
@@ -1749,7 +1787,7 @@ class Transformer(_Module):
                 raise TypeError(f"[{self._name}] cache must come from this model's new_cache()")
             for c in cache.layers:
                 _check_cache(self._name, c, b, t)
-        with _holding(cache):  # positions continue from the previous call on this cache
+        with _holding(cache, self._name):  # positions continue from the previous call
             if cache is not None:
                 for c in cache.layers:
                     _check_cache(self._name, c, b, t)
