@@ -90,10 +90,11 @@ void layer_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, co
       layer_norm_row_wide(o, xr, weight, bias, n, eps);
       continue;
     }
-    // capped at T's max: a constant row with eps below ~1e-77 (1/sqrt(eps) inf in float32)
-    // is then exactly its bias, not 0 * inf = NaN
-    const T inv =
-        static_cast<T>(std::min(inv_d, static_cast<double>(std::numeric_limits<T>::max())));
+    // a finite 1/std capped at T's max: a constant row with eps below ~1e-77 (inf in float32)
+    // is then exactly its bias, not 0 * inf = NaN; eps = 0 (inv_d inf) stays 0/0, as the
+    // reference
+    const T inv = static_cast<T>(
+        std::isinf(inv_d) ? inv_d : std::min(inv_d, double(std::numeric_limits<T>::max())));
     const B vm0(m0), vcorr(corr), vinv(inv), zero(T(0)), one(T(1));
     auto scalar = [&](std::size_t k) {
       T y = ((xr[k] - m0) - corr) * inv;

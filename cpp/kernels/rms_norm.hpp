@@ -55,10 +55,12 @@ void rms_norm_kernel::operator()(Arch, T* out, const T* x, const T* weight, std:
       rms_norm_row_wide(o, xr, weight, n, eps);
       continue;
     }
-    // (capped at T's max: a zero row with eps below ~1e-77 would make 1/sqrt(eps) inf in
-    // float32, and 0 * inf NaN; a nonzero row that small went wide above)
-    const T inv = static_cast<T>(std::min(1.0 / std::sqrt(static_cast<double>(ss) / n + eps),
-                                          static_cast<double>(std::numeric_limits<T>::max())));
+    // A finite 1/rms is capped at T's max: a zero row with eps below ~1e-77 would make it inf
+    // in float32, and 0 * inf NaN (the exact answer is 0; a nonzero row that small went wide
+    // above). eps = 0 and a zero row stay 0/0 = NaN, as the reference.
+    const double inv_d = 1.0 / std::sqrt(static_cast<double>(ss) / n + eps);
+    const T inv = static_cast<T>(
+        std::isinf(inv_d) ? inv_d : std::min(inv_d, double(std::numeric_limits<T>::max())));
     const B vinv(inv);
     // with streamed stores, a scalar head brings o + i to vector alignment (same arithmetic)
     const std::size_t head = stream ? align_head<Arch, T>(o, n) : 0;

@@ -123,9 +123,13 @@ def quantized_linear(
         ...                  rtol=1e-5, atol=1e-4))
         True
     """
-    xa = _as_f32("x", "quantized_linear", x)
-    if xa.ndim < 1:
+    try:
+        zero_d = np.ndim(x) == 0
+    except Exception:  # not an array: _as_f32 says so, naming x
+        zero_d = False
+    if zero_d:
         raise ValueError("[quantized_linear] x must have shape (..., k), got a 0-d array")
+    xa = _as_f32("x", "quantized_linear", x)
     lead = xa.shape[:-1]
     x2 = xa.reshape(math.prod(lead), xa.shape[-1])  # (-1 is ambiguous when k = 0)
     b = None if bias is None else _as_f32("bias", "quantized_linear", bias)
