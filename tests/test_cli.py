@@ -6,6 +6,7 @@ tokenizer, chat template); the reference is the in-process text API on the same 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -91,3 +92,48 @@ def test_generate_with_quantized_weights_and_a_bf16_cache(model_dir: Path) -> No
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert p.stdout == expected + "\n"
+
+
+def test_user_errors_print_no_traceback(model_dir: Path, tmp_path: Path) -> None:
+    """A closed stdout (`| head -c 10`), non-UTF-8 stdin and a chat template that raises:
+    a one-line error (or a quiet end), never a Python traceback."""
+    import os
+    import shutil
+    import sys
+
+    from conftest import ROOT
+
+    # stdout closed early: generate ends quietly (status 0), no BrokenPipeError traceback
+    cmd = [sys.executable, "-m", "llmkernels", "generate", "--model", str(model_dir)]
+    cmd += ["-p", "Hello", "-n", "200", "--ignore-chat-template"]
+    producer = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert producer.stdout is not None
+    producer.stdout.read(3)
+    producer.stdout.close()  # the reader goes away
+    _, err = producer.communicate(timeout=TIMEOUT)
+    assert producer.returncode == 0 and b"Traceback" not in err, err.decode()
+    # non-UTF-8 bytes on stdin
+    p = subprocess.run(
+        [*cmd[:-5], "-p", "-"],
+        input=b"caf\xe9 au lait",
+        capture_output=True,
+        cwd=ROOT,
+        timeout=TIMEOUT,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+        check=False,
+    )
+    assert p.returncode == 2 and b"not UTF-8" in p.stderr and b"Traceback" not in p.stderr
+    # a template's raise_exception (no system role) in chat --system
+    d = tmp_path / "strict"
+    shutil.copytree(model_dir, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (
+        "{% if messages[0]['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (d / "chat_template.jinja").unlink(missing_ok=True)
+    p = run("chat", "--model", str(d), "--system", "be brief", "-n", "4", stdin="hi\n")
+    assert p.returncode == 2 and "error: System role not supported" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr

@@ -11,6 +11,7 @@ generates with ``generate(do_sample=False, ...)``; the reference for the text is
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from _models import hf_llama_config
 from llmkernels.modules import _sample
 from llmkernels.text import _Detokenizer, _StopText
+from llmkernels.tokenizer import TokenizerError
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.txt"
@@ -610,3 +612,139 @@ def test_a_tiny_temperature_is_greedy(peer: dict[str, Any]) -> None:
     greedy = lk.generate(model, tok, "The Math", 8)
     for t in (1e-300, 1e-310):
         assert lk.generate(model, tok, "The Math", 8, temperature=t, seed=1) == greedy
+
+
+# ------------------------------------------------------------------------------------------
+# edges found by an adversarial pass (session 12)
+# ------------------------------------------------------------------------------------------
+
+
+def _wordlevel(directory: Path) -> Path:
+    """A WordLevel tokenizer (not BPE) asking for clean_up_tokenization_spaces, as BERT-likes
+    do: transformers cleans its decoded text (" ." -> ".", " n't" -> "n't", ...)."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    words = ["[UNK]", "Hello", ".", "World", "I", "do", "n't", "know", ",", "ok", "?", "'s", "x"]
+    tok = RustTokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()
+    directory.mkdir(parents=True, exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"}
+    config["clean_up_tokenization_spaces"] = True
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize("text", ["Hello . World", "I do n't know , ok ?", "x 's x .", "x . ."])
+def test_cleaned_up_text_streams_whole(tmp_path: Path, text: str) -> None:
+    """With clean_up_tokenization_spaces (a non-BPE tokenizer), the pieces streamed concatenate
+    to the decoded text, which is transformers' (the clean-up removes a space when the text
+    after it arrives: it dropped characters)."""
+    d = _wordlevel(tmp_path / "wl")
+    tok = lk.Tokenizer.from_pretrained(d)
+    hf = AutoTokenizer.from_pretrained(str(d))
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == hf.decode(ids)
+    detok = _Detokenizer(tok)
+    streamed = "".join(detok.add(i) for i in ids) + detok.flush()
+    assert streamed == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_bpe_ignores_clean_up_as_transformers(tmp_path: Path, peer: dict[str, Any]) -> None:
+    d = tmp_path / "bpe_clean"
+    shutil.copytree(peer["dir"], d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["clean_up_tokenization_spaces"] = True
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = lk.Tokenizer.from_pretrained(d)
+    hf = AutoTokenizer.from_pretrained(str(d))
+    ids = tok.encode("a . b , c n't", add_special_tokens=False)
+    assert tok.decode(ids) == hf.decode(ids) == "a . b , c n't"
+
+
+def test_chat_template_with_tools_and_documents(peer: dict[str, Any]) -> None:
+    template = (
+        "{% if tools %}TOOLS={{ tools | tojson }}\n{% endif %}"
+        "{% if documents %}DOCS={{ documents | length }}\n{% endif %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    tok = lk.Tokenizer(peer["tok"]._tok, {"chat_template": template})
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    msgs = [{"role": "user", "content": "hi"}]
+    got = tok.apply_chat_template(msgs, tools=tools, documents=[{"text": "d"}], tokenize=False)
+    assert got == 'TOOLS=[{"type": "function", "function": {"name": "f", "parameters": {}}}]\n' + (
+        "DOCS=1\nhi"
+    )
+    named = [{"name": "default", "template": "D"}, {"name": "tool_use", "template": "T"}]
+    tok = lk.Tokenizer(peer["tok"]._tok, {"chat_template": named})
+    assert tok.apply_chat_template(msgs, tokenize=False) == "D"
+    assert tok.apply_chat_template(msgs, tools=tools, tokenize=False) == "T"
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (123, "chat_template must be a string"),
+        ([{"name": "tool_use", "template": "T"}], "no 'default' one"),
+    ],
+)
+def test_malformed_chat_template_is_refused(peer: dict[str, Any], value: Any, match: str) -> None:
+    with pytest.raises(TokenizerError, match=match):
+        lk.Tokenizer(peer["tok"]._tok, {"chat_template": value})
+
+
+def test_stop_string_naming_a_special_token(peer: dict[str, Any]) -> None:
+    """A stop string that is a special token's text (decoding skips it, so the text never
+    shows it) stops on that token, as transformers' stop_strings does."""
+    model, tok = peer["model"], peer["tok"]
+    end = tok._tok.token_to_id("<|end|>")
+    a = tok.encode("a", add_special_tokens=False)[0]
+    assert end is not None and end not in tok.eos_token_ids
+    assert tok.stop_token_ids(["<|end|>", "plain text"]) == {end}
+
+    class Scripted(lk.Transformer):  # the model, emitting 'a', 'a', <|end|>, 'a', ...
+        calls = 0
+
+        def __call__(self, ids: Any, **kw: Any) -> np.ndarray:  # type: ignore[override]
+            b = np.asarray(ids).shape[0]
+            logits = np.zeros((b, 1, self.config.vocab_size), np.float32)
+            logits[:, 0, end if self.calls == 2 else a] = 1.0
+            self.calls += 1
+            return logits
+
+    def scripted() -> Scripted:
+        m = copy.copy(model)
+        m.__class__ = Scripted
+        return m
+
+    out = list(lk.stream_generate(scripted(), tok, "x", 8, stop=["<|end|>"]))
+    assert [r.token for r in out] == [a, a, end] and out[-1].finish_reason == "stop"
+    assert "".join(r.text for r in out) == "aa"
+    assert lk.generate(scripted(), tok, ["x", "x"], 8, stop=["<|end|>"]) == ["aa", "aa"]
+    assert lk.generate(scripted(), tok, "x", 5) == "aaaa"  # no stop: <|end|> is skipped text
+
+
+def test_special_tokens_map_wins_and_bad_values_are_refused(peer: dict[str, Any]) -> None:
+    d = peer["dir"]
+    tok = lk.Tokenizer.from_pretrained(d)
+    hf = AutoTokenizer.from_pretrained(str(d))
+    assert (tok.bos_token_id, tok.eos_token_id) == (hf.bos_token_id, hf.eos_token_id)
+
+
+@pytest.mark.parametrize("value", [5, ["</s>"], {"text": "<s>"}])
+def test_malformed_special_token_is_refused(peer: dict[str, Any], value: Any) -> None:
+    with pytest.raises(TokenizerError, match=r"bos_token must be a string or an AddedToken"):
+        lk.Tokenizer(peer["tok"]._tok, {"bos_token": value})
+
+
+def test_generation_config_do_sample_must_be_a_bool(tmp_path: Path, peer: dict[str, Any]) -> None:
+    d = tmp_path / "do_sample"
+    shutil.copytree(peer["dir"], d)
+    gen = json.loads((d / "generation_config.json").read_text())
+    gen["do_sample"] = "false"
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    model, tok = lk.load(d)
+    with pytest.raises(ValueError, match=r"do_sample must be true or false, got 'false'"):
+        lk.generate(model, tok, "The Math", 3)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
@@ -107,11 +108,28 @@ def _echo(pieces: Callable[[], Iterable[Any]]) -> tuple[bool, Any]:
         for r in pieces():
             print(r.text, end="", flush=True)
             last = r
-    except (ValueError, TypeError) as exc:
+    except BrokenPipeError:  # stdout closed: main() ends quietly
+        raise
+    except _user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return False, None
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":  # pyo3's (tokenizers): a bad tokenizer.json
+            raise
+        print(f"error: the tokenizer failed: {str(exc)[:200]}", file=sys.stderr)
         return False, None
     print(flush=True)
     return True, last
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What a bad argument, file or template raises (reported as ``error:``, no traceback)."""
+    errors: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError)
+    try:
+        from jinja2 import TemplateError  # a chat template's raise_exception, syntax errors
+    except ImportError:
+        return errors
+    return (*errors, TemplateError)
 
 
 def _text_command(lk: Any, args: argparse.Namespace) -> int:
@@ -121,7 +139,12 @@ def _text_command(lk: Any, args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.command == "generate":
-        text = sys.stdin.read() if args.prompt == "-" else args.prompt
+        try:
+            text = sys.stdin.read() if args.prompt == "-" else args.prompt
+            text.encode("utf-8")  # (a C.UTF-8 locale reads bad bytes as lone surrogates)
+        except UnicodeError as exc:
+            print(f"error: the prompt is not UTF-8 text ({exc})", file=sys.stderr)
+            return 2
         prompt: Any = text
         if tokenizer.chat_template is not None and not args.ignore_chat_template:
             prompt = [{"role": "user", "content": text}]
@@ -151,6 +174,14 @@ def _text_command(lk: Any, args: argparse.Namespace) -> int:
         except EOFError:
             print()
             return 0
+        except UnicodeDecodeError as exc:
+            print(f"error: the input is not UTF-8 text ({exc})", file=sys.stderr)
+            continue
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            print(f"error: the input is not UTF-8 text ({exc})", file=sys.stderr)
+            continue
         if line.strip() in ("q", "exit", "quit"):
             return 0
         if line.strip() == "/reset":
@@ -193,10 +224,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import llmkernels as lk
 
-    if args.command == "info":
-        _info(lk, as_json=args.json)
+    try:
+        if args.command == "info":
+            _info(lk, as_json=args.json)
+            return 0
+        return _text_command(lk, args)
+    except KeyboardInterrupt:  # Ctrl-C: stop quietly, as a shell tool does
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing more to write
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (Python's flush at exit would raise again)
         return 0
-    return _text_command(lk, args)
 
 
 if __name__ == "__main__":

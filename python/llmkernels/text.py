@@ -41,7 +41,7 @@ from .modules import (
     _kv_dtype,
     _Sampling,
 )
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, _clean_up_tokenization
 
 __all__ = ["ChatSession", "GenerationResponse", "generate", "load", "stream_generate"]
 
@@ -158,7 +158,13 @@ def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> _Sampling:
         v = gc.get(key)
         return default if v is None else v
 
-    sample = bool(gc.get("do_sample", False))
+    sample = gc.get("do_sample", False)
+    if sample is None:
+        sample = False
+    if not isinstance(sample, bool):  # "false" would be truthy
+        raise ValueError(
+            f"[{fn}] [generation_config.json] do_sample must be true or false, got {sample!r:.40}"
+        )
     top_k = value("top_k", 50) if sample else None
     defaults: dict[str, Any] = {
         "temperature": value("temperature", 1.0) if sample else 0.0,
@@ -198,11 +204,36 @@ class _Detokenizer:
         self.tokens: list[int] = []
         self.prefix = 0  # start of the decoded window (context)
         self.read = 0  # tokens up to here are emitted
+        # transformers' clean_up_tokenization (" ." -> ".", " n't" -> "n't", ...) removes a
+        # space when the text after it arrives: the raw text is decoded piece by piece, the
+        # cleaned text of all of it released but for its last 4 characters (the longest
+        # pattern), which a later piece may still change
+        self.clean = tokenizer.cleans_up
+        self.raw = ""
+        self.emitted = 0  # characters of the cleaned text released
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+
+    def _cleaned(self, piece: str, final: bool) -> str:
+        if not self.clean:
+            return piece
+        self.raw += piece
+        text = _clean_up_tokenization(self.raw)
+        end = len(text) if final else max(len(text) - 4, self.emitted)
+        out, self.emitted = text[self.emitted : end], end
+        return out
 
     def add(self, token: int) -> str:
+        return self._cleaned(self._add(token), final=False)
+
+    def flush(self) -> str:
+        """What is held back (an incomplete character decodes to U+FFFD, as decode does)."""
+        return self._cleaned(self._flush(), final=True)
+
+    def _add(self, token: int) -> str:
         self.tokens.append(token)
         before = self._decode(self.tokens[self.prefix : self.read])
         text = self._decode(self.tokens[self.prefix :])
@@ -214,8 +245,7 @@ class _Detokenizer:
             return piece
         return ""
 
-    def flush(self) -> str:
-        """What is held back (an incomplete character decodes to U+FFFD, as decode does)."""
+    def _flush(self) -> str:
         before = self._decode(self.tokens[self.prefix : self.read])
         text = self._decode(self.tokens[self.prefix :])
         self.read = len(self.tokens)
@@ -281,7 +311,9 @@ def _stream(
 ) -> Iterator[GenerationResponse]:
     """Generate for one prompt; with ``session``, reuse its KV cache where the new prompt
     extends the tokens it holds (else a new cache of ``kv_dtype``)."""
-    eos = set(tokenizer.eos_token_ids)
+    # special tokens named by a stop string end the generation as an EOS does (decoding skips
+    # them, so the text never shows the stop string)
+    eos = set(tokenizer.eos_token_ids) | tokenizer.stop_token_ids(stops)
     sampler = params.sampler(1, model.config.vocab_size)
     sampler.see(np.asarray([ids]))
     t0 = time.perf_counter()
@@ -480,7 +512,7 @@ def _generate_batch(
     if steps == 0:
         return [""] * b
     _check_cache_size(fn, "max_tokens", model.config, b, t, steps)
-    eos = set(tokenizer.eos_token_ids)
+    eos = set(tokenizer.eos_token_ids) | tokenizer.stop_token_ids(stops)
     sampler = params.sampler(b, model.config.vocab_size)
     sampler.see(ids, mask)
     cache = model.new_cache(b, t + steps, kv_dtype)

@@ -216,15 +216,35 @@ class Tokenizer:
         self.config = dict(config or {})
         self.generation_config = dict(generation_config or {})
         template = chat_template if chat_template is not None else self.config.get("chat_template")
+        self._tool_template: str | None = None
         if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default")
-        self.chat_template: str | None = template if isinstance(template, str) else None
+            if not isinstance(named.get("default"), str):
+                raise TokenizerError(
+                    "[load] tokenizer_config.json: chat_template is a list of templates with no "
+                    "'default' one"
+                )
+            template = named["default"]
+            tool = named.get("tool_use")
+            self._tool_template = tool if isinstance(tool, str) else None
+        if template is not None and not isinstance(template, str):
+            raise TokenizerError(
+                f"[load] tokenizer_config.json: chat_template must be a string or a list of "
+                f"named templates, got {type(template).__name__}"
+            )
+        self.chat_template: str | None = template
         self.special_tokens: dict[str, str] = {}
         for name in _SPECIAL:
-            content = _token_content(self.config.get(name))
+            value = self.config.get(name)
+            content = _token_content(value)
             if content is not None:
                 self.special_tokens[name] = content
+            elif value is not None:
+                raise TokenizerError(
+                    f"[load] tokenizer_config.json / special_tokens_map.json: {name} must be "
+                    "a string or an AddedToken "
+                    f"dict (with a 'content' string), got {value!r:.60}"
+                )
         self.bos_token_id = self._id_of("bos_token")
         self.pad_token_id = self._id_of("pad_token")
         self.unk_token_id = self._id_of("unk_token")
@@ -275,14 +295,20 @@ class Tokenizer:
         ):
             if value is not None and not isinstance(value, dict):
                 raise _err(os.path.join(directory, name), "must hold a JSON object")
-        merged = dict(special or {})
-        merged.update(config or {})  # tokenizer_config wins, as in transformers
+        # special_tokens_map.json's (non-null) tokens win over tokenizer_config.json's, as
+        # transformers 5 reads them
+        merged = dict(config or {})
+        merged.update({k: v for k, v in (special or {}).items() if v is not None})
         template_file = os.path.join(directory, "chat_template.jinja")
         template = None
         if os.path.lexists(template_file):
-            template = read_small(
+            data = read_small(
                 template_file, _MAX_CONFIG_BYTES, lambda problem: _err(template_file, problem)
-            ).decode("utf-8", errors="replace")
+            )
+            try:
+                template = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _err(template_file, f"not UTF-8 ({exc})") from None
         return cls(tok, merged, gen, template)
 
     # ---------------------------------------------------------------------------------------
@@ -299,13 +325,47 @@ class Tokenizer:
             raise TypeError(f"[encode] text must be a str, got {type(text).__name__}")
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
-        """Text of ``ids`` (a sequence of ints or a 1-D array), as transformers decodes it."""
-        seq = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
-        text = self._tok.decode(seq, skip_special_tokens=skip_special_tokens)
-        if self.clean_up_tokenization_spaces:
-            text = _clean_up_tokenization(text)
-        return text
+    @property
+    def cleans_up(self) -> bool:
+        """Whether decode applies transformers' ``clean_up_tokenization`` (the config asks for it
+        and the model is not BPE: transformers 5 skips it for BPE, where it would strip real
+        spaces before punctuation, unless told to corrupt the output anyway)."""
+        if not self.clean_up_tokenization_spaces:
+            return False
+        force = self.config.get(
+            "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+        )
+        return type(self._tok.model).__name__ != "BPE" or force is True
+
+    def decode(
+        self, ids: Any, skip_special_tokens: bool = False, clean_up_tokenization_spaces: Any = None
+    ) -> str:
+        """Text of ``ids`` (a sequence of ints or a 1-D array), as transformers decodes it
+        (``clean_up_tokenization_spaces``: None for the tokenizer's own setting)."""
+        raw = ids.tolist() if hasattr(ids, "tolist") else ids
+        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**32 for i in raw):
+            bad = next(
+                i
+                for i in raw
+                if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**32)
+            )
+            raise ValueError(f"[decode] ids must be non-negative ints, got {bad!r}")
+        text = self._tok.decode(list(raw), skip_special_tokens=skip_special_tokens)
+        clean = (
+            self.cleans_up if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
+        )
+        return _clean_up_tokenization(text) if clean else text
+
+    def stop_token_ids(self, stops: Sequence[str]) -> set[int]:
+        """The tokens whose whole text is one of ``stops`` but which decoding skips (special
+        tokens such as ``<|im_end|>``): the generated text never shows them, so a stop string
+        naming one is matched on the token (as transformers' ``stop_strings`` does)."""
+        out = set()
+        for s in stops:
+            i = self._tok.token_to_id(s)
+            if i is not None and self._tok.decode([i], skip_special_tokens=True) == "":
+                out.add(i)
+        return out
 
     def apply_chat_template(
         self,
@@ -331,14 +391,20 @@ class Tokenizer:
             if not isinstance(m, Mapping):
                 raise TypeError(f"[apply_chat_template] each message must be a dict, got {m!r}")
             chat.append(_plain({k: v for k, v in m.items() if v is not None}))
-        variables = {**self.special_tokens, **_plain(kwargs)}
-        text = _compile_template(self.chat_template).render(
-            messages=chat,
-            tools=None,
-            documents=None,
-            add_generation_prompt=bool(add_generation_prompt),
-            **variables,
-        )
+        variables = {"tools": None, "documents": None, **self.special_tokens, **_plain(kwargs)}
+        template = self.chat_template
+        if variables["tools"] is not None and self._tool_template is not None:
+            template = self._tool_template  # the list form's "tool_use" entry, as transformers
+        # (jinja2's TemplateError -- raise_exception, syntax errors, the sandbox -- reaches the
+        # caller as transformers lets it; the CLI reports it as an error)
+        try:
+            text = _compile_template(template).render(
+                messages=chat, add_generation_prompt=bool(add_generation_prompt), **variables
+            )
+        except RecursionError:
+            raise ValueError(
+                "[apply_chat_template] the chat template recursed too deeply"
+            ) from None
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
     def __repr__(self) -> str:
