@@ -748,3 +748,12 @@ def test_generation_config_do_sample_must_be_a_bool(tmp_path: Path, peer: dict[s
     model, tok = lk.load(d)
     with pytest.raises(ValueError, match=r"do_sample must be true or false, got 'false'"):
         lk.generate(model, tok, "The Math", 3)
+
+
+def test_decode_ids(peer: dict[str, Any]) -> None:
+    tok = peer["tok"]
+    ids = tok.encode("Hello world", add_special_tokens=False)
+    assert tok.decode([np.int64(i) for i in ids]) == tok.decode(np.array(ids)) == "Hello world"
+    for bad in ([-1], [1.5], [2**64], [True]):
+        with pytest.raises(ValueError, match=r"\[decode\] ids must be non-negative ints"):
+            tok.decode(bad)

@@ -22,6 +22,7 @@ waited on), with size limits; errors read ``"[load] <file>: <problem>"``.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -343,14 +344,12 @@ class Tokenizer:
         """Text of ``ids`` (a sequence of ints or a 1-D array), as transformers decodes it
         (``clean_up_tokenization_spaces``: None for the tokenizer's own setting)."""
         raw = ids.tolist() if hasattr(ids, "tolist") else ids
-        if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**32 for i in raw):
-            bad = next(
-                i
-                for i in raw
-                if not (isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**32)
-            )
-            raise ValueError(f"[decode] ids must be non-negative ints, got {bad!r}")
-        text = self._tok.decode(list(raw), skip_special_tokens=skip_special_tokens)
+        seq = []
+        for i in raw:  # ints (NumPy's too), in the id range: 1.5 or -1 are errors, not ids
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < 2**32:
+                raise ValueError(f"[decode] ids must be non-negative ints, got {i!r:.40}")
+            seq.append(int(i))
+        text = self._tok.decode(seq, skip_special_tokens=skip_special_tokens)
         clean = (
             self.cleans_up if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
         )
