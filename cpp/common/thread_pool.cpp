@@ -1,6 +1,7 @@
 #include "common/thread_pool.hpp"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -193,6 +194,7 @@ std::atomic<int> g_num_threads{0};  // 0 = not yet initialised
 // (set_num_threads) never destroys a pool another thread is still using: the last user
 // releases it.
 std::shared_ptr<Pool> g_pool;
+pid_t g_pool_pid = 0;  // the process that made g_pool (guarded by g_config_mutex)
 
 void after_fork_in_child() {
   // The workers do not exist in the child. Forget the pool without destroying it (joining
@@ -226,11 +228,19 @@ int ensure_threads() {
 std::shared_ptr<Pool> current_pool() {
   std::lock_guard<std::mutex> lk(g_config_mutex);
   const int n = g_num_threads.load();
+  // A pool made by another process (this one is a forked child of it) has no workers here and
+  // may be mid-job: leak it, as after_fork_in_child does (a fork that races the registration of
+  // that handler, or a job starting on another thread, would otherwise hand it to the child)
+  if (g_pool && g_pool_pid != getpid()) {
+    new std::shared_ptr<Pool>(std::move(g_pool));
+    g_pool.reset();
+  }
   if (!g_pool || g_pool->size() != n) {
     g_pool.reset();
     auto pool = std::make_shared<Pool>(n - 1);  // std::bad_alloc: the call fails, count kept
     if (pool->size() < n) g_num_threads.store(pool->size());
     g_pool = std::move(pool);
+    g_pool_pid = getpid();
   }
   return g_pool;
 }
@@ -268,6 +278,7 @@ void set_num_threads(int n) {
   }
   g_num_threads.store(n);
   g_pool = std::move(pool);  // the old one goes when its last running job ends
+  g_pool_pid = getpid();
 }
 
 void parallel_chunks(int chunks, function_ref<void(int, int)> fn) {

@@ -493,6 +493,13 @@ std::vector<Param> MultiHeadAttentionModule::params() {
   return p;
 }
 
+namespace {
+// table rows of 0 for the heads of one token (RoPE below). At namespace scope, built when the
+// library loads: a function-local static is built under a guard by the first forward, and a
+// process forked while another thread builds it would wait for that guard forever.
+const std::vector<std::int64_t> kZeroTableRows(4096, 0);
+}  // namespace
+
 void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
                                        const std::int64_t* positions, const std::uint8_t* key_mask,
                                        KVCache* cache, float* out, const float* residual,
@@ -533,7 +540,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   }
 
   // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
-  static const std::vector<std::int64_t> zeros(4096, 0);
+  const std::vector<std::int64_t>& zeros = kZeroTableRows;
   parallel_for(m, 1, 40.0 * half + 4.0 * width, [&](std::size_t b, std::size_t e) {
     for (std::size_t r = b; r < e; ++r) {
       float* c = rope_tab + r * hd;
