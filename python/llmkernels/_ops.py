@@ -168,6 +168,16 @@ def _narrow(fn: str, result: np.ndarray, dtype: np.dtype, out: Any = None) -> np
     return out
 
 
+def _narrowed(fn: str, r: Any, dtype: np.dtype, out: Any) -> Any:
+    """The result(s) of a call computed in a wider dtype, rounded to ``dtype`` (the first into
+    ``out`` if given): values past its range round to inf, as IEEE rounding (see _narrow)."""
+    if not isinstance(r, tuple):
+        return _narrow(fn, r, dtype, out)
+    with np.errstate(over="ignore"):
+        rest = tuple(a.astype(dtype) for a in r[1:])
+    return (_narrow(fn, r[0], dtype, out), *rest)
+
+
 def _past_range(m: np.ndarray, dtype: np.dtype) -> bool:
     """Whether float array ``m`` has finite entries beyond ``dtype``'s largest finite value."""
     with np.errstate(invalid="ignore"):
@@ -562,24 +572,18 @@ def attention(
         return r
     fn = "attention"
     q, k, v = _as_array(fn, "q", q), _as_array(fn, "k", k), _as_array(fn, "v", v)
+    kw = {
+        "causal": causal,
+        "scale": scale,
+        "window": window,
+        "softcap": softcap,
+        "sinks": sinks,
+        "return_weights": return_weights,
+        "return_lse": return_lse,
+    }
     low = _low(q, k, v)
     if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
-        r = attention(
-            _up(q),
-            _up(k),
-            _up(v),
-            causal=causal,
-            mask=mask,
-            scale=scale,
-            window=window,
-            softcap=softcap,
-            sinks=sinks,
-            return_weights=return_weights,
-            return_lse=return_lse,
-        )
-        if isinstance(r, tuple):
-            return (_narrow(fn, r[0], low, out), *(a.astype(low) for a in r[1:]))
-        return _narrow(fn, r, low, out)
+        return _narrowed(fn, attention(_up(q), _up(k), _up(v), mask=mask, **kw), low, out)
     dtype = _compute_dtype(q, k, v)
     qc, kc, vc = (_contiguous(a, dtype).reshape(a.shape) for a in (q, k, v))
     m = None
@@ -589,24 +593,8 @@ def attention(
             # a wider mask with finite entries past the compute dtype's range (1e39, float64's
             # min as HF masks with): the cast would make them +-inf (NaN rows, zeros), so the
             # call runs in float64, as the reference, and its results are rounded
-            r = attention(
-                q.astype(np.float64),
-                k.astype(np.float64),
-                v.astype(np.float64),
-                causal=causal,
-                mask=m,
-                scale=scale,
-                window=window,
-                softcap=softcap,
-                sinks=sinks,
-                return_weights=return_weights,
-                return_lse=return_lse,
-            )
-            if isinstance(r, tuple):  # lse past float32's range rounds to inf, as _narrow
-                with np.errstate(over="ignore"):
-                    rest = tuple(a.astype(dtype) for a in r[1:])
-                return (_narrow(fn, r[0], dtype, out), *rest)
-            return _narrow(fn, r, dtype, out)
+            wide = (a.astype(np.float64) for a in (q, k, v))
+            return _narrowed(fn, attention(*wide, mask=m, **kw), dtype, out)
         if m.dtype.kind == "f" or m.dtype == _BF16:
             m = m.astype(dtype, copy=False)
     s = None
