@@ -10,6 +10,11 @@ PIP := $(PY) -m pip --disable-pip-version-check
 SYS_PACKAGES := libxsimd-dev xtl-dev libopenblas-dev g++
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=3.0" ninja "cmake>=3.18"
 SOURCES := $(shell find cpp -type f) CMakeLists.txt pyproject.toml
+# Every pip call below -- build isolation and .ci/test_wheel included -- installs the exact versions
+# of constraints.txt (the lock, written by .ci/lock.py), so a fresh clone gets what was tested.
+# `make upgrade-deps` re-resolves it to the newest releases, reinstalls and runs the suite.
+LOCK := constraints.txt
+export PIP_CONSTRAINT := $(abspath $(LOCK))
 
 # `make test-sanitize`: a second editable install in its own venv and build dir (.venv-asan/,
 # build/asan), compiled with AddressSanitizer + UndefinedBehaviorSanitizer (CMake option
@@ -37,7 +42,8 @@ SAN_SKIP := --ignore=tests/test_notebooks.py --ignore-glob='tests/test_bench*.py
 	--deselect tests/test_reliability.py::test_no_leak_modules_and_model \
 	--deselect tests/ops/test_attention.py::test_memory_is_streaming
 
-.PHONY: demo test test-matrix test-sanitize test-wheel wheel bench lint stubs clean sysdeps
+.PHONY: demo test test-matrix test-sanitize test-wheel test-host-independent wheel bench lint \
+	stubs clean sysdeps upgrade-deps
 
 demo: $(VENV)/.installed-compare
 	$(PY) examples/demo.py demo
@@ -45,9 +51,23 @@ demo: $(VENV)/.installed-compare
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
 
+# Host independence, shown on one host: the suite with the references' transcendental functions
+# perturbed by up to 4 ulp (tests/perturb_libm.py) -- what a host whose NumPy or libm rounds
+# differently gives. (test-matrix runs its sse2 leg this way.)
+PERTURB := LLMK_TEST_PERTURB_ULP=4
+test-host-independent: $(VENV)/.installed-test
+	$(PERTURB) $(PY) -m pytest -q $(PAR) $(MATRIX_SKIP)
+
+# the lock re-resolved to the newest releases (the Makefile's requirements), everything
+# reinstalled from it, and the suite run: commit constraints.txt when it passes
+upgrade-deps: $(VENV)/.venv-ready
+	env -u PIP_CONSTRAINT $(PY) .ci/lock.py $(PY) $(LOCK)
+	rm -f $(VENV)/.installed-test $(VENV)/.installed-compare
+	$(MAKE) test
+
 # The whole suite again on each lower SIMD path (the default run, `make test`, is the best path
 # with all threads; the kernel tests there already sweep every path in-process), one of them with
-# one thread. Two pytest workers (pytest-xdist) share the 2 cores (the suite holds no wall-clock
+# one thread and with the references perturbed (test-host-independent). Two pytest workers (pytest-xdist) share the 2 cores (the suite holds no wall-clock
 # assertion: it passes on a busy machine); the notebooks and the benchmark smoke tests run
 # once, in `make test` (they call the same kernels).
 PAR := -n 2 -p no:cacheprovider
@@ -55,7 +75,7 @@ MATRIX_SKIP := --ignore=tests/test_notebooks.py --deselect tests/test_plot.py \
 	--ignore-glob='tests/test_bench*.py'
 # (On an AVX2-only CPU avx2 is the best path, which `make test` has just run: not run twice.)
 test-matrix: $(VENV)/.installed-test
-	LLMKERNELS_ARCH=sse2 LLMKERNELS_NUM_THREADS=1 $(PY) -m pytest -q $(PAR) $(MATRIX_SKIP)
+	$(PERTURB) LLMKERNELS_ARCH=sse2 LLMKERNELS_NUM_THREADS=1 $(PY) -m pytest -q $(PAR) $(MATRIX_SKIP)
 	@if [ "$$(env -u LLMKERNELS_ARCH $(PY) -c 'import llmkernels as lk; print(lk.simd_arch())')" \
 	    = avx2 ]; then echo "avx2 is this CPU's best path: make test ran the suite on it"; \
 	else set -x; LLMKERNELS_ARCH=avx2 $(PY) -m pytest -q $(PAR) $(MATRIX_SKIP); fi
@@ -125,11 +145,11 @@ $(VENV)/.venv-ready:
 	touch $@
 
 # editable install with the extras a target needs; rebuilt when the C++ or build files change
-$(VENV)/.installed-test: $(VENV)/.venv-ready $(SOURCES) | sysdeps
+$(VENV)/.installed-test: $(VENV)/.venv-ready $(SOURCES) $(LOCK) | sysdeps
 	$(PIP) install -q --no-build-isolation -e ".[test]"
 	touch $@
 
-$(VENV)/.installed-compare: $(VENV)/.venv-ready $(SOURCES) | sysdeps
+$(VENV)/.installed-compare: $(VENV)/.venv-ready $(SOURCES) $(LOCK) | sysdeps
 	$(PIP) install -q --no-build-isolation -e ".[compare,bench]"
 	touch $@
 
@@ -139,7 +159,7 @@ $(SAN_VENV)/.venv-ready:
 	$(SAN_PIP) install -q $(BUILD_DEPS)
 	touch $@
 
-$(SAN_VENV)/.installed-test: $(SAN_VENV)/.venv-ready $(SOURCES) Makefile | sysdeps
+$(SAN_VENV)/.installed-test: $(SAN_VENV)/.venv-ready $(SOURCES) $(LOCK) Makefile | sysdeps
 	$(SAN_PIP) install -q --no-build-isolation -C cmake.define.LLMK_SANITIZE=ON \
 	  -C cmake.define.CMAKE_CXX_COMPILER=$(SAN_CXX) -C cmake.build-type=RelWithDebInfo \
 	  -C install.strip=false -C build-dir=build/asan -e ".[test]"

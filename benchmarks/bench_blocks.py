@@ -56,7 +56,7 @@ from typing import Any
 import harness
 import llmkernels as lk
 import numpy as np
-from harness import LK, Impls, fmt, fmt_cpus, fmt_time, md_table, peers
+from harness import LK, Impls, fmt, fmt_cpus, fmt_time, hf_cache, md_table, peers
 
 # the optional peers (harness.load_peers): torch, torch.nn.functional, transformers classes
 torch: Any = None
@@ -599,7 +599,7 @@ def case_decode(
             with torch.no_grad():
                 layer(
                     prompt_t,
-                    past_key_values=cache,
+                    **hf_cache(layer, cache),
                     use_cache=True,
                     position_embeddings=(cos_all[:, :cache_len], sin_all[:, :cache_len]),
                 )
@@ -611,7 +611,7 @@ def case_decode(
             hf_stepper.lengths.append(p)
             return layer(
                 tok_t,
-                past_key_values=cache,
+                **hf_cache(layer, cache),
                 use_cache=True,
                 position_embeddings=(cos_all[:, p : p + 1], sin_all[:, p : p + 1]),
             )
@@ -758,7 +758,7 @@ def decode_parts(
             with torch.no_grad():
                 sa(
                     hidden_states=prompt_t,
-                    past_key_values=st["hf"],
+                    **hf_cache(sa, st["hf"]),
                     position_embeddings=(cos_all[:, :cache_len], sin_all[:, :cache_len]),
                 )
 
@@ -766,7 +766,7 @@ def decode_parts(
             p = st["hf"].get_seq_length()
             return sa(
                 hidden_states=tok_t,
-                past_key_values=st["hf"],
+                **hf_cache(sa, st["hf"]),
                 position_embeddings=(cos_all[:, p : p + 1], sin_all[:, p : p + 1]),
             )
 

@@ -39,7 +39,7 @@ from typing import Any
 import harness as h
 import llmkernels as lk
 import numpy as np
-from harness import LK, fmt, md_table, peers
+from harness import LK, fmt, hf_cache, hf_output_cache, md_table, peers
 
 HF = "transformers eager"
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2")
@@ -182,13 +182,13 @@ def bench_family(
 
     def hf_setup() -> None:
         out = hf(torch.from_numpy(short), use_cache=True, logits_to_keep=1)
-        state["hf"] = (out.past_key_values, int(out.logits[0, -1].argmax()))
+        state["hf"] = (hf_output_cache(out), int(out.logits[0, -1].argmax()))
 
     def hf_decode() -> None:
         past, token = state["hf"]
         for _ in range(cfg.decode_steps):
-            out = hf(torch.tensor([[token]]), past_key_values=past, use_cache=True)
-            past, token = out.past_key_values, int(out.logits[0, -1].argmax())
+            out = hf(torch.tensor([[token]]), **hf_cache(hf, past), use_cache=True)
+            past, token = hf_output_cache(out), int(out.logits[0, -1].argmax())
 
     result: dict[str, Any] = {
         "family": family,

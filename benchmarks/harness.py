@@ -102,6 +102,21 @@ def load_peers(torch_thp: bool = False) -> SimpleNamespace:
 # --------------------------------------------------------------------------------------
 
 
+def hf_cache(module: Any, cache: Any) -> dict[str, Any]:
+    """The keyword a transformers module takes its KV cache by: ``cache`` since transformers
+    5.24 (which deprecates ``past_key_values``), ``past_key_values`` before."""
+    import inspect
+
+    params = inspect.signature(module.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
+def hf_output_cache(out: Any) -> Any:
+    """The cache a transformers forward returned (``out.cache`` since 5.24)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 class NumpyBlasThreads:
     """Set the thread count of NumPy's bundled OpenBLAS (what threadpoolctl does), via ctypes.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -13,6 +14,11 @@ from pathlib import Path
 import llmkernels as lk
 import numpy as np
 import pytest
+from perturb_libm import ENV as PERTURB_ENV
+from perturb_libm import install_from_env
+
+# LLMK_TEST_PERTURB_ULP=k: the references' transcendentals k ulp off (tests/perturb_libm.py)
+PERTURB_ULP = install_from_env()
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,6 +32,16 @@ TOL = {
     np.dtype(np.float32): {"rtol": 2e-5, "atol": 1e-6},
     np.dtype(np.float64): {"rtol": 1e-12, "atol": 1e-14},
 }
+
+
+def cxx_inv_freq(dim: int, theta: float = 10000.0) -> np.ndarray:
+    """The core's own RoPE frequencies when it is given ``theta``: ``1 / theta ** (arange(0, dim,
+    2) / dim)`` with the C library's ``pow`` per element, as the C++ computes them (std::pow). The
+    reference's frequencies come from llmkernels._libm, which LLMK_TEST_PERTURB_ULP perturbs; at
+    positions where one ulp of a frequency moves the angle past the tolerance (p * ulp(f) >~ 1e-13)
+    a test gives the reference these instead."""
+    exps = np.arange(0, dim, 2, dtype=np.float64) / dim
+    return np.array([1.0 / math.pow(theta, float(e)) for e in exps], dtype=np.float64)
 
 
 def run_python(
@@ -121,3 +137,9 @@ _hyp_settings.register_profile(
     "long", max_examples=2000, deadline=None, derandomize=False, print_blob=True
 )
 _hyp_settings.load_profile(_os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_report_header() -> str | None:
+    if PERTURB_ULP:
+        return f"{PERTURB_ENV}={PERTURB_ULP}: the references' transcendentals perturbed (ulp)"
+    return None

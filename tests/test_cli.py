@@ -59,6 +59,22 @@ def test_generate_errors(model_dir: Path) -> None:
     assert p.returncode == 2 and "--prompt" in p.stderr
 
 
+def test_max_prompt_tokens(model_dir: Path) -> None:
+    """--max-prompt-tokens refuses a longer prompt (generate; chat: the conversation) by name;
+    a prompt over max_position_embeddings (512) runs with transformers' warning."""
+    p = run("generate", "--model", str(model_dir), "--prompt", "Hello there", "-n", "2",
+            "--ignore-chat-template", "--max-prompt-tokens", "5")  # fmt: skip
+    assert p.returncode == 2 and p.stdout == ""
+    assert "error: [stream_generate] the prompt has" in p.stderr
+    assert "over max_prompt_tokens = 5" in p.stderr
+    p = run("chat", "--model", str(model_dir), "--max-prompt-tokens", "5", stdin="Hello\n")
+    assert p.returncode == 2 and "error: [chat] the prompt has" in p.stderr
+    p = run("generate", "--model", str(model_dir), "--prompt", "ab" * 300, "-n", "1",
+            "--ignore-chat-template")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "UserWarning: [stream_generate] the prompt's sequence length" in p.stderr
+
+
 def test_chat_from_stdin_keeps_the_cache(model_dir: Path) -> None:
     model, tok = lk.load(model_dir)
     session = lk.ChatSession(model, tok)

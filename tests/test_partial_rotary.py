@@ -11,6 +11,7 @@ from __future__ import annotations
 import llmkernels as lk
 import numpy as np
 import pytest
+from llmkernels import _libm
 
 
 def _reference_mha(
@@ -28,7 +29,7 @@ def _reference_mha(
     v = (x @ sd["v_proj.weight"].T).reshape(b, t, hkv, hd).transpose(0, 2, 1, 3)
     half = len(inv_freq)
     ang = positions[:, None, :, None].astype(np.float64) * inv_freq  # (B, 1, T, half)
-    cos, sin = np.cos(ang), np.sin(ang)
+    cos, sin = _libm.cos(ang), _libm.sin(ang)
 
     def rot(a: np.ndarray) -> np.ndarray:
         a1, a2, rest = a[..., :half], a[..., half : 2 * half], a[..., 2 * half :]

@@ -18,7 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _models import hf_llama_config, hf_rope_config, llama3_scaling
-from conftest import TOL
+from conftest import TOL, cxx_inv_freq
+from llmkernels import _libm
 from llmkernels import reference as ref
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
@@ -207,8 +208,9 @@ def test_rope_vs_hf_llama(head, scaling, dtype, isa, rng):
         k_lk = lk.rope(k, pos, inv_freq=inv_freq, attention_factor=factor)
 
     # llmkernels against the float64 reference (exact angles): the DESIGN tolerance
+    ref_freq = cxx_inv_freq(d, theta) if sc is None else inv_freq  # the frequencies lk used
     for x, got in ((q, q_lk), (k, k_lk)):
-        check(got, ref.rope(x, pos, inv_freq=inv_freq, attention_factor=factor), dtype)
+        check(got, ref.rope(x, pos, inv_freq=ref_freq, attention_factor=factor), dtype)
 
     # HF's angles and amplitude, read back from its cos/sin tables, against the exact ones
     half = d // 2
@@ -251,7 +253,7 @@ def test_rope_hf_convention_exact(head, dtype, isa, rng):
     inv_freq = lk.rope_inv_freq(d, theta, sc)
     angles = POSITION_IDS[..., None].astype(np.float64) * inv_freq
     emb = np.concatenate([angles, angles], axis=-1)
-    cos, sin = t(np.cos(emb)), t(np.sin(emb))  # float64
+    cos, sin = t(_libm.cos(emb)), t(_libm.sin(emb))  # float64
     q_hf, k_hf = (a.numpy() for a in apply_rotary_pos_emb(t(q).double(), t(k).double(), cos, sin))
     pos = POSITION_IDS[:, None, :]
     check(lk.rope(q, pos, inv_freq=inv_freq), q_hf.astype(dtype), dtype)

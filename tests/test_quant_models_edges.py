@@ -83,6 +83,28 @@ def test_quantize_takes_bfloat16(rng):
     )
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_quantize_takes_torch_low_precision_tensors(rng, dtype):
+    """torch bf16 tensors were refused ("Got unsupported ScalarType BFloat16") though the
+    functional ops take them: widened exactly, as their NumPy twins."""
+    import torch
+
+    w = torch.from_numpy(rng.standard_normal((8, 64)).astype(np.float32)).to(getattr(torch, dtype))
+    w32 = w.float().numpy()
+    q, s = lk.quantize(w, 8, 32)
+    q32, s32 = lk.quantize(w32, 8, 32)
+    np.testing.assert_array_equal(q, q32)
+    np.testing.assert_array_equal(s, s32)
+    x = torch.from_numpy(rng.standard_normal((3, 64)).astype(np.float32)).to(getattr(torch, dtype))
+    bias = torch.ones(8, dtype=getattr(torch, dtype))
+    np.testing.assert_array_equal(
+        lk.quantized_linear(x, q, s, 8, 32, bias),
+        lk.quantized_linear(x.float().numpy(), q32, s32, 8, 32, np.ones(8, np.float32)),
+    )
+    with pytest.raises(TypeError, match=r"^\[quantize\] w could not be converted .*requires grad"):
+        lk.quantize(w.clone().requires_grad_(True), 8, 32)
+
+
 @pytest.mark.parametrize("target", ["float32", "bfloat16", "float16"])
 def test_to_a_float_dtype_of_a_model_with_one_module_quantized(target):
     """One FFN quantized on its own: to(float) dequantizes it too (was a bare KeyError, or a
@@ -127,3 +149,108 @@ def test_save_pretrained_keeps_the_checkpoints_token_ids(tmp_path):
     fresh = lk.Transformer(ours.config, seed=0)
     fresh.save_pretrained(tmp_path / "fresh")
     transformers.Phi3ForCausalLM.from_pretrained(tmp_path / "fresh")
+
+
+# ------------------------------------------------------------------------------------------
+# edges found by an adversarial pass (session 13)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_tied_quantized_checkpoint_with_a_different_head_loads_untied(tmp_path, bits):
+    """tie_word_embeddings true, but lm_head.qweight is not the quantized embedding: kept,
+    untied, with a warning (as a float checkpoint's different lm_head.weight); it loaded tied,
+    and to("float32") then rebuilt the head from the embedding."""
+    from safetensors.numpy import load_file, save_file
+
+    model = lk.Transformer({**CFG, "tie_embeddings": True}, seed=0).quantize(bits)
+    model.save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    head = np.random.default_rng(7).standard_normal((96, 64)).astype(np.float32)
+    tensors["lm_head.qweight"], tensors["lm_head.scales"] = lk.quantize(head, bits, 32)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.warns(UserWarning, match=r"lm_head.qweight / lm_head.scales are not the "
+                                         r"quantized model.embed_tokens.weight"):  # fmt: skip
+        back = lk.Transformer.from_pretrained(tmp_path)
+    assert not back.config.tie_embeddings
+    sd = back.state_dict()
+    np.testing.assert_array_equal(sd["lm_head.qweight"], tensors["lm_head.qweight"])
+    back.to("float32")
+    np.testing.assert_array_equal(
+        back.state_dict()["lm_head.weight"],
+        lk.dequantize(tensors["lm_head.qweight"], tensors["lm_head.scales"], bits, 32),
+    )
+    # the head save_pretrained writes for a tied model: tied, silently
+    model.save_pretrained(tmp_path / "same")
+    assert lk.Transformer.from_pretrained(tmp_path / "same").config.tie_embeddings
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "shown"),
+    [
+        ("format", "int4-q4_0", "'int4-q4_0'"),
+        ("scale_dtype", "bfloat16", "'bfloat16'"),
+        ("symmetric", False, "False"),
+        ("symmetric", 1, "1"),
+    ],
+)
+def test_quantization_config_keys_are_checked(tmp_path, key, value, shown):
+    """format / scale_dtype / symmetric of quantization_config were never read: an int8 file
+    saying "format": "int4-q4_0" loaded. Refused by name unless as save_pretrained writes them."""
+    import json
+
+    lk.Transformer(CFG, seed=0).quantize(8).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["quantization_config"][key] = value
+    path.write_text(json.dumps(cfg))
+    match = rf"^\[from_pretrained\] .*config\.json: quantization_config: {key} must be .* got "
+    with pytest.raises(ValueError, match=match + rf"{shown}$"):
+        lk.Transformer.from_pretrained(tmp_path)
+    del cfg["quantization_config"][key]  # absent: what it is written as
+    path.write_text(json.dumps(cfg))
+    assert lk.Transformer.from_pretrained(tmp_path).dtype == "int8"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_scales_are_refused_at_load(tmp_path, bad):
+    """A NaN / Inf scale in a quantized checkpoint loaded (NaN logits): refused, the tensor
+    named; load_state_dict refuses it too and changes nothing."""
+    from safetensors.numpy import load_file, save_file
+
+    model = lk.Transformer(CFG, seed=0).quantize(4)
+    model.save_pretrained(tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    key = "model.layers.1.mlp.up_proj.scales"
+    tensors[key][5, 1] = bad
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"^\[from_pretrained\] .*model\.safetensors: tensor "
+                                         rf"{key} holds -?(nan|inf) at row 5, group 1: "
+                                         r"quantization scales must be finite"):  # fmt: skip
+        lk.Transformer.from_pretrained(tmp_path)
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=rf"^\[Transformer\.load_state_dict\] {key} holds"):
+        model.load_state_dict(tensors, strict=False)
+    assert all(np.array_equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_path_of_a_call_depends_on_its_token_count(rng, bits):
+    """docs/quantization.md, "Which path a call takes": up to 16 tokens int8 activations (each
+    token as if alone, bitwise), from 17 the GEMM on float32 activations -- so one token's
+    result depends on how many share the call (the batch / prompt length of a quantized model)."""
+    from llmkernels.quant import INT8_ACTIVATION_TOKENS, ref_quantized_linear
+
+    w = rng.standard_normal((48, 128)).astype(np.float32)
+    q, s = lk.quantize(w, bits, 32)
+    x = rng.standard_normal((INT8_ACTIVATION_TOKENS + 1, 128)).astype(np.float32)
+    n = INT8_ACTIVATION_TOKENS
+    alone = np.concatenate([lk.quantized_linear(x[i : i + 1], q, s, bits, 32) for i in range(n)])
+    np.testing.assert_array_equal(lk.quantized_linear(x[:n], q, s, bits, 32), alone)
+    big = lk.quantized_linear(x, q, s, bits, 32)  # 17 tokens: float activations
+    float_acts = lk.quantized_linear(x, q, s, bits, 32, activations="float32")
+    np.testing.assert_array_equal(big, float_acts)
+    assert not np.array_equal(big[:n], alone)
+    for got, acts in ((alone, "int8"), (big[:n], "float32")):
+        want = ref_quantized_linear(x[:n], q, s, bits, 32, activations=acts)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -538,6 +538,55 @@ def test_text_api_errors(tmp_path: Path, peer: dict[str, Any]) -> None:
         lk.load(d)
 
 
+def test_out_of_range_prompt_ids_name_the_function(peer: dict[str, Any]) -> None:
+    """A list of token ids with one past the vocabulary: the error named [Transformer] (the
+    model's forward), not the function called."""
+    model, tok = peer["model"], peer["tok"]
+    vocab = model.config.vocab_size
+    for fn, call in (
+        ("generate", lambda ids: lk.generate(model, tok, ids, 3)),
+        ("stream_generate", lambda ids: list(lk.stream_generate(model, tok, ids, 3))),
+    ):
+        for ids in ([1, 2, vocab], np.array([1, -1, 2])):
+            match = rf"^\[{fn}\] prompt token ids must be in \[0, vocab_size={vocab}\), got "
+            with pytest.raises(ValueError, match=match + r"-?\d+$"):
+                call(ids)
+
+
+def test_prompt_length_limit_and_warning(peer: dict[str, Any]) -> None:
+    """Prompts past max_position_embeddings (512 here) ran silently: a UserWarning now, as in
+    transformers; max_prompt_tokens (default 2**20) refuses longer ones by name."""
+    from llmkernels.text import MAX_PROMPT_TOKENS
+
+    model, tok = peer["model"], peer["tok"]
+    assert MAX_PROMPT_TOKENS == 1 << 20
+    long = [5] * 520
+    with pytest.warns(UserWarning, match=r"^\[generate\] the prompt's sequence length \(520 "
+                                         r"tokens\) exceeds the maximum sequence length of this "
+                                         r"model \(max_position_embeddings = 512\)"):  # fmt: skip
+        lk.generate(model, tok, long, 1)
+    with pytest.warns(UserWarning, match=r"^\[stream_generate\] the prompt's sequence length"):
+        lk.stream_generate(model, tok, long, 1)
+    with pytest.warns(UserWarning, match=r"^\[generate\] the prompt's sequence length"):
+        lk.generate(model, tok, ["a" * 600, "b"], 1)  # a batch: each prompt
+    lk.generate(model, tok, [5] * 512, 1)  # up to the maximum: no warning
+    for fn, call in (
+        ("generate", lambda **kw: lk.generate(model, tok, [5] * 10, 1, **kw)),
+        ("stream_generate", lambda **kw: lk.stream_generate(model, tok, [5] * 10, 1, **kw)),
+        ("chat", lambda **kw: list(lk.ChatSession(model, tok).send("hello", 1, **kw))),
+    ):
+        with pytest.raises(ValueError, match=rf"^\[{fn}\] the prompt has \d+ tokens, over "
+                                             r"max_prompt_tokens = 9"):  # fmt: skip
+            call(max_prompt_tokens=9)
+        for bad in (0, 2.5, True, None):
+            with pytest.raises(ValueError, match=rf"^\[{fn}\] max_prompt_tokens must be a "
+                                                 r"positive integer"):  # fmt: skip
+                call(max_prompt_tokens=bad)
+    assert lk.generate(model, tok, [5] * 10, 1, max_prompt_tokens=10) == lk.generate(
+        model, tok, [5] * 10, 1
+    )
+
+
 def test_template_globals_as_transformers(tmp_path: Path, peer: dict[str, Any]) -> None:
     """namespace, dict, loop controls, strftime_now and tojson as transformers provides them;
     namespace refuses underscore attributes in both."""

@@ -26,6 +26,10 @@
 //          int8 weights, on the unsigned nibbles and x for int4 -- two blocks per 32-byte load,
 //          the 8 * x this adds taken off in int16 -- then _mm256_madd_epi16; SSE2:
 //          _mm_madd_epi16 on int16), each block's sum(code_w * code_x) scaled by s_w * s_x.
+//          The caller (ops/quant.cpp's qlinear) gives these kernels activation scales s_x of 0,
+//          NaN or within [2^-100, 2^100] only (else the call takes float activations), so that
+//          d = s_w * s_x is a finite normal float: a d of inf met a zero integer dot product
+//          (inf * 0 = NaN where the reference gives 0), a subnormal d had a few bits.
 // ISA paths: the integer code below is written with SSE2 intrinsics and with AVX2 ones; each
 // per-ISA translation unit compiles the one its flags allow (#if __AVX2__: the avx2 and avx512
 // units run the 256-bit code; AVX-512 has no cheaper int8 dot product without VNNI). The float

@@ -149,15 +149,25 @@ RowStatus quantize_row(const float* w, std::size_t k, std::size_t group, int bit
   return st;
 }
 
+// The activation scales the int8 kernels take: 0 (a zero block), NaN (a block holding NaN or Inf)
+// or within [2^-100, 2^100]. Their products d = s_w * s_x (|s_w| in [2^-24, 65504] or 0) are
+// then finite normal floats: one token of |x| ~ 3e38 made d = inf, and inf * 0 = NaN for a row
+// whose integer dot product is 0 (the reference: 0); a block of subnormal x made s_x and d
+// subnormal, a few significant bits (3% off on every row). A call with a scale outside the range
+// takes float activations instead (llmkernels.quant.INT8_ACTIVATION_SCALE_RANGE).
+constexpr float kActScaleMin = 0x1p-100f, kActScaleMax = 0x1p100f;
+
 // Per token, per block of 32: s = max|x| / 127 (float32), q = rint(x / s) (0 when s == 0);
 // a block holding NaN or Inf gets s = NaN (its products are NaN, as in float arithmetic).
+// Returns whether every s is 0, NaN or within [kActScaleMin, kActScaleMax].
 // q (m, k) int8, q16 (m, k) the same codes as int16, s (m, k / kQBlock). SSE2, 4 floats at a
 // time (this file is built for the baseline ISA): the same values as the scalar formula --
 // max of |x| is exact, the division is IEEE, cvtps2dq rounds half to even as nearbyint does
 // (round-to-nearest, the mode ExactSubnormals leaves), and the clamp to [-127, 127] is kept.
 // Scalar, it cost ~3% of an int8 decode step (one call per projection, before the threads).
-void quantize_acts(const float* x, std::size_t m, std::size_t k, std::int8_t* q, std::int16_t* q16,
+bool quantize_acts(const float* x, std::size_t m, std::size_t k, std::int8_t* q, std::int16_t* q16,
                    float* s) {
+  bool in_range = true;
   const std::size_t nb = k / kQBlock;
   const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
   const __m128 fmax = _mm_set1_ps(std::numeric_limits<float>::max());
@@ -176,6 +186,7 @@ void quantize_acts(const float* x, std::size_t m, std::size_t k, std::int8_t* q,
       const bool finite = _mm_movemask_ps(bad) == 0;
       const float d = _mm_cvtss_f32(amax4) / 127.f;
       s[t * nb + b] = finite ? d : std::numeric_limits<float>::quiet_NaN();
+      if (finite && d != 0.f && !(d >= kActScaleMin && d <= kActScaleMax)) in_range = false;
       std::int8_t* qb = q + t * k + b * kQBlock;
       std::int16_t* q16b = q16 + t * k + b * kQBlock;
       if (!finite || d == 0.f) {
@@ -195,6 +206,7 @@ void quantize_acts(const float* x, std::size_t m, std::size_t k, std::int8_t* q,
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + i), _mm_packs_epi16(h[0], h[1]));
       }
     }
+  return in_range;
 }
 
 // x (m, k) -> panels of kQPanel tokens, each transposed (k, kQPanel), zero past token m
@@ -310,11 +322,12 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       auto* q4 = xq + m * w.k;                                  // (m, k)
       {
         ExactSubnormals exact;
-        quantize_acts(a.x, m, w.k, xq, q16, sc);
+        // scales out of the int8 kernels' range (kActScaleMin): float activations, a.act null
+        int8_acts = quantize_acts(a.x, m, w.k, xq, q16, sc);
       }
       auto* x8 = reinterpret_cast<std::int16_t*>(q4 + m * w.k);  // (m, np, 16)
-      a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr};
-      if (bits == 4) {  // the pair order of the AVX2 int4 kernel
+      if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr};
+      if (int8_acts && bits == 4) {  // the pair order of the AVX2 int4 kernel
         for (std::size_t t = 0; t < m; ++t) {
           const std::int8_t* src = xq + t * w.k;
           std::int8_t* dst = q4 + t * w.k;

@@ -66,6 +66,14 @@ def _text_arguments(p: argparse.ArgumentParser) -> None:
         help="HF model directory (config.json, *.safetensors, tokenizer.json)",
     )
     p.add_argument("--max-tokens", "-n", type=int, default=256, help="tokens to generate")
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="refuse a prompt (chat: the whole conversation) of more tokens than this (default "
+        "2**20, llmkernels.text.MAX_PROMPT_TOKENS); one over the model's "
+        "max_position_embeddings runs with a warning",
+    )
     for flag, _, kind, text in _SAMPLING_OPTIONS:
         p.add_argument(flag, type=kind, default=None, help=text)
     p.add_argument(
@@ -84,10 +92,14 @@ def _text_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The sampling keyword arguments of ``stream_generate`` / ``ChatSession.send``."""
-    return {
+    """The sampling keyword arguments of ``stream_generate`` / ``ChatSession.send`` (and
+    ``max_prompt_tokens`` when given)."""
+    out = {
         name: getattr(args, flag[2:].replace("-", "_")) for flag, name, _, _ in _SAMPLING_OPTIONS
     }
+    if args.max_prompt_tokens is not None:
+        out["max_prompt_tokens"] = args.max_prompt_tokens
+    return out
 
 
 def _stats(r: Any, prefilled: int | None = None) -> str:

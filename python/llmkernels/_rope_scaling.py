@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _libm
+
 __all__ = ["ROPE_TYPES", "rope_attention_factor", "rope_inv_freq"]
 
 #: The accepted ``rope_type`` values.
@@ -308,7 +310,7 @@ class _Scaling:
 
 def _default_inv_freq(dim: int, base: float) -> np.ndarray:
     """``1 / base**(arange(0, dim, 2) / dim)`` in float64."""
-    return 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    return 1.0 / _libm.pow(base, np.arange(0, dim, 2, dtype=np.float64) / dim)
 
 
 def rope_inv_freq(
@@ -390,7 +392,8 @@ def rope_inv_freq(
         keep = int(prf * dim // 2)
         inv_freq = np.zeros(dim // 2, dtype=np.float64)
         # the kept frequencies use the full head_dim in the exponent
-        inv_freq[:keep] = 1.0 / (base ** (np.arange(0, 2 * keep, 2, dtype=np.float64) / dim))
+        exponents = np.arange(0, 2 * keep, 2, dtype=np.float64) / dim
+        inv_freq[:keep] = 1.0 / _libm.pow(base, exponents)
         return inv_freq / factor
 
     # the rotated dimension (HF: int(head_dim * partial_rotary_factor))
@@ -442,7 +445,7 @@ def rope_inv_freq(
             raise ValueError(
                 f"[{fn}] scaling[{key!r}] must have length dim // 2 = {half}, got {ext.shape[0]}"
             )
-        return 1.0 / (ext * base ** (np.arange(0, rdim, 2, dtype=np.float64) / rdim))
+        return 1.0 / (ext * _libm.pow(base, np.arange(0, rdim, 2, dtype=np.float64) / rdim))
 
     # p-rope
     p = sc.real("p", positive=False)
@@ -478,7 +481,7 @@ def _yarn_inv_freq(sc: _Scaling, dim: int, base: float) -> np.ndarray:
     ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
     extrapolation_weight = 1.0 - ramp
 
-    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    pos_freqs = _libm.pow(base, np.arange(0, dim, 2, dtype=np.float64) / dim)
     inv_freq_extrapolation = 1.0 / pos_freqs
     inv_freq_interpolation = 1.0 / (factor * pos_freqs)
     return (

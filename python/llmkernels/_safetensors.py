@@ -818,6 +818,22 @@ def read_pretrained(path: str | os.PathLike[str], with_quantization: bool = Fals
             stacklevel=3,
         )
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
+    qhead = ("lm_head.qweight", "lm_head.scales")
+    if (
+        cfg.tie_embeddings
+        and quant is not None
+        and all(k in located for k in (emb, *qhead))
+        and _is_quantized_copy_layout(located, emb, quant)
+        and not quantized_head_matches(located, quant)
+    ):
+        # as for a float checkpoint: a saved head that is not the quantized embedding is kept
+        warnings.warn(
+            f"{_PREFIX} {directory}: tie_word_embeddings is true, but {qhead[0]} / "
+            f"{qhead[1]} are not the quantized {emb}: both are kept, untied (as transformers "
+            "does for a float head)",
+            stacklevel=3,
+        )
+        cfg = dataclasses.replace(cfg, tie_embeddings=False)
     expected = hf_key_shapes(cfg)
     if quant is not None:
         expected = quantized_key_shapes(expected, quant, cfg.tie_embeddings, config_path)
@@ -839,6 +855,64 @@ def read_pretrained(path: str | os.PathLike[str], with_quantization: bool = Fals
     if quant is not None:
         raise _err(directory, "holds a quantized model: load it with Transformer.from_pretrained")
     return cfg, found
+
+
+def _is_quantized_copy_layout(
+    located: Mapping[str, tuple[str, TensorInfo]], emb: str, quant: QuantConfig
+) -> bool:
+    """Whether ``lm_head.qweight`` / ``.scales`` have the dtypes and shapes of the quantized
+    embedding ``emb`` (a float (rows, k) matrix, k a multiple of the group size); anything else
+    is left to the key, shape and dtype checks."""
+    e, q, s = (located[k][1] for k in (emb, "lm_head.qweight", "lm_head.scales"))
+    if e.dtype not in _FLOAT_DTYPES or len(e.shape) != 2 or e.shape[1] % quant.group_size:
+        return False
+    rows, k = e.shape
+    return (
+        q.dtype == ("I8" if quant.bits == 8 else "U8")
+        and q.shape == (rows, k if quant.bits == 8 else k // 2)
+        and s.dtype == "F16"
+        and s.shape == (rows, k // quant.group_size)
+    )
+
+
+def quantized_head_matches(
+    located: Mapping[str, tuple[str, TensorInfo]], quant: QuantConfig
+) -> bool:
+    """Whether ``lm_head.qweight`` / ``lm_head.scales`` hold :func:`llmkernels.quantize`'s codes
+    and scales of ``model.embed_tokens.weight`` (as float32), as a tied quantized model saves
+    its head; read a few MiB of rows at a time from the files."""
+    from contextlib import ExitStack
+
+    from . import _core
+
+    names = ("model.embed_tokens.weight", "lm_head.qweight", "lm_head.scales")
+    e_info = located[names[0]][1]
+    step = max(1, _CHUNK_BYTES // max(1, e_info.shape[1] * DTYPES[e_info.dtype].itemsize))
+    with ExitStack() as stack:
+        opened: dict[str, tuple[dict[str, TensorInfo], _Reader]] = {}
+        pieces = []
+        for name in names:
+            file, info = located[name]
+            if file not in opened:
+                f, size = _open_regular(file)
+                stack.enter_context(f)
+                opened[file] = (_read_header_from(f, file, size)[0], _Reader(f, file, size))
+                stack.callback(opened[file][1].close)
+            header, reader = opened[file]
+            if header.get(name) != info:
+                raise _err(file, f"tensor {_short(name)} changed since the header was read")
+            pieces.append(reader.rows(name, info, step))
+        for e, q, s in zip(*pieces, strict=True):
+            try:
+                want_q, want_s = _core.quantize(
+                    np.ascontiguousarray(e, dtype=np.float32), quant.bits, quant.group_size
+                )
+            except ValueError:  # not finite, or beyond float16 scales: not its quantized copy
+                return False
+            same_s = np.array_equal(want_s.view(np.uint16), np.asarray(s).view(np.uint16))
+            if not (same_s and np.array_equal(want_q, q)):
+                return False
+    return True
 
 
 #: ``quantization_config["quant_method"]`` of the checkpoints save_pretrained writes for int8 /
@@ -891,7 +965,29 @@ def read_quantization_config(config_path: str) -> QuantConfig | None:
             config_path,
             f"quantization_config: group_size must be 32, 64 or 128, got {_short(group)}",
         )
+    written = QuantConfig(bits, group).to_dict()
+    for key in ("format", "scale_dtype", "symmetric"):  # as save_pretrained writes them
+        value, want = qc.get(key, written[key]), written[key]
+        if value != want or isinstance(value, bool) != isinstance(want, bool):
+            raise _err(
+                config_path,
+                f"quantization_config: {key} must be {json.dumps(want)} for bits={bits} "
+                f"(llmkernels' layout), got {_short(value)}",
+            )
     return QuantConfig(bits, group)
+
+
+def check_finite_scales(file: str, key: str, scales: np.ndarray) -> None:
+    """A quantized checkpoint's float16 ``scales`` must be finite (a NaN or Inf scale makes
+    NaN logits): the first bad one named by tensor, row and group."""
+    bad = ~np.isfinite(scales)
+    if bad.any():
+        row, group = (int(i) for i in np.argwhere(bad)[0])
+        raise _err(
+            file,
+            f"tensor {key} holds {scales[row, group]} at row {row}, group {group}: quantization "
+            "scales must be finite",
+        )
 
 
 def is_quantized_key(key: str) -> bool:

@@ -388,6 +388,12 @@ class _Module:
                     f"[{self._name}.load_state_dict] {key}: dtype {arr.dtype}, expected "
                     f"{own[key].dtype} (quantized layout, docs/quantization.md)"
                 )
+            if key.endswith(".scales") and not np.isfinite(arr).all():
+                row, group = (int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+                raise ValueError(
+                    f"[{self._name}.load_state_dict] {key} holds {arr[row, group]} at row {row}, "
+                    f"group {group}: quantization scales must be finite"
+                )
             staged.append((own[key], arr))
         for dst, src in staged:
             np.copyto(dst, src, casting="unsafe")
@@ -1532,6 +1538,7 @@ class Transformer(_Module):
         """
         from ._safetensors import (
             DTYPE_NAMES,
+            check_finite_scales,
             checkpoint_weight_dtype,
             is_quantized_key,
             load_into,
@@ -1602,6 +1609,9 @@ class Transformer(_Module):
             load_into(located, dests, bar.update)
         finally:
             bar.close()
+        for key, (file, _) in located.items():
+            if key.endswith(".scales"):  # (a NaN / Inf scale: NaN logits)
+                check_finite_scales(file, key, own[key])
         if remake_head:  # tied: the quantized head is made from the embedding just read
             model._impl.assign(model._impl.converted(wdtype, group, fn))
         model._token_ids = _token_ids(os.path.join(path, "config.json"))

@@ -19,12 +19,13 @@ HF stores ``nn.Linear`` weights -- is quantized along k in groups of ``group_siz
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
 
 from . import _core
-from ._ops import _BF16
+from ._ops import _BF16, _as_array, _is_torch_bf16
 
 __all__ = ["dequantize", "quantize", "quantized_linear"]
 
@@ -37,9 +38,17 @@ DEFAULT_ACTIVATIONS = "int8"
 # (the same float32 activations either way). ops/quant.cpp's kGemvMaxTokensInt8 / kGemvMaxTokens.
 INT8_ACTIVATION_TOKENS = 16
 FLOAT_GEMV_TOKENS = 8
+# The int8 activation scales (s = max|x| / 127 per token and block of 32) the integer kernels
+# take: 0, NaN or within this range. A call with any other (|x| beyond ~1.6e32, or a nonzero
+# block below ~1e-28) takes float32 activations: the product s_w * s_x would overflow (inf * 0 =
+# NaN for a zero integer dot product) or be subnormal (a few significant bits).
+# ops/quant.cpp's kActScaleMin / kActScaleMax.
+INT8_ACTIVATION_SCALE_RANGE = (2.0**-100, 2.0**100)
 
 
 def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
+    if _is_torch_bf16(a):  # no __array__ for bfloat16: its bits, as the functional ops take it
+        return np.ascontiguousarray(_as_array(fn, name, a), dtype=np.float32)
     try:
         arr = np.asarray(a)
     except Exception as exc:  # ragged lists and the like
@@ -49,6 +58,23 @@ def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"[{fn}] {name} must be a real array, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _check_args(fn: str, bits: Any, group_size: Any) -> tuple[int, int]:
+    """``bits`` (4 or 8) and ``group_size`` (32, 64 or 128): Python or NumPy integers (not bool,
+    float or str), checked here, before the C++ call (whose own check would see a converted
+    value, or refuse the call with pybind11's dump of the signatures)."""
+    for name, value, allowed, text in (
+        ("bits", bits, (4, 8), "4 or 8"),
+        ("group_size", group_size, (32, 64, 128), "32, 64 or 128"),
+    ):
+        if (
+            isinstance(value, (bool, np.bool_))
+            or not isinstance(value, numbers.Integral)
+            or int(value) not in allowed
+        ):
+            raise ValueError(f"[{fn}] {name} must be {text}, got {repr(value)[:40]}")
+    return int(bits), int(group_size)
 
 
 def quantize(w: Any, bits: int = 8, group_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +94,7 @@ def quantize(w: Any, bits: int = 8, group_size: int = 32) -> tuple[np.ndarray, n
         >>> bool(np.abs(lk.dequantize(q, s, 8, 32) - w).max() <= s.max() / 2)
         True
     """
+    bits, group_size = _check_args("quantize", bits, group_size)
     return _core.quantize(_as_f32("w", "quantize", w), bits, group_size)
 
 
@@ -83,6 +110,7 @@ def dequantize(
         >>> lk.dequantize(q, s, bits=4, group_size=32)[0, :2]
         array([ 0.5, -1. ], dtype=float32)
     """
+    bits, group_size = _check_args("dequantize", bits, group_size)
     return _core.dequantize(np.ascontiguousarray(q), np.ascontiguousarray(scales), bits, group_size)
 
 
@@ -102,7 +130,9 @@ def quantized_linear(
     (``INT8_ACTIVATION_TOKENS``) the product is a matrix-vector kernel reading the codes in
     place, with ``activations="int8"`` (the default: the faster, see docs/quantization.md)
     quantizing each token in blocks of 32 (llama.cpp's q8_0) for integer dot products
-    (:func:`ref_quantized_linear` with ``activations="int8"`` is its formula).
+    (:func:`ref_quantized_linear` with ``activations="int8"`` is its formula; a call with a
+    block of |x| beyond ~1.6e32 or below ~1e-28, not 0, takes float32 activations:
+    ``INT8_ACTIVATION_SCALE_RANGE``).
     ``activations="float32"`` keeps x in float32 and dequantizes the weights in registers (the
     float64 product of the dequantized weights within float32 rounding), up to 8 tokens
     (``FLOAT_GEMV_TOKENS``) in the matrix-vector kernel. More tokens: the packed GEMM, the
@@ -123,6 +153,12 @@ def quantized_linear(
         ...                  rtol=1e-5, atol=1e-4))
         True
     """
+    bits, group_size = _check_args("quantized_linear", bits, group_size)
+    if not isinstance(activations, str) or activations not in ("float32", "int8"):
+        raise ValueError(
+            f"[quantized_linear] activations must be 'float32' or 'int8', got "
+            f"{repr(activations)[:40]}"
+        )
     try:
         zero_d = np.ndim(x) == 0
     except Exception:  # not an array: _as_f32 says so, naming x
@@ -218,11 +254,17 @@ def ref_quantized_linear(
     activations: str = "float32",
 ) -> np.ndarray:
     """float64 reference of :func:`quantized_linear`: ``x @ W_deq.T + bias``, with x replaced
-    by its per-token int8 blocks (``q * s``) when ``activations="int8"``."""
+    by its per-token int8 blocks (``q * s``) when ``activations="int8"`` (unless a block scale
+    is outside ``INT8_ACTIVATION_SCALE_RANGE``: then x as it is, as the kernel does)."""
     w = ref_dequantize(q, scales, bits, group_size).astype(np.float64)
     x = np.asarray(x, np.float32)
     if activations == "int8":
         qx, s = ref_quantize_activations(x)
+        lo, hi = INT8_ACTIVATION_SCALE_RANGE
+        with np.errstate(invalid="ignore"):
+            if np.any((s != 0) & np.isfinite(s) & ((s < lo) | (s > hi))):
+                activations = "float32"
+    if activations == "int8":
         xd = qx.astype(np.float64) * np.repeat(s.astype(np.float64), BLOCK, axis=1)
     else:
         xd = x.astype(np.float64)

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from . import _libm
 from ._rope_scaling import rope_attention_factor, rope_inv_freq
 
 __all__ = [
@@ -124,7 +125,7 @@ def sigmoid(x: ArrayLike) -> F64:
     ``sigmoid(+inf) = 1``, ``sigmoid(-inf) = 0``, NaN stays NaN.
     """
     x = _f64(x)
-    e = np.exp(-np.abs(x))
+    e = _libm.exp(-np.abs(x))
     return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
@@ -229,8 +230,8 @@ def rope(
     pos = np.broadcast_to(pos, x.shape[:-1])  # (..., T)
 
     angles = pos[..., None] * freqs  # (..., T, r/2), float64
-    cos = np.cos(angles) * attention_factor
-    sin = np.sin(angles) * attention_factor
+    cos = _libm.cos(angles) * attention_factor
+    sin = _libm.sin(angles) * attention_factor
 
     if interleaved:
         x1, x2 = x[..., 0:r:2], x[..., 1:r:2]
@@ -305,7 +306,7 @@ def attention(
 
     scores = (q @ np.swapaxes(k, -1, -2)) * scale  # (..., Hq, Tq, Tk)
     if softcap is not None:
-        scores = softcap * np.tanh(scores / softcap)
+        scores = softcap * _libm.tanh(scores / softcap)
     allowed = np.ones(scores.shape, dtype=bool)
     i = np.arange(t_q)[:, None] + (t_k - t_q)  # query i's position among the keys
     j = np.arange(t_k)[None, :]
@@ -331,10 +332,10 @@ def attention(
         row_max = np.maximum(row_max, sink)
     attends = ~np.isneginf(row_max)
     row_max = np.where(attends, row_max, 0.0)
-    e = np.where(allowed, np.exp(masked - row_max), 0.0)
+    e = np.where(allowed, _libm.exp(masked - row_max), 0.0)
     total = np.sum(e, axis=-1, keepdims=True)
     if sink is not None:
-        total = total + np.exp(sink - row_max)
+        total = total + _libm.exp(sink - row_max)
     weights = np.where(attends, e / np.where(attends, total, 1.0), 0.0)
 
     # (a row that attends nothing is zeros even where v holds NaN or inf: 0 @ NaN is NaN)
@@ -344,7 +345,7 @@ def attention(
         result += (weights,)
     if return_lse:
         with np.errstate(divide="ignore"):
-            lse = np.where(attends, row_max + np.log(total), -np.inf)[..., 0]
+            lse = np.where(attends, row_max + _libm.log(total), -np.inf)[..., 0]
         result += (lse,)
     return result[0] if len(result) == 1 else result
 

@@ -24,9 +24,11 @@ default), ``top_p``, ``min_p``, ``repetition_penalty``); the one sampler is
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import resource
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +46,12 @@ from .modules import (
 from .tokenizer import Tokenizer, _clean_up_tokenization
 
 __all__ = ["ChatSession", "GenerationResponse", "generate", "load", "stream_generate"]
+
+#: The default limit on a prompt's length in tokens (``max_prompt_tokens`` of :func:`generate`,
+#: :func:`stream_generate` and :meth:`ChatSession.send`, ``--max-prompt-tokens`` of the CLI): a
+#: longer prompt is refused before any work. A prompt over the model's
+#: ``max_position_embeddings`` (but within the limit) runs, with a warning, as in transformers.
+MAX_PROMPT_TOKENS = 1 << 20
 
 
 def load(
@@ -148,6 +156,40 @@ def _prompt_ids(fn: str, tokenizer: Tokenizer, prompt: Any) -> list[int]:
             "string); give some text"
         )
     return ids
+
+
+def _check_max_prompt_tokens(fn: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"[{fn}] max_prompt_tokens must be a positive integer, got {repr(value)[:40]}"
+        )
+    return int(value)
+
+
+def _check_prompt(fn: str, model: Transformer, ids: list[int], limit: int) -> None:
+    """A prompt's token ids against the model (errors name ``fn``, not the model): ids in
+    ``[0, vocab_size)``, at most ``limit`` (``max_prompt_tokens``) of them; a prompt longer than
+    ``max_position_embeddings`` gets transformers' warning."""
+    cfg = model.config
+    if len(ids) > limit:
+        raise ValueError(
+            f"[{fn}] the prompt has {len(ids)} tokens, over max_prompt_tokens = {limit} (raise "
+            "max_prompt_tokens to run it)"
+        )
+    bad = [i for i in ids if not 0 <= i < cfg.vocab_size]
+    if bad:
+        raise ValueError(
+            f"[{fn}] prompt token ids must be in [0, vocab_size={cfg.vocab_size}), got "
+            f"{bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+        )
+    if len(ids) > cfg.max_seq_len:
+        warnings.warn(
+            f"[{fn}] the prompt's sequence length ({len(ids)} tokens) exceeds the maximum "
+            f"sequence length of this model (max_position_embeddings = {cfg.max_seq_len}): "
+            "positions past it were not trained, the output may be garbage",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> _Sampling:
@@ -399,11 +441,14 @@ def stream_generate(
     seed: int | None = None,
     stop: str | Sequence[str] | None = None,
     kv_dtype: Any = None,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> Iterator[GenerationResponse]:
     """Yield :class:`GenerationResponse` pieces as they are decoded (see the module doc for the
     prompt forms, stopping and sampling defaults). ``"".join(r.text for r in ...)`` equals
     :func:`generate`'s text. ``kv_dtype``: the KV cache's dtype (``"float32"`` default,
-    ``"bfloat16"``, ``"float16"``; see :class:`llmkernels.KVCache`).
+    ``"bfloat16"``, ``"float16"``; see :class:`llmkernels.KVCache`). ``max_prompt_tokens``:
+    a longer prompt raises ValueError (default ``MAX_PROMPT_TOKENS``, 2**20); one longer than
+    the model's ``max_position_embeddings`` runs with a UserWarning, as in transformers.
 
     Example:
         >>> import tempfile, llmkernels as lk
@@ -421,7 +466,9 @@ def stream_generate(
         fn, model, tokenizer, max_tokens, stop, temperature=temperature, top_k=top_k,
         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
     )  # fmt: skip
+    limit = _check_max_prompt_tokens(fn, max_prompt_tokens)
     ids = _prompt_ids(fn, tokenizer, prompt)
+    _check_prompt(fn, model, ids, limit)
     _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
     return _stream(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv)
 
@@ -441,10 +488,14 @@ def generate(
     stop: str | Sequence[str] | None = None,
     verbose: bool = False,
     kv_dtype: Any = None,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
 ) -> str | list[str]:
     """The generated text for a prompt (a list of prompts: a list of texts, generated as one
     left-padded batch). ``verbose``: print the prompt and generation speeds after.
     ``kv_dtype``: the KV cache's dtype (``"float32"`` default, ``"bfloat16"``, ``"float16"``).
+    ``max_prompt_tokens``: a longer prompt raises ValueError (default ``MAX_PROMPT_TOKENS``,
+    2**20); one longer than the model's ``max_position_embeddings`` runs with a UserWarning,
+    as in transformers.
 
     Example:
         >>> import tempfile, llmkernels as lk
@@ -469,8 +520,10 @@ def generate(
         and all(isinstance(p, str) or _is_messages(p) for p in prompt)
         and not _is_messages(prompt)
     )
+    limit = _check_max_prompt_tokens(fn, max_prompt_tokens)
     if not batch:
         ids = _prompt_ids(fn, tokenizer, prompt)
+        _check_prompt(fn, model, ids, limit)
         pieces, last = [], None
         for r in _stream(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv):
             pieces.append(r.text)
@@ -478,11 +531,14 @@ def generate(
         if verbose and last is not None:
             _report(last)
         return "".join(pieces)
+    prompts = [_prompt_ids(fn, tokenizer, p) for p in prompt]
+    for ids in prompts:
+        _check_prompt(fn, model, ids, limit)
     return _generate_batch(
         fn,
         model,
         tokenizer,
-        [_prompt_ids(fn, tokenizer, p) for p in prompt],
+        prompts,
         steps,
         params,
         stops,
@@ -635,12 +691,19 @@ class ChatSession:
         return self._cache, ids
 
     def send(
-        self, content: str, max_tokens: int = 256, **sampling: Any
+        self,
+        content: str,
+        max_tokens: int = 256,
+        *,
+        max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+        **sampling: Any,
     ) -> Iterator[GenerationResponse]:
-        """Add a user turn and stream the reply (the same options as :func:`stream_generate`);
-        the reply joins the conversation when the stream ends."""
+        """Add a user turn and stream the reply (the same options as :func:`stream_generate`,
+        ``max_prompt_tokens`` bounding the whole rendered conversation); the reply joins the
+        conversation when the stream ends."""
         fn = "chat"
         steps = _check_max_tokens(fn, "max_tokens", max_tokens)
+        limit = _check_max_prompt_tokens(fn, max_prompt_tokens)
         stop = sampling.pop("stop", None)
         names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
         unknown = set(sampling) - set(names)
@@ -658,6 +721,7 @@ class ChatSession:
             ids = self._continuation(text)
             if ids is None:
                 ids = _prompt_ids(fn, self.tokenizer, self.messages)
+            _check_prompt(fn, self.model, ids, limit)
         except BaseException:
             self.messages.pop()
             raise

@@ -114,10 +114,11 @@ def test_extreme_codes_do_not_overflow(isa: str, bits: int) -> None:
 
 def test_activation_codes_exact(isa: str) -> None:
     """The vectorised quantization's codes: identity weights (code 1, scale 1) give
-    y = s_x * q_x exactly, so every code is checked -- halves round to even, a zero block, a
-    block of subnormals (a subnormal s_x; no DAZ), large values -- and a token with a NaN or Inf
-    gets s_x = NaN for that block, which makes every output of the token NaN (0 * NaN), as the
-    float product would."""
+    y = s_x * q_x exactly, so every code is checked -- halves round to even, a zero block,
+    blocks of scale 2^-100 and 2^100 (the ends of INT8_ACTIVATION_SCALE_RANGE) -- and a token
+    with a NaN or Inf gets s_x = NaN for that block, which makes every output of the token NaN
+    (0 * NaN), as the float product would. A block of subnormals (a subnormal s_x) or of values
+    near float32's max is outside the range: the call takes float activations, y = x exactly."""
     k = 32 * 6
     q = np.zeros((k, k), np.int8)
     np.fill_diagonal(q, 1)
@@ -126,9 +127,8 @@ def test_activation_codes_exact(isa: str) -> None:
     x[0, :32] = np.arange(32) - 15.5
     x[0, 0] = 127.0  # s_x = 1: x / s_x = the halves themselves
     x[0, 32:64] = np.linspace(-3, 3, 32)
-    x[0, 96:128] = 1e-40  # subnormal values: s_x is subnormal, the codes stay exact
-    x[0, 100] = 3e-40
-    x[0, 128:160] = np.linspace(-1e30, 3e38, 32)
+    x[0, 96:128] = np.float32(127 * 2.0**-100) * np.linspace(-1, 1, 32, dtype=np.float32)
+    x[0, 128:160] = np.float32(127 * 2.0**100) * np.linspace(-0.5, 1, 32, dtype=np.float32)
     x[1] = np.random.default_rng(0).standard_normal(k).astype(np.float32) * 10
     x[2] = x[1]
     x[2, 40] = np.nan
@@ -139,7 +139,15 @@ def test_activation_codes_exact(isa: str) -> None:
     want = (qx.astype(np.float32) * np.repeat(sx, 32, axis=1)).astype(np.float32)
     np.testing.assert_array_equal(y[:2], want)
     assert list(qx[0, 1:6]) == [-14, -14, -12, -12, -10]  # -14.5 -> -14, -13.5 -> -14, ...
+    assert (sx[0, 3], sx[0, 4]) == (2.0**-100, 2.0**100)
     assert np.all(np.isnan(y[2:]))
+    for block in (np.full(32, 1e-40), np.linspace(-1e30, 3e38, 32)):  # outside: float acts
+        x[0, 96:128] = block
+        x[0, 100] = 3e-40
+        y = lk.quantized_linear(x, q, s, 8, 32)
+        np.testing.assert_array_equal(y[:2], x[:2])
+        with np.errstate(invalid="ignore"):  # the float product: 0 * NaN, 0 * -inf
+            np.testing.assert_array_equal(y[2:], x[2:] @ q.T.astype(np.float32))
 
 
 @pytest.mark.parametrize("bits", [8, 4])
