@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
-SYS_PACKAGES := libxsimd-dev xtl-dev libopenblas-dev g++
+SYS_PACKAGES := libxsimd-dev xtl-dev libopenblas-dev libsimde-dev g++
 BUILD_DEPS := "scikit-build-core>=0.10" "pybind11>=3.0" ninja "cmake>=3.18"
 SOURCES := $(shell find cpp -type f) CMakeLists.txt pyproject.toml
 # Every pip call below -- build isolation and .ci/test_wheel included -- installs the exact versions

@@ -28,7 +28,7 @@ import llmkernels as lk
 import numpy as np
 import pytest
 from conftest import run_python
-from llmkernels.quant import ref_dequantize, ref_quantize
+from llmkernels.quant import int8_activations_used, ref_dequantize, ref_quantize
 
 # small enough for CI; the group sizes 32, 64 and 128 divide every input dimension
 # (dim 128, n_heads * head_dim 128, hidden 384)
@@ -284,11 +284,17 @@ def test_bitwise_identical_across_thread_counts(base: lk.Transformer, bits: int)
 @pytest.mark.parametrize("bits", [8, 4])
 def test_each_simd_path(base: lk.Transformer, bits: int, isa: str) -> None:
     # prefill (m > 8): weights dequantized exactly in a tile, float activations -- the float32
-    # model of the dequantized weights within float32 accumulation differences
+    # model of the dequantized weights within float32 accumulation differences; on a CPU with
+    # VNNI int8 activations, as decode's (tests/ops/test_quant_vnni.py): close in distribution
     model = copy_of(base).quantize(bits, 32)
     deq = copy_of(model).to("float32")
     ids = prompts()[:8]
-    np.testing.assert_allclose(model(ids), deq(ids), rtol=1e-4, atol=2e-5)
+    if int8_activations_used(ids.size):
+        vocab = deq(ids).shape[-1]
+        kl, _ = kl_and_top1(deq(ids).reshape(-1, vocab), model(ids).reshape(-1, vocab))
+        assert kl <= 1e-4, (isa, kl)
+    else:
+        np.testing.assert_allclose(model(ids), deq(ids), rtol=1e-4, atol=2e-5)
     # decode (int8 activations): per path, repeatable bit for bit and close to the float model
     one = next_token_logits(model, ids)["decode"]
     np.testing.assert_array_equal(one, next_token_logits(model, ids)["decode"])

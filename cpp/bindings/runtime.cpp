@@ -1,5 +1,6 @@
 // Runtime control and introspection: threads, SIMD path, build info, roofline probes.
 #include "bindings/bindings.hpp"
+#include "common/dot.hpp"
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
 #include "ops/linear.hpp"
@@ -33,6 +34,27 @@ void bind_runtime(py::module_& m) {
       "The best SIMD path this CPU supports.");
   m.def("set_simd_arch", &ops::set_simd_arch, "arch"_a,
         "Force a SIMD path (must be supported by the CPU).");
+  // common/dot.hpp: the int8 dot-product extension of the int8-activation prefill
+  m.def(
+      "int8_dot", [] { return std::string(int8_dot_name(int8_dot())); },
+      "The int8 dot-product path of the int8-activation prefill: 'vnni', 'vnni_simde' or 'none'.");
+  m.attr("cpu_has_avx512_vnni") = cpu_has_avx512_vnni();
+  m.def(
+      "_set_int8_dot",
+      [](const std::string& name) {
+        const std::string previous = int8_dot_name(int8_dot());
+        Int8Dot dot;
+        if (name == "auto")
+          set_int8_dot_auto();
+        else if (parse_int8_dot(name, &dot) && int8_dot_available(dot))
+          set_int8_dot(dot);
+        else
+          throw py::value_error(
+              "[_set_int8_dot] path must be 'auto', 'none', 'vnni_simde' or (on a CPU with "
+              "AVX512_VNNI) 'vnni', got '" + name + "'");
+        return previous;
+      },
+      "path"_a, "Force the int8 dot-product path ('auto' restores the default); returns the old.");
   m.def("openblas_config", [] { return std::string(openblas_get_config()); });
   m.def("_probe_fma_gflops", &probe_fma_gflops, "threads"_a, "iterations"_a);
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dot.hpp"
 #include "common/isa.hpp"
 #include "common/mxcsr.hpp"
 #include "common/scratch.hpp"
@@ -286,9 +287,12 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   // exact dequantized weights)
   const WeightFormat format = bits == 8 ? WeightFormat::q8 : WeightFormat::q4;
   // (a forced route keeps its meaning from 9 tokens: the tests pin each kernel)
-  const bool int8_gemv =
-      int8_acts && m <= kGemvMaxTokensInt8 && gemm_route() == GemmRoute::automatic;
-  if (w.k > 0 && !int8_gemv && packed_route_w(m, format)) {
+  const bool automatic = gemm_route() == GemmRoute::automatic;
+  const bool int8_gemv = int8_acts && m <= kGemvMaxTokensInt8 && automatic;
+  // prefill with int8 activations on a dot-product extension (common/dot.hpp): the tokens of a
+  // prefill go through the same integer arithmetic as decode's (kernels/quant_vnni.hpp)
+  const Int8Dot dot = int8_acts && !int8_gemv && automatic && w.k > 0 ? int8_dot() : Int8Dot::none;
+  if (w.k > 0 && !int8_gemv && dot == Int8Dot::none && packed_route_w(m, format)) {
     linear_packed_w(x, m, w.k, WeightRef{w.q, format, w.scales, w.group}, w.rows, bias, y,
                     accumulate);
     return;
@@ -303,7 +307,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   a.m = m;
   a.accumulate = accumulate;
   a.bias = bias;
-  const bool gemv = m <= kGemvMaxTokens || int8_gemv;
+  const bool gemv = m <= kGemvMaxTokens || int8_gemv || dot != Int8Dot::none;
   int8_acts = gemv && int8_acts;
   {
     // scratch before the parallel region (kernels never allocate): int8 activations, or the
@@ -324,6 +328,12 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         ExactSubnormals exact;
         // scales out of the int8 kernels' range (kActScaleMin): float activations, a.act null
         int8_acts = quantize_acts(a.x, m, w.k, xq, q16, sc);
+      }
+      if (!int8_acts && dot != Int8Dot::none) {
+        // a scale out of the kernels' range: the float-activation prefill (its scratch a lease
+        // of its own, this one being held)
+        qlinear(x, m, w, bits, bias, y, accumulate, false);
+        return;
       }
       auto* x8 = reinterpret_cast<std::int16_t*>(q4 + m * w.k);  // (m, np, 16)
       if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr};
@@ -379,7 +389,11 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                    part.w.scales = w.scales + r0 * (w.k / group);
                    part.w.rows = r1 - r0;
                    part.bias = a.bias ? a.bias + r0 : nullptr;
-                   if (!gemv)
+                   if (dot == Int8Dot::vnni)
+                     dot::qgemm_int8_acts_vnni(part, bits);
+                   else if (dot == Int8Dot::vnni_simde)
+                     dot::qgemm_int8_acts_vnni_simde(part, bits);
+                   else if (!gemv)
                      dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
                    else if (bits == 8)
                      dispatch(gemv_q8_kernel{}, static_cast<const qgemv_args&>(part));

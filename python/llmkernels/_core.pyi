@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'dequantize', 'get_num_threads', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'cpu_has_avx512_vnni', 'dequantize', 'get_num_threads', 'int8_dot', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -274,6 +274,10 @@ def _probe_triad_gbs(threads: typing.SupportsInt | typing.SupportsIndex, n: typi
     ...
 def _set_gemm_route(route: str) -> str:
     ...
+def _set_int8_dot(path: str) -> str:
+    """
+    Force the int8 dot-product path ('auto' restores the default); returns the old.
+    """
 def _sigmoid(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
     The vectorized sigmoid the kernels use.
@@ -293,6 +297,10 @@ def dequantize(q: numpy.ndarray, scales: numpy.ndarray, bits: typing.SupportsInt
 def get_num_threads() -> int:
     """
     Number of threads the kernels use.
+    """
+def int8_dot() -> str:
+    """
+    The int8 dot-product path of the int8-activation prefill: 'vnni', 'vnni_simde' or 'none'.
     """
 def layer_norm(x: numpy.ndarray, weight: numpy.ndarray | None, bias: numpy.ndarray | None, eps: typing.SupportsFloat | typing.SupportsIndex, out: numpy.ndarray) -> None:
     """
@@ -346,6 +354,7 @@ def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_d
     """
 __version__: str = '0.1.0'
 compiler: str = 'GNU 12.2.0'
+cpu_has_avx512_vnni: bool = True
 isa_names: tuple = ('sse2', 'avx2', 'avx512')
 max_threads: int = 1024
 xsimd_version: str = '8.1.0'

@@ -27,7 +27,7 @@ import numpy as np
 from . import _core
 from ._ops import _BF16, _as_array, _is_torch_bf16
 
-__all__ = ["dequantize", "quantize", "quantized_linear"]
+__all__ = ["dequantize", "int8_activations_used", "quantize", "quantized_linear"]
 
 BLOCK = 32  # int4 packing block and per-token activation block
 # The activations of quantized_linear's decode path by default: see docs/quantization.md
@@ -114,6 +114,15 @@ def dequantize(
     return _core.dequantize(np.ascontiguousarray(q), np.ascontiguousarray(scales), bits, group_size)
 
 
+def int8_activations_used(m: int) -> bool:
+    """Whether ``quantized_linear(..., activations="int8")`` (and a quantized model's
+    projections) quantize the activations of an ``m``-token call on this host: always in the
+    matrix-vector kernel (``m <= INT8_ACTIVATION_TOKENS``); above, where the CPU has an int8
+    dot-product instruction the prefill kernel uses (``llmkernels._core.int8_dot()``: ``"vnni"``,
+    AVX512_VNNI), else the GEMM takes float32 activations."""
+    return m <= INT8_ACTIVATION_TOKENS or _core.int8_dot() != "none"
+
+
 def quantized_linear(
     x: Any,
     q: np.ndarray,
@@ -137,7 +146,9 @@ def quantized_linear(
     float64 product of the dequantized weights within float32 rounding), up to 8 tokens
     (``FLOAT_GEMV_TOKENS``) in the matrix-vector kernel. More tokens: the packed GEMM, the
     weights dequantized as they are packed and multiplied in float32 (float activations whatever
-    ``activations`` says).
+    ``activations`` says) -- except on CPUs with AVX512_VNNI, where ``activations="int8"`` takes
+    every token count through integer dot products (``vpdpbusd``), each token's result bit for
+    bit what the matrix-vector kernel gives it alone (:func:`int8_activations_used`).
 
     Example:
         >>> import numpy as np, llmkernels as lk

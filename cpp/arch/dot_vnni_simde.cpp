@@ -1,0 +1,13 @@
+// kernels/quant_vnni.hpp built on the AVX2 baseline against SIMDe's portable vpdpbusd (test
+// path: the same source as dot_vnni.cpp, runnable on any AVX2 host; integer sums are exact, so
+// its results equal the native ones bit for bit).
+#define LLMK_DOT_NS vnni_simde
+#define LLMK_DOT_SIMDE 1
+#include "common/dot.hpp"
+#include "kernels/quant_vnni.hpp"
+
+namespace llmk::dot {
+void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits) {
+  vnni_simde::qgemm_int8_acts(a, bits);
+}
+}  // namespace llmk::dot

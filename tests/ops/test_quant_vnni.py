@@ -1,0 +1,117 @@
+"""The int8-activation prefill on VNNI's vpdpbusd (kernel cpp/kernels/quant_vnni.hpp, built
+natively for AVX512_VNNI and against SIMDe for every host; selection common/dot.hpp).
+
+Integer dot products are exact whatever the instruction, and the kernel keeps the AVX2
+int8-activation GEMV's float arithmetic per (row, token) -- the same lanes, products
+d = s_w * s_x, FMA order and horizontal sum -- so a prefill of m tokens must equal, bit for bit,
+the AVX2 GEMV run on each token alone; the SIMDe build and the native one must agree bit for bit;
+and both must be within the int8-activation error of the float64 formula
+(ref_quantized_linear(..., activations="int8")).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import llmkernels as lk
+import numpy as np
+import pytest
+from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used, ref_quantized_linear
+
+PATHS = ["vnni_simde"] + (["vnni"] if lk._core.cpu_has_avx512_vnni else [])
+HAS_AVX2 = "avx2" in lk._core.isa_names[: lk._core.isa_names.index(lk._core.best_simd_arch()) + 1]
+pytestmark = pytest.mark.skipif(not HAS_AVX2, reason="the VNNI kernels run on AVX2 hosts and up")
+
+
+@pytest.fixture(params=PATHS)
+def dot(request: pytest.FixtureRequest) -> Iterator[str]:
+    previous = lk._core._set_int8_dot(request.param)
+    assert lk._core.int8_dot() == request.param
+    yield request.param
+    lk._core._set_int8_dot("auto")
+    assert previous  # (restored to the automatic choice)
+
+
+def weights(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
+    w = rng.standard_normal((rows, k)).astype(np.float32) * 0.02
+    w *= rng.uniform(0.2, 3.0, size=(rows, 1)).astype(np.float32)
+    w.flat[rng.integers(0, rows * k, max(1, rows * k // 500))] *= 8
+    return w
+
+
+def per_token_avx2(x, q, s, bits, g, bias=None):
+    """The AVX2 int8-activation GEMV, one token at a time (its per-token arithmetic does not
+    depend on how many tokens share a call)."""
+    previous = lk.simd_arch()
+    lk.set_simd_arch("avx2")
+    try:
+        return np.concatenate(
+            [lk.quantized_linear(x[i : i + 1], q, s, bits, g, bias) for i in range(len(x))]
+        )
+    finally:
+        lk.set_simd_arch(previous)
+
+
+# (group, k): int4 with k = 96 has an odd last block (stored in natural order)
+GROUP_K = [(32, 32), (32, 96), (32, 256), (64, 128), (64, 320), (128, 256), (128, 384)]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(("g", "k"), GROUP_K)
+@pytest.mark.parametrize("rows", [1, 7, 69])  # the 4-row tiles' tails, a 64-row block + 5
+@pytest.mark.parametrize("m", [17, 23])  # 4-token tiles and a tail of 1 and 3
+def test_prefill_equals_avx2_gemv_per_token(bits, g, k, rows, m, dot, rng):
+    w = weights(rng, rows, k)
+    q, s = lk.quantize(w, bits=bits, group_size=g)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    got = lk.quantized_linear(x, q, s, bits, g, bias)
+    want = per_token_avx2(x, q, s, bits, g, bias)
+    np.testing.assert_array_equal(got, want)
+    ref = ref_quantized_linear(x, q, s, bits, g, bias, "int8")
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_real_size_and_threads(bits, dot, rng, threads):
+    """A TinyLlama-sized k with 2 threads (rows split in blocks of 256) and 1 thread agree."""
+    w = weights(rng, 300, 2048)
+    q, s = lk.quantize(w, bits=bits, group_size=32)
+    x = rng.standard_normal((40, 2048)).astype(np.float32)
+    lk.set_num_threads(1)
+    one = lk.quantized_linear(x, q, s, bits, 32)
+    lk.set_num_threads(2)
+    two = lk.quantized_linear(x, q, s, bits, 32)
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_array_equal(one, per_token_avx2(x, q, s, bits, 32))
+
+
+def test_out_of_range_scales_fall_back_to_float(dot, rng):
+    """A token of |x| ~ 3e38 (its scale past the kernels' range) sends the call to float
+    activations, as the GEMV does: 0 where the integer dot is 0, never NaN."""
+    w = np.zeros((2, 64), np.float32)
+    w[0, 0] = w[1, 1] = 1e5
+    q, s = lk.quantize(w, bits=8, group_size=32)
+    x = np.zeros((20, 64), np.float32)
+    x[3, 1] = 3e38
+    got = lk.quantized_linear(x, q, s, 8, 32)
+    with np.errstate(over="ignore"):  # 3e43 -> inf in float32
+        want = ref_quantized_linear(x, q, s, 8, 32, None, "int8").astype(np.float32)
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_selection():
+    assert lk._core.int8_dot() in ("none", "vnni")  # never SIMDe unless forced
+    if lk._core.cpu_has_avx512_vnni and lk.simd_arch() == "avx512":
+        assert lk._core.int8_dot() == "vnni"
+    assert int8_activations_used(INT8_ACTIVATION_TOKENS)
+    assert int8_activations_used(INT8_ACTIVATION_TOKENS + 1) == (lk._core.int8_dot() != "none")
+    previous = lk.simd_arch()
+    lk.set_simd_arch("avx2")  # LLMKERNELS_ARCH / set_simd_arch below avx512: no VNNI
+    try:
+        assert lk._core.int8_dot() == "none"
+    finally:
+        lk.set_simd_arch(previous)
+    with pytest.raises(ValueError, match=r"^\[_set_int8_dot\] path must be"):
+        lk._core._set_int8_dot("vpdpbusd")
