@@ -108,6 +108,16 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.fixture
+def exact_bf16() -> Iterator[None]:
+    """bfloat16 weights on the exact path: the float32 GEMM of the widened weights (bit for bit
+    the float32 model of the rounded weights), not vdpbf16ps (activations rounded to bfloat16;
+    tests/ops/test_gemm_bf16.py) where the CPU has AVX512_BF16."""
+    lk._core._set_bf16_dot("none")
+    yield
+    lk._core._set_bf16_dot("auto")
+
+
+@pytest.fixture
 def threads() -> Iterator[None]:
     """Restores the thread count after a test that changes it."""
     previous = lk.get_num_threads()

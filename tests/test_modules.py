@@ -1273,7 +1273,9 @@ def test_forward_bitwise_equal_across_thread_counts(threads, rng):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "int4"])
 @pytest.mark.parametrize("position", ["pre", "post"])
-def test_last_only_skips_the_last_blocks_other_positions(rng, position: str, dtype: str) -> None:
+def test_last_only_skips_the_last_blocks_other_positions(
+    rng, position: str, dtype: str, exact_bf16: None
+) -> None:
     """``last_only``: the last block computes the last position of each sequence only (its
     query, output projection and MLP; every position's key and value still). Its logits are the
     full forward's last row (a GEMV instead of a GEMM row: within rounding), and a cache it fills

@@ -55,6 +55,28 @@ void bind_runtime(py::module_& m) {
         return previous;
       },
       "path"_a, "Force the int8 dot-product path ('auto' restores the default); returns the old.");
+  // common/dot.hpp: the bf16 dot-product path of the prefill of bfloat16 weights
+  m.def(
+      "bf16_dot", [] { return std::string(bf16_dot_name(bf16_dot())); },
+      "The dot-product path of the bfloat16-weight prefill: 'avx512bf16', 'bf16_simde' or "
+      "'none'.");
+  m.attr("cpu_has_avx512_bf16") = cpu_has_avx512_bf16();
+  m.def(
+      "_set_bf16_dot",
+      [](const std::string& name) {
+        const std::string previous = bf16_dot_name(bf16_dot());
+        Bf16Dot dot;
+        if (name == "auto")
+          set_bf16_dot_auto();
+        else if (parse_bf16_dot(name, &dot) && bf16_dot_available(dot))
+          set_bf16_dot(dot);
+        else
+          throw py::value_error(
+              "[_set_bf16_dot] path must be 'auto', 'none', 'bf16_simde' or (on a CPU with "
+              "AVX512_BF16) 'avx512bf16', got '" + name + "'");
+        return previous;
+      },
+      "path"_a, "Force the bf16 dot-product path ('auto' restores the default); returns the old.");
   m.def("openblas_config", [] { return std::string(openblas_get_config()); });
   m.def("_probe_fma_gflops", &probe_fma_gflops, "threads"_a, "iterations"_a);
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);

@@ -12,6 +12,15 @@
 //               kernel, and compare it bit for bit, on any AVX2 host.
 //   none        the existing paths (the float-activation packed GEMM for prefill).
 // LLMKERNELS_INT8_DOT=none|vnni|vnni_simde forces one (vnni only where the CPU has it).
+//
+// Bf16Dot: the bf16 x bf16 -> float32 product of the prefill of bfloat16 weights
+// (kernels/gemm_bf16.hpp; the activations rounded to bfloat16):
+//   avx512bf16  vdpbf16ps (Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and later);
+//               chosen automatically as vnni is.
+//   bf16_simde  the same source against SIMDe (test path, never automatic).
+//   none        the float32 packed GEMM on the widened weights (bit for bit the float32 model of
+//               the bf16-rounded weights).
+// LLMKERNELS_BF16_DOT=none|avx512bf16|bf16_simde forces one.
 #pragma once
 
 #include <string>
@@ -30,11 +39,32 @@ const char* int8_dot_name(Int8Dot dot);
 bool parse_int8_dot(const std::string& name, Int8Dot* dot);
 bool int8_dot_available(Int8Dot dot);  // runnable here (vnni_simde: built with SIMDe)
 
+enum class Bf16Dot : int { none = 0, avx512bf16 = 1, bf16_simde = 2 };
+
+bool cpu_has_avx512_bf16();  // AVX512_BF16 (cpuid 7.1 eax bit 5) and OS-enabled AVX-512
+Bf16Dot bf16_dot();
+void set_bf16_dot(Bf16Dot dot);  // forced (avx512bf16 clamped to none without the CPU support)
+void set_bf16_dot_auto();
+const char* bf16_dot_name(Bf16Dot dot);
+bool parse_bf16_dot(const std::string& name, Bf16Dot* dot);
+bool bf16_dot_available(Bf16Dot dot);
+
 namespace dot {
 // y (m, rows) (+)= x . W_deq^T (+ bias) with int8 activations prepared as for the AVX2 GEMV
 // (qgemv_args.act), any m: kernels/quant_vnni.hpp natively / against SIMDe
 void qgemm_int8_acts_vnni(const qgemv_args& a, int bits);
 void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits);
+
+// kernels/gemm_bf16.hpp: xb (m, kp) = x rounded to bfloat16 (kp = k rounded up to even); one
+// column block y (m, nc) (+)= xb . w (nc, k)^T (+ bias), nc <= kBf16BlockCols, with
+// kBf16PackWords words of scratch
+constexpr std::size_t kBf16BlockCols = 256;
+constexpr std::size_t kBf16PackWords = kBf16BlockCols * 512 / 2;
+void round_x_bf16(Bf16Dot dot, std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,
+                  std::size_t m, std::size_t k);
+void gemm_bf16_block(Bf16Dot dot, float* y, std::size_t ldy, const std::uint16_t* xb,
+                     std::size_t kp, std::size_t m, const std::uint16_t* w, std::size_t k,
+                     std::size_t nc, bool accumulate, const float* bias, std::uint32_t* wpack);
 }  // namespace dot
 
 }  // namespace llmk

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/dot.hpp"
 #include "common/isa.hpp"
 #include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
@@ -254,6 +255,36 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
   }
 }
 
+namespace {
+// y (m, n) (+)= x (m, k) . W^T (+ bias), W bfloat16 (n, k), on the bf16 dot-product kernel
+// (kernels/gemm_bf16.hpp): x rounded to bfloat16 once, then column blocks of kBf16BlockCols
+// features per task (fixed by the shape: results do not depend on the thread count), each
+// thread packing its block's weights into its own scratch
+void linear_bf16_dot(Bf16Dot dot, const float* x, std::size_t m, std::size_t k,
+                     const std::uint16_t* w, std::size_t n, const float* bias, float* y,
+                     bool accumulate) {
+  const std::size_t kp = k + (k & 1);
+  const std::size_t blocks = (n + dot::kBf16BlockCols - 1) / dot::kBf16BlockCols;
+  const int chunks = static_cast<int>(
+      std::min<std::size_t>(blocks, static_cast<std::size_t>(std::max(1, get_num_threads()))));
+  const std::size_t xb_bytes = (m * kp * sizeof(std::uint16_t) + 63) / 64 * 64;
+  const std::size_t pack_bytes = dot::kBf16PackWords * sizeof(std::uint32_t);
+  ScratchLease lease(xb_bytes + static_cast<std::size_t>(chunks) * pack_bytes);
+  auto* xb = lease.as<std::uint16_t>();
+  auto* packs = reinterpret_cast<std::uint32_t*>(lease.as<unsigned char>() + xb_bytes);
+  dot::round_x_bf16(dot, xb, kp, x, k, m, k);
+  parallel_chunks(chunks, [&](int c, int nc) {
+    std::uint32_t* pack = packs + static_cast<std::size_t>(c) * dot::kBf16PackWords;
+    for (std::size_t blk = c; blk < blocks; blk += nc) {
+      const std::size_t c0 = blk * dot::kBf16BlockCols;
+      const std::size_t c1 = std::min(n, c0 + dot::kBf16BlockCols);
+      dot::gemm_bf16_block(dot, y + c0, n, xb, kp, m, w + c0 * k, k, c1 - c0, accumulate,
+                           bias ? bias + c0 : nullptr, pack);
+    }
+  });
+}
+}  // namespace
+
 void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
             const float* bias, float* y, bool accumulate) {
   if (w.format == WeightFormat::f32) {
@@ -272,6 +303,15 @@ void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size
   const WeightFormat fmt = w.format;
   const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
   const Path path = k == 0 ? Path::gemv : choose_path_w(m, false);
+  // bfloat16 prefill on vdpbf16ps where the CPU has it (common/dot.hpp): x rounded to bf16
+  const Bf16Dot bdot = fmt == WeightFormat::bf16 && k > 0 && path != Path::gemv &&
+                               gemm_route() == GemmRoute::automatic
+                           ? bf16_dot()
+                           : Bf16Dot::none;
+  if (bdot != Bf16Dot::none) {
+    linear_bf16_dot(bdot, x, m, k, wp, n, bias, y, accumulate);
+    return;
+  }
   if (k == 0) {
     linear<float>(x, m, k, nullptr, WeightLayout::out_in, n, bias, y, accumulate);
   } else if (path == Path::packed) {  // both operands packed, the weights widened as packed

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'compiler', 'cpu_has_avx512_vnni', 'dequantize', 'get_num_threads', 'int8_dot', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'bf16_dot', 'compiler', 'cpu_has_avx512_bf16', 'cpu_has_avx512_vnni', 'dequantize', 'get_num_threads', 'int8_dot', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -272,6 +272,10 @@ def _probe_fma_gflops(threads: typing.SupportsInt | typing.SupportsIndex, iterat
     ...
 def _probe_triad_gbs(threads: typing.SupportsInt | typing.SupportsIndex, n: typing.SupportsInt | typing.SupportsIndex, repeats: typing.SupportsInt | typing.SupportsIndex) -> float:
     ...
+def _set_bf16_dot(path: str) -> str:
+    """
+    Force the bf16 dot-product path ('auto' restores the default); returns the old.
+    """
 def _set_gemm_route(route: str) -> str:
     ...
 def _set_int8_dot(path: str) -> str:
@@ -289,6 +293,10 @@ def attention(q: typing.Any, k: typing.Any, v: typing.Any, causal: typing.Any, s
 def best_simd_arch() -> str:
     """
     The best SIMD path this CPU supports.
+    """
+def bf16_dot() -> str:
+    """
+    The dot-product path of the bfloat16-weight prefill: 'avx512bf16', 'bf16_simde' or 'none'.
     """
 def dequantize(q: numpy.ndarray, scales: numpy.ndarray, bits: typing.SupportsInt | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex) -> numpy.ndarray:
     """
@@ -354,6 +362,7 @@ def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_d
     """
 __version__: str = '0.1.0'
 compiler: str = 'GNU 12.2.0'
+cpu_has_avx512_bf16: bool = True
 cpu_has_avx512_vnni: bool = True
 isa_names: tuple = ('sse2', 'avx2', 'avx512')
 max_threads: int = 1024

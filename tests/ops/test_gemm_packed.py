@@ -127,7 +127,7 @@ def test_rows_do_not_depend_on_the_token_count(isa, route):
 
 
 @pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
-def test_16_bit_weights_equal_the_packed_kernel(isa, route, fmt):
+def test_16_bit_weights_equal_the_packed_kernel(isa, route, fmt, exact_bf16):
     # the 16-bit prefill kernel (gemm_xt_w16: gemm.hpp's body with the Widen16 policy) and the
     # float32 packed kernel on the widened weights: one chain each, the same bits
     rng = np.random.default_rng(11)

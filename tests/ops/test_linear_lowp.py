@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 from llmkernels import _core
 
+# the exact 16-bit path (the float32 model of the rounded weights), whatever the CPU
+pytestmark = pytest.mark.usefixtures("exact_bf16")
+
 FORMATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
 
