@@ -154,7 +154,11 @@ def set_simd_arch(arch: str) -> None:
 
 
 def build_info() -> dict[str, Any]:
-    """Version, compiler, SIMD paths, threads and BLAS of this build.
+    """Version, compiler, SIMD paths, threads and BLAS of this build, and the path each kernel
+    family runs on this CPU: ``kernel_paths`` -- the xsimd path of the float kernels, the int8
+    dot product of the quantized prefill (``"vnni"``: AVX512_VNNI's vpdpbusd, else ``"none"``:
+    the float-activation GEMM) and the bf16 one of the bfloat16-weight prefill
+    (``"avx512bf16"``: vdpbf16ps, activations rounded to bfloat16; ``"none"``: exact).
 
     Example:
         >>> import llmkernels as lk
@@ -170,4 +174,9 @@ def build_info() -> dict[str, Any]:
         "compiled_simd_archs": list(_core.isa_names),
         "num_threads": _core.get_num_threads(),
         "blas": _core.openblas_config(),
+        "kernel_paths": {
+            "float": _core.simd_arch(),
+            "int8_prefill_dot": _core.int8_dot(),
+            "bf16_prefill_dot": _core.bf16_dot(),
+        },
     }

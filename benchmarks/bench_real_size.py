@@ -1,0 +1,291 @@
+"""Whole-model prefill and decode at TinyLlama-1.1B's full shape (22 layers, dim 2048, 32 / 4
+heads, hidden 5632, vocab 32000: 1.1 B parameters, 4.4 GB in float32), llmkernels against
+llama.cpp at the same precision, each case in its own process.
+
+The 4-layer model of bench_precision.py fits partly in the last-level cache; this one does not.
+One random float32 model is saved once as safetensors; ours load it with
+``Transformer.from_pretrained(path, dtype=...)`` (int8 / int4: quantized after loading, group
+size 32), llama.cpp's GGUFs come from its own converter (F32, BF16, Q8_0; Q4_0 by its quantizer;
+llamacpp_peer.py says how to install it). The logits of our float32 model and llama.cpp's F32
+are compared first. Then, per thread count, round by round, each (ours, peer) pair runs
+back to back in fresh processes:
+
+* prefill: 512 tokens, the last position's logits (what a generation needs); one untimed
+  warm-up call, then the median of ``--repeats`` timed calls;
+* decode: 64 greedy steps through the KV cache after a 128-token prompt.
+
+Ratios are llama.cpp time / ours (above 1 we are faster), the median over rounds of the
+per-round ratios. The float32 FMA peak is probed in the same run; the bf16 (vdpbf16ps) and
+int8 (vpdpbusd) kernels can exceed it -- their per-instruction peaks are 2x and (int8 codes,
+float scaling per block) ~1.3-2x.
+
+    python benchmarks/bench_real_size.py --workdir /tmp/real [--threads 1,2] [--rounds 2]
+        [--cases float32,bfloat16,int8,int4] [--layers 22] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+PEER = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "int8": "Q8_0", "int4": "Q4_0"}
+PROMPT, DECODE, PREFILL = 128, 64, 512
+
+
+def config(layers: int) -> dict:
+    return {
+        "dim": 2048,
+        "n_layers": layers,
+        "n_heads": 32,
+        "n_kv_heads": 4,
+        "hidden_dim": 5632,
+        "vocab_size": 32000,
+        "max_seq_len": 1024,
+    }
+
+
+def prepare(workdir: Path, layers: int, cases: list[str], with_peer: bool) -> Path:
+    """The float32 checkpoint (and GGUFs): made once, reused by later runs."""
+    model_dir = workdir / f"tinyllama-{layers}"
+    if not (model_dir / "config.json").exists():
+        import llmkernels as lk
+
+        model = lk.Transformer(config(layers), seed=0)
+        model.save_pretrained(model_dir)
+        del model
+    if with_peer:
+        import llamacpp_peer
+
+        if not (model_dir / "tokenizer.model").exists():
+            llamacpp_peer.write_tokenizer(model_dir)
+        for case in cases:
+            llamacpp_peer.make_gguf(model_dir, workdir / f"gguf-{layers}", PEER[case])
+    return model_dir
+
+
+def child(args: argparse.Namespace) -> None:
+    """One case in this process: prints a JSON line of seconds."""
+    rng = np.random.default_rng(0)
+    prefill_ids = rng.integers(3, 32000, PREFILL).tolist()
+    prompt_ids = rng.integers(3, 32000, PROMPT).tolist()
+    out: dict = {}
+    if args.impl == "ours":
+        import llmkernels as lk
+
+        lk.set_num_threads(args.threads)
+        t0 = time.perf_counter()
+        dtype = args.case if args.case in ("float32", "bfloat16", "float16") else "float32"
+        model = lk.Transformer.from_pretrained(args.model, dtype=dtype)
+        if args.case in ("int8", "int4"):
+            model.quantize(bits=int(args.case[3:]), group_size=32)
+        out["load"] = time.perf_counter() - t0
+        ids = np.array([prefill_ids])
+
+        def prefill() -> float:
+            t = time.perf_counter()
+            model(ids, last_only=True)
+            return time.perf_counter() - t
+
+        def decode() -> float:
+            cache = model.new_cache(1, PROMPT + DECODE + 1)
+            tok = model(np.array([prompt_ids]), cache=cache, last_only=True)[:, -1].argmax(-1)
+            t = time.perf_counter()
+            for _ in range(DECODE):
+                tok = model(tok[:, None], cache=cache, last_only=True)[:, -1].argmax(-1)
+            return time.perf_counter() - t
+
+        if args.logits:
+            out["logits"] = model(np.array([prompt_ids[:64]]))[0, -1].tolist()
+    else:
+        import llamacpp_peer
+
+        t0 = time.perf_counter()
+        peer = llamacpp_peer.LlamaCpp(Path(args.gguf), n_ctx=1024, threads=args.threads,
+                                      f32_kv=args.logits)  # fmt: skip
+        out["load"] = time.perf_counter() - t0
+
+        def prefill() -> float:
+            return peer.prefill(prefill_ids)
+
+        def decode() -> float:
+            return peer.decode(prompt_ids, DECODE)
+
+        if args.logits:
+            out["logits"] = peer.logits(prompt_ids[:64]).tolist()
+    if not args.logits:
+        prefill()  # warm-up
+        out["prefill"] = statistics.median(prefill() for _ in range(args.repeats))
+        out["decode"] = decode()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_child(impl: str, case: str, threads: int, model_dir: Path, gguf: Path | None,
+              repeats: int, logits: bool = False) -> dict:  # fmt: skip
+    cmd = [sys.executable, __file__, "--child", "--impl", impl, "--case", case, "--threads",
+           str(threads), "--model", str(model_dir), "--repeats", str(repeats)]  # fmt: skip
+    if gguf:
+        cmd += ["--gguf", str(gguf)]
+    if logits:
+        cmd.append("--logits")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"{impl} {case} failed:\n{proc.stderr[-3000:]}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", default="/tmp/llmk-real-size")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--cases", default="float32,bfloat16,int8,int4")
+    p.add_argument("--layers", type=int, default=22)
+    p.add_argument("--no-llamacpp", action="store_true")
+    p.add_argument("--out", default=None)
+    # child mode
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--impl", help=argparse.SUPPRESS)
+    p.add_argument("--case", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--gguf", help=argparse.SUPPRESS)
+    p.add_argument("--logits", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        args.threads = int(args.threads)
+        child(args)
+        return 0
+
+    import llmkernels as lk
+
+    cases = args.cases.split(",")
+    threads = [int(t) for t in args.threads.split(",")]
+    with_peer = not args.no_llamacpp
+    if with_peer:
+        import llamacpp_peer
+
+        why = llamacpp_peer.unavailable()
+        if why:
+            print(f"llama.cpp skipped: {why}")
+            with_peer = False
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = prepare(workdir, args.layers, cases, with_peer)
+    gdir = workdir / f"gguf-{args.layers}"
+
+    def gguf(case: str) -> Path | None:
+        return gdir / f"model-{PEER[case]}.gguf" if with_peer else None
+
+    flags = sorted(
+        set(Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split())
+        & {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
+    )
+    report: dict = {
+        "cpu": platform.processor() or "x86_64",
+        "flags": flags,
+        "layers": args.layers,
+        "simd_arch": lk.simd_arch(),
+        "int8_dot": lk._core.int8_dot(),
+        "bf16_dot": lk._core.bf16_dot(),
+        "fma_gflops": {t: lk._core._probe_fma_gflops(t, 20_000_000) for t in threads},
+        "rows": [],
+    }
+    if with_peer and "float32" in cases:
+        ours = np.array(run_child("ours", "float32", 2, model_dir, None, 1, logits=True)["logits"])
+        peer = np.array(
+            run_child("peer", "float32", 2, model_dir, gguf("float32"), 1, logits=True)["logits"]
+        )
+        report["logits_check"] = {
+            "max_abs_diff": float(np.abs(ours - peer).max()),
+            "logit_scale": float(np.abs(ours).max()),
+            "same_argmax": bool(ours.argmax() == peer.argmax()),
+        }
+        print("logits check:", report["logits_check"], flush=True)
+    # the projections of the 512 tokens: q, o, k, v and the MLP in every layer but the last,
+    # which (last_only) projects k and v for all tokens and the rest for the last one only
+    flops = 2 * PREFILL * (
+        (args.layers - 1) * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632)
+        + 2 * 2048 * 256
+    )
+    for t in threads:
+        samples: dict = {c: {"ours": [], "peer": []} for c in cases}
+        for r in range(args.rounds):
+            for case in cases:
+                samples[case]["ours"].append(run_child("ours", case, t, model_dir, None,
+                                                       args.repeats))  # fmt: skip
+                if with_peer:
+                    samples[case]["peer"].append(run_child("peer", case, t, model_dir,
+                                                           gguf(case), args.repeats))  # fmt: skip
+                print(f"threads {t} round {r} {case}: ours {samples[case]['ours'][-1]} "
+                      f"peer {samples[case]['peer'][-1] if with_peer else '-'}", flush=True)
+        for case in cases:
+            o, q = samples[case]["ours"], samples[case]["peer"]
+            row = {
+                "threads": t,
+                "ours": case,
+                "peer": PEER[case] if with_peer else None,
+                "our_prefill_s": statistics.median(s["prefill"] for s in o),
+                "our_decode_tok_s": statistics.median(DECODE / s["decode"] for s in o),
+                "our_prefill_gflops": flops / statistics.median(s["prefill"] for s in o) / 1e9,
+            }
+            if with_peer:
+                row.update(
+                    peer_prefill_s=statistics.median(s["prefill"] for s in q),
+                    peer_decode_tok_s=statistics.median(DECODE / s["decode"] for s in q),
+                    prefill_ratio=statistics.median(
+                        b["prefill"] / a["prefill"] for a, b in zip(o, q, strict=True)
+                    ),
+                    decode_ratio=statistics.median(
+                        b["decode"] / a["decode"] for a, b in zip(o, q, strict=True)
+                    ),
+                )
+            report["rows"].append(row)
+    f32 = {r["threads"]: r["our_prefill_s"] for r in report["rows"] if r["ours"] == "float32"}
+    for row in report["rows"]:
+        if row["threads"] in f32:
+            row["prefill_vs_our_float32"] = f32[row["threads"]] / row["our_prefill_s"]
+    lines = [
+        f"CPU: {report['cpu']}, flags {' '.join(flags)}; {args.layers} layers; paths: "
+        f"{report['simd_arch']}, int8 dot {report['int8_dot']}, bf16 dot {report['bf16_dot']}; "
+        f"FMA probe {', '.join(f'{v:.0f}' for v in report['fma_gflops'].values())} GFLOP/s "
+        f"at {', '.join(map(str, threads))} threads",
+        "",
+        "| threads | ours | peer | our prefill | peer prefill | x | vs our f32 | our GFLOP/s "
+        "| our decode tok/s | peer | x |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    nan = float("nan")
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['threads']} | {r['ours']} | {r['peer'] or '-'} | {r['our_prefill_s']:.2f} s | "
+            f"{r.get('peer_prefill_s', nan):.2f} s | {r.get('prefill_ratio', nan):.2f} | "
+            f"{r.get('prefill_vs_our_float32', nan):.2f} | {r['our_prefill_gflops']:.0f} | "
+            f"{r['our_decode_tok_s']:.2f} | {r.get('peer_decode_tok_s', nan):.2f} | "
+            f"{r.get('decode_ratio', nan):.2f} |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "real_size.json").write_text(json.dumps(report, indent=1))
+        (out / "real_size.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
