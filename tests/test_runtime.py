@@ -376,6 +376,12 @@ def test_build_info():
         "compiled_simd_archs",
         "num_threads",
         "blas",
+        "kernel_paths",
+    }
+    assert info["kernel_paths"] == {
+        "float": lk.simd_arch(),
+        "int8_prefill_dot": lk._core.int8_dot(),
+        "bf16_prefill_dot": lk._core.bf16_dot(),
     }
     assert info["version"] == lk.__version__ and isinstance(info["version"], str)
     assert isinstance(info["compiler"], str) and info["compiler"]
@@ -405,6 +411,10 @@ def test_build_info_follows_runtime_changes(threads):
         ({"LLMKERNELS_NUM_THREADS": "abc"}, "LLMKERNELS_NUM_THREADS='abc' is not a thread"),
         ({"LLMKERNELS_NUM_THREADS": "0"}, "LLMKERNELS_NUM_THREADS='0' is not a thread"),
         ({"LLMKERNELS_NUM_THREADS": "1"}, None),
+        ({"LLMKERNELS_INT8_DOT": "vpdpbusd"}, "LLMKERNELS_INT8_DOT='vpdpbusd' is not a path"),
+        ({"LLMKERNELS_BF16_DOT": "amx"}, "LLMKERNELS_BF16_DOT='amx' is not a path"),
+        ({"LLMKERNELS_INT8_DOT": "none"}, None),
+        ({"LLMKERNELS_BF16_DOT": "bf16_simde"}, None),
     ],
 )
 def test_an_ignored_environment_variable_warns(env, warned):

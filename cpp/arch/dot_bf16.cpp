@@ -1,17 +1,9 @@
 // kernels/gemm_bf16.hpp built for AVX512_BF16 (common/dot.cpp calls it only on such CPUs).
 #define LLMK_DOT_NS bf16_native
+#define LLMK_DOT_ENTRY bf16_native_entry
 #include "common/dot.hpp"
 #include "kernels/gemm_bf16.hpp"
 
-namespace llmk::dot::bf16_native_entry {
-static_assert(kBf16PackWords >= bf16_native::kBf16Kc / 2 * kBf16BlockCols, "pack scratch");
-void round_x(std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx, std::size_t m,
-             std::size_t k) {
-  bf16_native::round_x_bf16(xb, kp, x, ldx, m, k);
-}
-void block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp, std::size_t m,
-           const std::uint16_t* w, std::size_t k, std::size_t nc, bool accumulate,
-           const float* bias, std::uint32_t* wpack) {
-  bf16_native::gemm_bf16_block(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
-}
-}  // namespace llmk::dot::bf16_native_entry
+static_assert(llmk::dot::kBf16PackWords >=
+                  llmk::bf16_native::kBf16Kc / 2 * llmk::dot::kBf16BlockCols,
+              "the pack scratch holds a packed block");

@@ -12,6 +12,49 @@ namespace llmk::bind {
 
 using namespace llmk::ops;
 
+namespace {
+// The functions of one dot-product choice of common/dot.hpp
+template <class E>
+struct DotApi {
+  E (*get)();
+  void (*set)(E);
+  void (*set_auto)();
+  const char* (*name)(E);
+  bool (*parse)(const std::string&, E*);
+  bool (*available)(E);
+};
+
+// `<what>()` -> the active path's name; `_set_<what>(path)` forces one ('auto': the default)
+// and returns the previous name
+template <class E>
+void bind_dot(py::module_& m, const std::string& what, const std::string& cpu_flag,
+              const std::string& doc, DotApi<E> api) {
+  using namespace pybind11::literals;
+  const std::string names = std::string("'") + api.name(static_cast<E>(0)) + "', '" +
+                            api.name(static_cast<E>(2)) + "' or (on a CPU with " + cpu_flag +
+                            ") '" + api.name(static_cast<E>(1)) + "'";
+  m.def(
+      what.c_str(), [api] { return std::string(api.name(api.get())); },
+      (doc + ": " + names + ".").c_str());
+  const std::string setter = "_set_" + what;
+  m.def(
+      setter.c_str(),
+      [api, setter, names](const std::string& path) {
+        const std::string previous = api.name(api.get());
+        E dot;
+        if (path == "auto")
+          api.set_auto();
+        else if (api.parse(path, &dot) && api.available(dot))
+          api.set(dot);
+        else
+          throw py::value_error("[" + setter + "] path must be 'auto', " + names + ", got '" +
+                                path + "'");
+        return previous;
+      },
+      "path"_a, "Force the path ('auto' restores the default); returns the previous one.");
+}
+}  // namespace
+
 void bind_runtime(py::module_& m) {
   using namespace pybind11::literals;
   m.def("get_num_threads", &get_num_threads, "Number of threads the kernels use.");
@@ -34,49 +77,15 @@ void bind_runtime(py::module_& m) {
       "The best SIMD path this CPU supports.");
   m.def("set_simd_arch", &ops::set_simd_arch, "arch"_a,
         "Force a SIMD path (must be supported by the CPU).");
-  // common/dot.hpp: the int8 dot-product extension of the int8-activation prefill
-  m.def(
-      "int8_dot", [] { return std::string(int8_dot_name(int8_dot())); },
-      "The int8 dot-product path of the int8-activation prefill: 'vnni', 'vnni_simde' or 'none'.");
+  // common/dot.hpp: the dot-product paths of the int8-activation and the bfloat16 prefill
+  bind_dot<Int8Dot>(m, "int8_dot", "AVX512_VNNI", "The int8 dot-product path of the prefill",
+                    {int8_dot, set_int8_dot, set_int8_dot_auto, int8_dot_name, parse_int8_dot,
+                     int8_dot_available});
   m.attr("cpu_has_avx512_vnni") = cpu_has_avx512_vnni();
-  m.def(
-      "_set_int8_dot",
-      [](const std::string& name) {
-        const std::string previous = int8_dot_name(int8_dot());
-        Int8Dot dot;
-        if (name == "auto")
-          set_int8_dot_auto();
-        else if (parse_int8_dot(name, &dot) && int8_dot_available(dot))
-          set_int8_dot(dot);
-        else
-          throw py::value_error(
-              "[_set_int8_dot] path must be 'auto', 'none', 'vnni_simde' or (on a CPU with "
-              "AVX512_VNNI) 'vnni', got '" + name + "'");
-        return previous;
-      },
-      "path"_a, "Force the int8 dot-product path ('auto' restores the default); returns the old.");
-  // common/dot.hpp: the bf16 dot-product path of the prefill of bfloat16 weights
-  m.def(
-      "bf16_dot", [] { return std::string(bf16_dot_name(bf16_dot())); },
-      "The dot-product path of the bfloat16-weight prefill: 'avx512bf16', 'bf16_simde' or "
-      "'none'.");
+  bind_dot<Bf16Dot>(m, "bf16_dot", "AVX512_BF16", "The bf16 dot-product path of the prefill",
+                    {bf16_dot, set_bf16_dot, set_bf16_dot_auto, bf16_dot_name, parse_bf16_dot,
+                     bf16_dot_available});
   m.attr("cpu_has_avx512_bf16") = cpu_has_avx512_bf16();
-  m.def(
-      "_set_bf16_dot",
-      [](const std::string& name) {
-        const std::string previous = bf16_dot_name(bf16_dot());
-        Bf16Dot dot;
-        if (name == "auto")
-          set_bf16_dot_auto();
-        else if (parse_bf16_dot(name, &dot) && bf16_dot_available(dot))
-          set_bf16_dot(dot);
-        else
-          throw py::value_error(
-              "[_set_bf16_dot] path must be 'auto', 'none', 'bf16_simde' or (on a CPU with "
-              "AVX512_BF16) 'avx512bf16', got '" + name + "'");
-        return previous;
-      },
-      "path"_a, "Force the bf16 dot-product path ('auto' restores the default); returns the old.");
   m.def("openblas_config", [] { return std::string(openblas_get_config()); });
   m.def("_probe_fma_gflops", &probe_fma_gflops, "threads"_a, "iterations"_a);
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);

@@ -10,8 +10,9 @@
 namespace llmk {
 namespace {
 
-// AVX512_VNNI (cpuid 7.0 ecx bit 11) and AVX512VL (7.0 ebx bit 31), with the OS saving the
-// AVX-512 state (xgetbv: XMM, YMM, opmask, ZMM halves = bits 1, 2, 5, 6, 7)
+// AVX512_VNNI (cpuid 7.0 ecx bit 11) with AVX512F / DQ / CD / BW / VL (7.0 ebx bits 16, 17,
+// 28, 30, 31: the units are built with all of them), the OS saving the AVX-512 state (xgetbv:
+// XMM, YMM, opmask, ZMM halves = bits 1, 2, 5, 6, 7)
 bool detect_vnni() {
   unsigned a, b, c, d;
   if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
@@ -20,8 +21,8 @@ bool detect_vnni() {
   if ((lo & 0xe6u) != 0xe6u) return false;
   if (__get_cpuid_max(0, nullptr) < 7) return false;
   __cpuid_count(7, 0, a, b, c, d);
-  const bool avx512f = b & (1u << 16), avx512vl = b & (1u << 31), vnni = c & (1u << 11);
-  return avx512f && avx512vl && vnni;
+  const unsigned need = (1u << 16) | (1u << 17) | (1u << 28) | (1u << 30) | (1u << 31);
+  return (b & need) == need && (c & (1u << 11));
 }
 
 // AVX512_BF16: cpuid 7.1 eax bit 5 (with AVX512F and the OS state as above)
@@ -34,28 +35,51 @@ bool detect_bf16() {
   return a & (1u << 5);
 }
 
-constexpr const char* kNames[] = {"none", "vnni", "vnni_simde"};
-constexpr const char* kBf16Names[] = {"none", "avx512bf16", "bf16_simde"};
+// One dot-product choice (Int8Dot or Bf16Dot alike): value 0 none, 1 the native instruction,
+// 2 its SIMDe twin. Forced by the environment variable (read at first use) or a setter, else
+// automatic: the native instruction where the CPU has it and the avx512 path is active.
+struct DotChoice {
+  const char* env;
+  const char* names[3];
+  bool (*cpu_has)();
+  std::atomic<int> forced{-2};  // -2: the environment not read yet; -1: automatic
 
-std::atomic<int>& bf16_forced_slot() {
-  static std::atomic<int> slot{[] {
-    Bf16Dot dot;
-    const char* env = std::getenv("LLMKERNELS_BF16_DOT");
-    if (env && parse_bf16_dot(env, &dot)) return bf16_dot_available(dot) ? int(dot) : 0;
-    return -1;
-  }()};
-  return slot;
+  // the native unit where the CPU has the instruction; the SIMDe twin on AVX2 + FMA + F16C (its
+  // baseline)
+  bool available(int v) const {
+    return v == 0 || (v == 1 ? cpu_has() : best_supported_isa() >= Isa::avx2);
+  }
+  bool parse(const std::string& name, int* v) const {
+    for (int i = 0; i < 3; ++i)
+      if (name == names[i]) return *v = i, true;
+    return false;
+  }
+  int active() {
+    int f = forced.load(std::memory_order_relaxed);
+    if (f == -2) {  // first use: the environment (a lost race stores the same value)
+      int v;
+      const char* e = std::getenv(env);
+      f = e && parse(e, &v) ? (available(v) ? v : 0) : -1;
+      int expected = -2;
+      forced.compare_exchange_strong(expected, f, std::memory_order_relaxed);
+      f = forced.load(std::memory_order_relaxed);
+    }
+    if (f >= 0) return f;
+    return cpu_has() && active_isa() == Isa::avx512 ? 1 : 0;
+  }
+  void force(int v) { forced.store(available(v) ? v : 0, std::memory_order_relaxed); }
+  void automatic() { forced.store(-1, std::memory_order_relaxed); }
+};
+
+DotChoice& int8_choice() {
+  static DotChoice c{"LLMKERNELS_INT8_DOT", {"none", "vnni", "vnni_simde"}, &cpu_has_avx512_vnni};
+  return c;
 }
 
-// -1: automatic; else a forced Int8Dot
-std::atomic<int>& forced_slot() {
-  static std::atomic<int> slot{[] {
-    Int8Dot dot;
-    const char* env = std::getenv("LLMKERNELS_INT8_DOT");
-    if (env && parse_int8_dot(env, &dot)) return int8_dot_available(dot) ? int(dot) : 0;
-    return -1;
-  }()};
-  return slot;
+DotChoice& bf16_choice() {
+  static DotChoice c{"LLMKERNELS_BF16_DOT", {"none", "avx512bf16", "bf16_simde"},
+                     &cpu_has_avx512_bf16};
+  return c;
 }
 
 }  // namespace
@@ -65,58 +89,29 @@ bool cpu_has_avx512_vnni() {
   return has;
 }
 
-bool int8_dot_available(Int8Dot dot) {
-  return dot != Int8Dot::vnni || cpu_has_avx512_vnni();
-}
-
-Int8Dot int8_dot() {
-  const int forced = forced_slot().load(std::memory_order_relaxed);
-  if (forced >= 0) return static_cast<Int8Dot>(forced);
-  return cpu_has_avx512_vnni() && active_isa() == Isa::avx512 ? Int8Dot::vnni : Int8Dot::none;
-}
-
-void set_int8_dot(Int8Dot dot) {
-  forced_slot().store(int8_dot_available(dot) ? int(dot) : 0, std::memory_order_relaxed);
-}
-
-void set_int8_dot_auto() { forced_slot().store(-1, std::memory_order_relaxed); }
-
-const char* int8_dot_name(Int8Dot dot) { return kNames[static_cast<int>(dot)]; }
-
-bool parse_int8_dot(const std::string& name, Int8Dot* dot) {
-  for (int i = 0; i < 3; ++i)
-    if (name == kNames[i]) return *dot = static_cast<Int8Dot>(i), true;
-  return false;
-}
-
 bool cpu_has_avx512_bf16() {
   static const bool has = detect_bf16();
   return has;
 }
 
-bool bf16_dot_available(Bf16Dot dot) {
-  return dot != Bf16Dot::avx512bf16 || cpu_has_avx512_bf16();
+Int8Dot int8_dot() { return static_cast<Int8Dot>(int8_choice().active()); }
+void set_int8_dot(Int8Dot dot) { int8_choice().force(static_cast<int>(dot)); }
+void set_int8_dot_auto() { int8_choice().automatic(); }
+const char* int8_dot_name(Int8Dot dot) { return int8_choice().names[static_cast<int>(dot)]; }
+bool int8_dot_available(Int8Dot dot) { return int8_choice().available(static_cast<int>(dot)); }
+bool parse_int8_dot(const std::string& name, Int8Dot* dot) {
+  int v;
+  return int8_choice().parse(name, &v) ? (*dot = static_cast<Int8Dot>(v), true) : false;
 }
 
-Bf16Dot bf16_dot() {
-  const int forced = bf16_forced_slot().load(std::memory_order_relaxed);
-  if (forced >= 0) return static_cast<Bf16Dot>(forced);
-  return cpu_has_avx512_bf16() && active_isa() == Isa::avx512 ? Bf16Dot::avx512bf16
-                                                              : Bf16Dot::none;
-}
-
-void set_bf16_dot(Bf16Dot dot) {
-  bf16_forced_slot().store(bf16_dot_available(dot) ? int(dot) : 0, std::memory_order_relaxed);
-}
-
-void set_bf16_dot_auto() { bf16_forced_slot().store(-1, std::memory_order_relaxed); }
-
-const char* bf16_dot_name(Bf16Dot dot) { return kBf16Names[static_cast<int>(dot)]; }
-
+Bf16Dot bf16_dot() { return static_cast<Bf16Dot>(bf16_choice().active()); }
+void set_bf16_dot(Bf16Dot dot) { bf16_choice().force(static_cast<int>(dot)); }
+void set_bf16_dot_auto() { bf16_choice().automatic(); }
+const char* bf16_dot_name(Bf16Dot dot) { return bf16_choice().names[static_cast<int>(dot)]; }
+bool bf16_dot_available(Bf16Dot dot) { return bf16_choice().available(static_cast<int>(dot)); }
 bool parse_bf16_dot(const std::string& name, Bf16Dot* dot) {
-  for (int i = 0; i < 3; ++i)
-    if (name == kBf16Names[i]) return *dot = static_cast<Bf16Dot>(i), true;
-  return false;
+  int v;
+  return bf16_choice().parse(name, &v) ? (*dot = static_cast<Bf16Dot>(v), true) : false;
 }
 
 namespace dot {
@@ -134,6 +129,7 @@ LLMK_BF16_ENTRIES(bf16_native_entry)
 LLMK_BF16_ENTRIES(bf16_simde_entry)
 #undef LLMK_BF16_ENTRIES
 
+// (dot is avx512bf16 or bf16_simde: the driver calls these only then)
 void round_x_bf16(Bf16Dot dot, std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,
                   std::size_t m, std::size_t k) {
   if (dot == Bf16Dot::avx512bf16)

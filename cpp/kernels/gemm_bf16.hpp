@@ -101,17 +101,24 @@ inline void pack_w_bf16(std::uint32_t* wp, const std::uint16_t* w, std::size_t k
   }
 }
 
+// the 32-bit word (x[2i], x[2i + 1]) at p (bfloat16 pairs, read through memcpy: no aliasing)
+inline std::uint32_t load_word(const std::uint16_t* p) {
+  std::uint32_t w;
+  std::memcpy(&w, p, sizeof w);
+  return w;
+}
+
 inline V512bh as_bh(const V512i& v) {
   V512bh r;
   std::memcpy(&r, &v, sizeof r);
   return r;
 }
 
-// y[t, f] (+)= sum_kk dot(xw[t][kk], panel[kk][f]) for the tile's MR tokens and the panel's
+// y[t, f] (+)= sum_kk dot(word kk of x row t, panel[kk][f]) (xh: x rows as bf16, stride ldxh) for the tile's MR tokens and the panel's
 // kBf16Nr features (y row stride ldy, all kBf16Nr columns valid: the caller gives a local tile
 // for a partial panel); first: start from 0 (else from y); bias (kBf16Nr,) or null: added
 template <int MR>
-inline void micro_bf16(float* y, std::size_t ldy, const std::uint32_t* xw, std::size_t ldxw,
+inline void micro_bf16(float* y, std::size_t ldy, const std::uint16_t* xh, std::size_t ldxh,
                        const std::uint32_t* panel, std::size_t kcp, bool first,
                        const float* bias) {
   V512 acc[MR][2];
@@ -128,7 +135,7 @@ inline void micro_bf16(float* y, std::size_t ldy, const std::uint32_t* xw, std::
     const V512bh w0 = as_bh(LLMK_M5(loadu_si512)(panel + kk * kBf16Nr));
     const V512bh w1 = as_bh(LLMK_M5(loadu_si512)(panel + kk * kBf16Nr + 16));
     for (int i = 0; i < MR; ++i) {
-      const V512bh a = as_bh(LLMK_M5(set1_epi32)(static_cast<int>(xw[i * ldxw + kk])));
+      const V512bh a = as_bh(LLMK_M5(set1_epi32)(static_cast<int>(load_word(xh + i * ldxh + 2 * kk))));
       acc[i][0] = LLMK_M5(dpbf16_ps)(acc[i][0], a, w0);
       acc[i][1] = LLMK_M5(dpbf16_ps)(acc[i][1], a, w1);
     }
@@ -149,11 +156,11 @@ inline void micro_bf16(float* y, std::size_t ldy, const std::uint32_t* xw, std::
 // tokens [0, mr) of a tile against one panel of nf <= kBf16Nr valid features: straight into y
 // when the panel is whole, else through a local (mr, kBf16Nr) tile
 template <int MR>
-inline void micro_any(float* y, std::size_t ldy, const std::uint32_t* xw, std::size_t ldxw,
+inline void micro_any(float* y, std::size_t ldy, const std::uint16_t* xh, std::size_t ldxh,
                       const std::uint32_t* panel, std::size_t kcp, std::size_t nf, bool first,
                       const float* bias) {
   if (nf == kBf16Nr) {
-    micro_bf16<MR>(y, ldy, xw, ldxw, panel, kcp, first, bias);
+    micro_bf16<MR>(y, ldy, xh, ldxh, panel, kcp, first, bias);
     return;
   }
   alignas(64) float tile[MR][kBf16Nr] = {};
@@ -161,23 +168,21 @@ inline void micro_any(float* y, std::size_t ldy, const std::uint32_t* xw, std::s
   if (!first)
     for (int i = 0; i < MR; ++i) std::memcpy(tile[i], y + i * ldy, nf * sizeof(float));
   if (bias) std::memcpy(b, bias, nf * sizeof(float));
-  micro_bf16<MR>(&tile[0][0], kBf16Nr, xw, ldxw, panel, kcp, first, bias ? b : nullptr);
+  micro_bf16<MR>(&tile[0][0], kBf16Nr, xh, ldxh, panel, kcp, first, bias ? b : nullptr);
   for (int i = 0; i < MR; ++i) std::memcpy(y + i * ldy, tile[i], nf * sizeof(float));
 }
 
 template <int MR>
-inline void micro_tail(int mr, float* y, std::size_t ldy, const std::uint32_t* xw,
-                       std::size_t ldxw, const std::uint32_t* panel, std::size_t kcp,
+inline void micro_tail(int mr, float* y, std::size_t ldy, const std::uint16_t* xh,
+                       std::size_t ldxh, const std::uint32_t* panel, std::size_t kcp,
                        std::size_t nf, bool first, const float* bias) {
   if constexpr (MR > 0) {
     if (mr == MR)
-      micro_any<MR>(y, ldy, xw, ldxw, panel, kcp, nf, first, bias);
+      micro_any<MR>(y, ldy, xh, ldxh, panel, kcp, nf, first, bias);
     else
-      micro_tail<MR - 1>(mr, y, ldy, xw, ldxw, panel, kcp, nf, first, bias);
+      micro_tail<MR - 1>(mr, y, ldy, xh, ldxh, panel, kcp, nf, first, bias);
   }
 }
-
-}  // namespace
 
 // x rounded to bfloat16 (see round_x_bf16_rows)
 inline void round_x_bf16(std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,
@@ -190,8 +195,6 @@ inline void round_x_bf16(std::uint16_t* xb, std::size_t kp, const float* x, std:
 inline void gemm_bf16_block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,
                             std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,
                             bool accumulate, const float* bias, std::uint32_t* wpack) {
-  const std::uint32_t* xw = reinterpret_cast<const std::uint32_t*>(xb);  // (m, kp / 2) words
-  const std::size_t ldxw = kp / 2;
   for (std::size_t k0 = 0; k0 < kp; k0 += kBf16Kc) {
     const std::size_t kcp = std::min(kBf16Kc, kp - k0) / 2;
     pack_w_bf16(wpack, w, k, nc, k0, kcp);
@@ -205,15 +208,32 @@ inline void gemm_bf16_block(float* y, std::size_t ldy, const std::uint16_t* xb, 
         const float* b = last && bias ? bias + f0 : nullptr;
         std::size_t t = t0;
         for (; t + kBf16Mr <= t1; t += kBf16Mr)
-          micro_any<kBf16Mr>(y + t * ldy + f0, ldy, xw + t * ldxw + k0 / 2, ldxw, panel, kcp, nf,
+          micro_any<kBf16Mr>(y + t * ldy + f0, ldy, xb + t * kp + k0, kp, panel, kcp, nf,
                              first, b);
         if (t < t1)
           micro_tail<kBf16Mr - 1>(static_cast<int>(t1 - t), y + t * ldy + f0, ldy,
-                                  xw + t * ldxw + k0 / 2, ldxw, panel, kcp, nf, first, b);
+                                  xb + t * kp + k0, kp, panel, kcp, nf, first, b);
       }
     }
   }
 }
 
+}  // namespace
 }  // namespace LLMK_DOT_NS
 }  // namespace llmk
+
+// The unit's entry points (cpp/arch/dot_bf16*.cpp define LLMK_DOT_ENTRY): common/dot.cpp picks
+// the native or the SIMDe unit's
+#if defined(LLMK_DOT_ENTRY)
+namespace llmk::dot::LLMK_DOT_ENTRY {
+void round_x(std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx, std::size_t m,
+             std::size_t k) {
+  LLMK_DOT_NS::round_x_bf16(xb, kp, x, ldx, m, k);
+}
+void block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp, std::size_t m,
+           const std::uint16_t* w, std::size_t k, std::size_t nc, bool accumulate,
+           const float* bias, std::uint32_t* wpack) {
+  LLMK_DOT_NS::gemm_bf16_block(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
+}
+}  // namespace llmk::dot::LLMK_DOT_ENTRY
+#endif

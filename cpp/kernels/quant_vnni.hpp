@@ -235,8 +235,6 @@ inline void vnni_gemm(const qgemv_args& a) {
   }
 }
 
-}  // namespace
-
 // y (m, rows) (+)= x (m, k) . W_deq^T (+ bias) with int8 activations (a.act as qlinear prepares
 // it for the AVX2 int8-activation GEMV: q and s, and for int4 q4, x8 and sx2), any m.
 inline void qgemm_int8_acts(const qgemv_args& a, int bits) {
@@ -246,5 +244,6 @@ inline void qgemm_int8_acts(const qgemv_args& a, int bits) {
     vnni_gemm<4>(a);
 }
 
+}  // namespace
 }  // namespace LLMK_DOT_NS
 }  // namespace llmk

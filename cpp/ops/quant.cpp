@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -317,8 +318,9 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
     const std::size_t act_bytes =
         int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * (16 * 2 + 8 * 4) + 256 : 0;
     const std::size_t panel_floats = gemv ? 0 : (m + kQPanel - 1) / kQPanel * kQPanel * w.k;
-    ScratchLease lease(std::max<std::size_t>(act_bytes + panel_floats * sizeof(float), 64));
-    auto* base = lease.as<std::uint8_t>();
+    std::optional<ScratchLease> lease;  // (released before a fallback below)
+    lease.emplace(std::max<std::size_t>(act_bytes + panel_floats * sizeof(float), 64));
+    auto* base = lease->as<std::uint8_t>();
     if (int8_acts) {
       auto* q16 = reinterpret_cast<std::int16_t*>(base);  // (m, k), 2 bytes each
       auto* sc = reinterpret_cast<float*>(base + m * w.k * 2);  // (m, nb)
@@ -330,8 +332,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         int8_acts = quantize_acts(a.x, m, w.k, xq, q16, sc);
       }
       if (!int8_acts && dot != Int8Dot::none) {
-        // a scale out of the kernels' range: the float-activation prefill (its scratch a lease
-        // of its own, this one being held)
+        // a scale out of the kernels' range: the float-activation prefill
+        lease.reset();
         qlinear(x, m, w, bits, bias, y, accumulate, false);
         return;
       }

@@ -45,6 +45,23 @@ def _check_environment() -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+    for var, names, has in (
+        ("LLMKERNELS_INT8_DOT", ("none", "vnni", "vnni_simde"), _core.cpu_has_avx512_vnni),
+        ("LLMKERNELS_BF16_DOT", ("none", "avx512bf16", "bf16_simde"), _core.cpu_has_avx512_bf16),
+    ):
+        value = os.environ.get(var)
+        if value is not None and value not in names:
+            warnings.warn(
+                f"{var}={value!r} is not a path ({', '.join(names)}): ignored",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        elif value == names[1] and not has:
+            warnings.warn(
+                f"{var}={value!r}: this CPU lacks the instruction, running 'none'",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     threads = os.environ.get("LLMKERNELS_NUM_THREADS")
     lead = re.match(r"\s*([+-]?\d+)", threads or "")  # what the core's strtol reads
     if threads is not None and not (lead and 1 <= int(lead.group(1)) < 2**63):

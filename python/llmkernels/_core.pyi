@@ -274,13 +274,13 @@ def _probe_triad_gbs(threads: typing.SupportsInt | typing.SupportsIndex, n: typi
     ...
 def _set_bf16_dot(path: str) -> str:
     """
-    Force the bf16 dot-product path ('auto' restores the default); returns the old.
+    Force the path ('auto' restores the default); returns the previous one.
     """
 def _set_gemm_route(route: str) -> str:
     ...
 def _set_int8_dot(path: str) -> str:
     """
-    Force the int8 dot-product path ('auto' restores the default); returns the old.
+    Force the path ('auto' restores the default); returns the previous one.
     """
 def _sigmoid(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
@@ -296,7 +296,7 @@ def best_simd_arch() -> str:
     """
 def bf16_dot() -> str:
     """
-    The dot-product path of the bfloat16-weight prefill: 'avx512bf16', 'bf16_simde' or 'none'.
+    The bf16 dot-product path of the prefill: 'none', 'bf16_simde' or (on a CPU with AVX512_BF16) 'avx512bf16'.
     """
 def dequantize(q: numpy.ndarray, scales: numpy.ndarray, bits: typing.SupportsInt | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex) -> numpy.ndarray:
     """
@@ -308,7 +308,7 @@ def get_num_threads() -> int:
     """
 def int8_dot() -> str:
     """
-    The int8 dot-product path of the int8-activation prefill: 'vnni', 'vnni_simde' or 'none'.
+    The int8 dot-product path of the prefill: 'none', 'vnni_simde' or (on a CPU with AVX512_VNNI) 'vnni'.
     """
 def layer_norm(x: numpy.ndarray, weight: numpy.ndarray | None, bias: numpy.ndarray | None, eps: typing.SupportsFloat | typing.SupportsIndex, out: numpy.ndarray) -> None:
     """

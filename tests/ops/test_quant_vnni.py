@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import llmkernels as lk
 import numpy as np
 import pytest
+from conftest import run_python
 from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used, ref_quantized_linear
 
 PATHS = ["vnni_simde"] + (["vnni"] if lk._core.cpu_has_avx512_vnni else [])
@@ -53,7 +54,8 @@ def per_token_avx2(x, q, s, bits, g, bias=None):
 
 
 # (group, k): int4 with k = 96 has an odd last block (stored in natural order)
-GROUP_K = [(32, 32), (32, 96), (32, 256), (64, 128), (64, 320), (128, 256), (128, 384)]
+# k = 320 with groups of 32: ten blocks, the scale products of eight formed at once, then two
+GROUP_K = [(32, 32), (32, 96), (32, 256), (32, 320), (64, 128), (64, 320), (128, 256), (128, 384)]
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -86,6 +88,26 @@ def test_real_size_and_threads(bits, dot, rng, threads):
     np.testing.assert_array_equal(one, per_token_avx2(x, q, s, bits, 32))
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_accumulate_into_y(bits, dot, rng):
+    """The modules' projection path adding into y (a residual): equal to the AVX2 GEMV adding
+    into each token's row alone."""
+    w = weights(rng, 37, 320)
+    q, s = lk.quantize(w, bits=bits, group_size=32)
+    x = rng.standard_normal((21, 320)).astype(np.float32)
+    y0 = rng.standard_normal((21, 37)).astype(np.float32)
+    dtype = f"int{bits}"
+    got = lk._core._linear(x, q, dtype, None, y0.copy(), s, 32)
+    previous = lk.simd_arch()
+    lk.set_simd_arch("avx2")
+    try:
+        rows = [lk._core._linear(x[i : i + 1], q, dtype, None, y0[i : i + 1].copy(), s, 32)
+                for i in range(len(x))]  # fmt: skip
+    finally:
+        lk.set_simd_arch(previous)
+    np.testing.assert_array_equal(got, np.concatenate(rows))
+
+
 def test_out_of_range_scales_fall_back_to_float(dot, rng):
     """A token of |x| ~ 3e38 (its scale past the kernels' range) sends the call to float
     activations, as the GEMV does: 0 where the integer dot is 0, never NaN."""
@@ -115,3 +137,13 @@ def test_selection():
         lk.set_simd_arch(previous)
     with pytest.raises(ValueError, match=r"^\[_set_int8_dot\] path must be"):
         lk._core._set_int8_dot("vpdpbusd")
+
+
+@pytest.mark.parametrize(("value", "want"), [("none", "none"), ("vnni_simde", "vnni_simde")])
+def test_environment_forces_the_path(value, want):
+    r = run_python(
+        "import llmkernels as lk; print(lk._core.int8_dot(), lk._core.bf16_dot())",
+        env={"LLMKERNELS_INT8_DOT": value, "LLMKERNELS_BF16_DOT": value.replace("vnni", "bf16")},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [want, want.replace("vnni", "bf16")]
