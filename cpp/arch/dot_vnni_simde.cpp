@@ -7,7 +7,8 @@
 #include "kernels/quant_vnni.hpp"
 
 namespace llmk::dot {
-void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits) {
-  vnni_simde::qgemm_int8_acts(a, bits);
+void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits,
+                                        std::uint8_t* pack) {
+  vnni_simde::qgemm_int8_acts(a, bits, pack);
 }
 }  // namespace llmk::dot

@@ -177,19 +177,31 @@ inline void qblock_float(const std::uint8_t* row, std::size_t b, QF f[kQBlockVec
   }
 }
 
-// int8 weights, rows r0 + r * rs (r < R) against M tokens, int8 activations: per block and (row,
-// token) one integer dot product and one FMA by d = s_w * s_x. maddubs
-// multiplies unsigned by signed bytes: |w| (unsigned: -128 -> 128) times sign(w) * x (any int8
-// code, -128 included, since the activation codes stay in [-127, 127] and their negation
-// cannot overflow; a stored code of -128 would if the roles were swapped): pair sums at most
-// 2 * 128 * 127, within int16. d = s_w * s_x: for one token (decode) and groups of 32, the 8
-// products of 8 blocks at once per row (F16C's conversion of the 8 weight scales times the
-// token's 8 block scales) into a stack array, broadcast from it per block; else per block the
-// float16 weight scale converted into every lane times the token's scale broadcast. The same
-// float products either way. In 4 row stripes (qgemv_tokens), 256 x 2048 cache-resident, AVX2
-// EPYC, standalone loop: 28.9 GB/s of codes with the conversion per block, 35.6 with the
-// products per 8 blocks (with one row at a time, bound by its one accumulator chain, the
-// batched conversion had been no faster: 1.37 ns per block either way).
+// The integer dot products of 8 blocks, one per lane: p[l] holds block l's products in 8 int32
+// lanes; lane l of the result is their sum (exact: integer). Two rounds of hadd sum each
+// 128-bit half of 4 blocks, a permute and an add join the halves.
+inline __m256i block_sums8(const __m256i (&p)[8]) {
+  const __m256i a =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  const __m256i b =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),
+                          _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// int8 weights, rows r0 + r * rs (r < R) against M tokens, int8 activations. The blocks of a
+// row go 8 at a time (a chunk), one block per lane: each block's integer dot product
+// sum(code_w * code_x) summed exactly (block_sums8), converted once, multiplied by its
+// d = s_w * s_x (the 8 weight scales times the token's 8 block scales) and FMA'd into lane l of
+// the (row, token) accumulator; the 8 lanes are summed at the end (qhsum). A last chunk of fewer
+// than 8 blocks has zero sums and d = 0 in the lanes past the end. This arithmetic per (row,
+// token) is the int8-weight contract of the VNNI prefill (kernels/quant_vnni.hpp), which
+// computes the same sums with one vpdpbusd per 8 blocks from weights repacked lane by block:
+// the two must agree bit for bit. Per block: maddubs multiplies unsigned by signed bytes, |w|
+// (unsigned: -128 -> 128) times sign(w) * x (any int8 code, -128 included, since the activation
+// codes stay in [-127, 127] and their negation cannot overflow): pair sums at most 2 * 128 *
+// 127, within int16; madd widens to 8 int32 lanes. Against one conversion and one FMA per
+// block, a chunk spends 6 hadd, 2 permutes and an add, and one conversion, product and FMA.
 template <int R, int M, bool Group32>
 inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
   const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k, ng = k / a.w.group;
@@ -202,49 +214,51 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
   const std::uint16_t* s0 = a.w.scales + r0 * ng;
   const std::int8_t* const xq0 = a.act.q;
   const float* const sx = a.act.s;
-  // one step: block b, its weight scales sw[r] in every lane, or with is_d (one token) the
-  // products d = s_w * s_x themselves
-  const auto block = [&](std::size_t b, const __m256 (&sw)[R], bool is_d) {
-    __m256i xq[M];
-    for (int t = 0; t < M; ++t)
-      xq[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq0 + t * k + b * kQBlock));
+  for (std::size_t b0 = 0; b0 < nb; b0 += 8) {
+    const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
+    __m256 sw[R];  // the blocks' weight scales, 0 past the last block
     for (int r = 0; r < R; ++r) {
-      const std::uint8_t* wp = w0 + r * rs * row_bytes + b * kQBlock;
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-      const __m256i wa = _mm256_abs_epi8(w);
+      const std::uint16_t* rsc = s0 + r * rs * ng;
+      if (Group32 && n == 8) {
+        sw[r] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rsc + b0)));
+      } else {
+        alignas(32) float f[8] = {};
+        for (std::size_t l = 0; l < n; ++l)
+          f[l] = half_to_float(rsc[Group32 ? b0 + l : (b0 + l) >> sh]);
+        sw[r] = _mm256_load_ps(f);
+      }
+    }
+    __m256 sxv[M];  // the token's block scales, 0 past the last block
+    for (int t = 0; t < M; ++t) {
+      if (n == 8) {
+        sxv[t] = _mm256_loadu_ps(sx + t * nb + b0);
+      } else {
+        alignas(32) float f[8] = {};
+        for (std::size_t l = 0; l < n; ++l) f[l] = sx[t * nb + b0 + l];
+        sxv[t] = _mm256_load_ps(f);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * kQBlock;
       for (int t = 0; t < M; ++t) {
-        const __m256i p16 = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xq[t], w));
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        const __m256 d =
-            is_d ? sw[r] : _mm256_mul_ps(sw[r], _mm256_broadcast_ss(sx + t * nb + b));
-        acc[r][t] = _mm256_fmadd_ps(p, d, acc[r][t]);
+        const std::int8_t* xp = xq0 + t * k + b0 * kQBlock;
+        __m256i p[8];
+        for (std::size_t l = 0; l < 8; ++l) {
+          if (l < n) {
+            const __m256i w =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + l * kQBlock));
+            const __m256i x =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + l * kQBlock));
+            p[l] = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
+          } else {
+            p[l] = _mm256_setzero_si256();
+          }
+        }
+        const __m256 d = _mm256_mul_ps(sw[r], sxv[t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sums8(p)), d, acc[r][t]);
       }
     }
-  };
-  std::size_t b = 0;
-  if constexpr (Group32 && M == 1) {
-    // one token: the products d = s_w * s_x of 8 blocks formed at once (one vcvtph2ps of the
-    // weight scales times the token's 8 block scales, the same products) into a stack array,
-    // each then broadcast by a load
-    alignas(32) float d8[R][8];
-    for (; b + 8 <= nb; b += 8) {
-      for (int r = 0; r < R; ++r) {
-        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + r * rs * ng + b));
-        _mm256_store_ps(d8[r], _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(sx + b)));
-      }
-      for (std::size_t j = 0; j < 8; ++j) {
-        __m256 d[R];
-        for (int r = 0; r < R; ++r) d[r] = _mm256_broadcast_ss(&d8[r][j]);
-        block(b + j, d, true);
-      }
-    }
-  }
-  for (; b < nb; ++b) {
-    __m256 sw[R];
-    for (int r = 0; r < R; ++r)  // the block's float16 weight scale, converted into every lane
-      sw[r] = _mm256_cvtph_ps(
-          _mm_set1_epi16(static_cast<short>(s0[r * rs * ng + (Group32 ? b : b >> sh)])));
-    block(b, sw, false);
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));

@@ -38,6 +38,12 @@ struct qacts {
   // with q4: (m, k / 64, 8) the activation scales of each pair p of blocks as the kernel's
   // products are laid out, [s(2p) x 4, s(2p + 1) x 4]
   const float* sx2;
+  // int8 weights on the VNNI prefill (kernels/quant_vnni.hpp; else null): q per chunk of 8
+  // blocks with one block per int32 lane -- (m, chunks, 8, 8 lanes) groups of 4 codes, group j
+  // of block l at [j][l] -- each code + 128 (unsigned), blocks past the last 0; and the scales
+  // (m, chunks, 8), 0 past the last block
+  const std::uint8_t* xi;
+  const float* sx8;
 };
 
 // One call of gemv_q8_kernel / gemv_q4_kernel / gemm_q_kernel:

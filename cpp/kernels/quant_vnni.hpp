@@ -33,6 +33,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
+
+#include "common/dot.hpp"  // the pack layout constants
 
 #include "kernels/quant.hpp"  // qhsum, qstore, int4_pair_wscale, half_to_float (AVX2 unit code)
 
@@ -54,77 +57,148 @@ namespace llmk {
 namespace LLMK_DOT_NS {
 namespace {
 
-constexpr std::size_t kVnniRowBlock = 64;  // rows per L2 block (a multiple of R)
-constexpr int kVnniR = 4, kVnniM = 4;      // rows x tokens of accumulators
+using dot::kVnniChunkBytes;
+using dot::kVnniRowBlock;
+constexpr int kVnniR = 4, kVnniM = 4;  // rows x tokens of accumulators (int4)
 
-// int8 weights: rows r0 .. r0 + R - 1 against tokens t0 .. t0 + M - 1
-template <int R, int M, bool Group32>
-inline void vnni_rows_w8(const qgemv_args& a, std::size_t r0, std::size_t t0) {
-  const std::size_t k = a.w.k, nb = k / kQBlock, ng = k / a.w.group;
-  const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (64, 128)
-  const __m256i zero = _mm256_setzero_si256();
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));  // 128 as unsigned bytes
+// --- int8 weights: repacked one block per lane -------------------------------------------------
+// A block of kVnniRowBlock rows is repacked before every token passes over it (pack: per row
+// and chunk of 8 blocks, kVnniPackChunk bytes):
+//   [0, 256)    the codes, 8 vectors: vector j, lane l = codes 4j .. 4j + 3 of block l (int8)
+//   [256, 288)  8 int32: -128 * the sum of block l's codes (the offset of the unsigned x + 128)
+//   [288, 320)  8 float: block l's weight scale
+// (blocks past the last: codes, offsets and scales 0). A chain of 8 vpdpbusd, from the offsets,
+// then leaves in lane l the exact sum(code_w * code_x) of block l against act.xi (the codes
+// + 128 in the same lanes) -- where the natural order needed a conversion and an FMA per block,
+// a chunk now takes one of each: the float work per product falls 8-fold. The repacking costs
+// about what one token's pass over the block does, once per call.
+
+// The 8 x 8 transpose of 32-bit groups: out[j] lane l = v[l] lane j
+inline void transpose8x32(const __m256i (&v)[8], __m256i (&out)[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {  // v[4h .. 4h + 3]
+    u[4 * h] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    out[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+    out[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+  }
+}
+
+// rows [r0, r0 + nr) of w into pack
+inline void vnni8_pack(const qweights& w, std::size_t r0, std::size_t nr, std::uint8_t* pack) {
+  const std::size_t k = w.k, nb = k / kQBlock, nch = dot::vnni8_chunks(k), ng = k / w.group;
+  const std::size_t bpg = w.group / kQBlock;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), zero = _mm256_setzero_si256();
+  for (std::size_t r = 0; r < nr; ++r) {
+    const std::uint8_t* row = w.q + (r0 + r) * k;
+    const std::uint16_t* rsc = w.scales + (r0 + r) * ng;
+    for (std::size_t c = 0; c < nch; ++c) {
+      const std::size_t b0 = 8 * c, n = std::min<std::size_t>(8, nb - b0);
+      std::uint8_t* dst = pack + (r * nch + c) * dot::kVnniPackChunk;
+      __m256i v[8], out[8];
+      for (std::size_t l = 0; l < 8; ++l)
+        v[l] = l < n ? _mm256_loadu_si256(
+                           reinterpret_cast<const __m256i*>(row + (b0 + l) * kQBlock))
+                     : zero;
+      transpose8x32(v, out);
+      __m256i sum = zero;  // 128 * sum(codes) per block
+      for (int j = 0; j < 8; ++j) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * j), out[j]);
+        sum = LLMK_DPBUSD256(sum, flip, out[j]);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kVnniChunkBytes),
+                          _mm256_sub_epi32(zero, sum));
+      alignas(32) float sw[8] = {};
+      for (std::size_t l = 0; l < n; ++l) sw[l] = half_to_float(rsc[(b0 + l) / bpg]);
+      std::memcpy(dst + kVnniChunkBytes + 32, sw, sizeof sw);
+    }
+  }
+}
+
+// rows p0 .. p0 + R - 1 of the pack (rows r0 + p0 .. of a) against tokens t0 .. t0 + M - 1: per
+// chunk, R x M chains of 8 vpdpbusd, then per (row, token) one conversion, the products
+// d = s_w * s_x of the 8 blocks and one FMA -- qgemv_rows_w8_g's arithmetic (kernels/quant.hpp)
+template <int R, int M>
+inline void vnni8_tile(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
+                       std::size_t p0, std::size_t t0) {
+  const std::size_t nch = dot::vnni8_chunks(a.w.k), rstride = nch * dot::kVnniPackChunk;
+  const std::uint8_t* wr = pack + p0 * rstride;                 // (R, nch, 320) repacked rows
+  const std::uint8_t* xt = a.act.xi + t0 * nch * kVnniChunkBytes;  // (M, nch, 256) x + 128
+  const float* st = a.act.sx8 + t0 * nch * 8;                   // (M, nch, 8) scales
   __m256 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
-  const std::uint8_t* w0 = a.w.q + r0 * k;                // (R, k) codes
-  const std::uint16_t* s0 = a.w.scales + r0 * ng;         // (R, ng) float16 scales
-  const std::int8_t* x0 = a.act.q + t0 * k;               // (M, k) activation codes
-  const float* sx0 = a.act.s + t0 * nb;                   // (M, nb) activation scales
-  // one step: block b, with the products d = s_w * s_x either given per (row, token) in d8
-  // (column j) or formed here from the block's weight scale
-  alignas(32) float d8[R][M][8];  // groups of 32: the products of 8 blocks, formed at once
-  const auto block = [&](std::size_t b, int j) {
-    __m256i xu[M];  // x + 128, unsigned
-    for (int t = 0; t < M; ++t)
-      xu[t] = _mm256_xor_si256(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + t * k + b * kQBlock)), flip);
+  for (std::size_t c = 0; c < nch; ++c) {
+    const std::uint8_t* wc = wr + c * dot::kVnniPackChunk;
+    const std::uint8_t* xc = xt + c * kVnniChunkBytes;
+    __m256i s[R][M];
     for (int r = 0; r < R; ++r) {
-      const __m256i w =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + r * k + b * kQBlock));
-      const __m256i c = _mm256_sub_epi32(zero, LLMK_DPBUSD256(zero, flip, w));  // -128 sum(w)
-      for (int t = 0; t < M; ++t) {
-        const __m256 p = _mm256_cvtepi32_ps(LLMK_DPBUSD256(c, xu[t], w));
-        acc[r][t] = _mm256_fmadd_ps(p, _mm256_broadcast_ss(&d8[r][t][j]), acc[r][t]);
-      }
+      const __m256i off = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(wc + r * rstride + kVnniChunkBytes));
+      for (int t = 0; t < M; ++t) s[r][t] = off;
     }
-  };
-  std::size_t b0 = 0;
-  if constexpr (Group32) {
-    // the products of 8 blocks per (row, token) by one conversion of the row's 8 scales and one
-    // product (the same values as one at a time): a third of the float work per block
-    for (; b0 + 8 <= nb; b0 += 8) {
-      for (int r = 0; r < R; ++r) {
-        const __m256 sw8 = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + r * ng + b0)));
-        for (int t = 0; t < M; ++t)
-          _mm256_store_ps(d8[r][t], _mm256_mul_ps(sw8, _mm256_loadu_ps(sx0 + t * nb + b0)));
-      }
-      for (int j = 0; j < 8; ++j) block(b0 + j, j);
-    }
-  }
-  for (std::size_t b = b0; b < nb; ++b) {
-    __m256i xu[M];  // x + 128, unsigned
-    __m256 sx[M];
-    for (int t = 0; t < M; ++t) {
-      xu[t] = _mm256_xor_si256(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + t * k + b * kQBlock)), flip);
-      sx[t] = _mm256_broadcast_ss(sx0 + t * nb + b);
+    for (int j = 0; j < 8; ++j) {
+      __m256i wv[R], xv[M];
+      for (int r = 0; r < R; ++r)
+        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
+      for (int t = 0; t < M; ++t)
+        xv[t] = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(xc + t * nch * kVnniChunkBytes + 32 * j));
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < M; ++t) s[r][t] = LLMK_DPBUSD256(s[r][t], xv[t], wv[r]);
     }
     for (int r = 0; r < R; ++r) {
-      const __m256i w =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w0 + r * k + b * kQBlock));
-      const __m256i c = _mm256_sub_epi32(zero, LLMK_DPBUSD256(zero, flip, w));  // -128 sum(w)
-      const __m256 sw = _mm256_cvtph_ps(
-          _mm_set1_epi16(static_cast<short>(s0[r * ng + (Group32 ? b : b >> sh)])));
+      const __m256 sw = _mm256_loadu_ps(
+          reinterpret_cast<const float*>(wc + r * rstride + kVnniChunkBytes + 32));
       for (int t = 0; t < M; ++t) {
-        const __m256 p = _mm256_cvtepi32_ps(LLMK_DPBUSD256(c, xu[t], w));
-        acc[r][t] = _mm256_fmadd_ps(p, _mm256_mul_ps(sw, sx[t]), acc[r][t]);
+        const __m256 d = _mm256_mul_ps(sw, _mm256_loadu_ps(st + t * nch * 8 + c * 8));
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r][t]), d, acc[r][t]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) qstore(a, r0 + r, t0 + t, qhsum(acc[r][t]));
+    for (int t = 0; t < M; ++t) qstore(a, r0 + p0 + r, t0 + t, qhsum(acc[r][t]));
+}
+
+constexpr int kVnni8R = 4, kVnni8M = 3;  // rows x tokens: 2 x 12 accumulators + 7 operands
+
+// pack rows [p0, p1) against tokens t0 .. t0 + M - 1
+template <int M>
+inline void vnni8_tokens(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
+                         std::size_t nr, std::size_t t0) {
+  std::size_t p = 0;
+  for (; p + kVnni8R <= nr; p += kVnni8R) vnni8_tile<kVnni8R, M>(a, pack, r0, p, t0);
+  for (; p < nr; ++p) vnni8_tile<1, M>(a, pack, r0, p, t0);
+}
+
+inline void vnni8_gemm(const qgemv_args& a, std::uint8_t* pack) {
+  for (std::size_t r0 = 0; r0 < a.w.rows; r0 += kVnniRowBlock) {
+    const std::size_t nr = std::min(a.w.rows - r0, kVnniRowBlock);
+    vnni8_pack(a.w, r0, nr, pack);
+    std::size_t t = 0;
+    for (; t + kVnni8M <= a.m; t += kVnni8M) vnni8_tokens<kVnni8M>(a, pack, r0, nr, t);
+    switch (a.m - t) {
+      case 1:
+        vnni8_tokens<1>(a, pack, r0, nr, t);
+        break;
+      case 2:
+        vnni8_tokens<2>(a, pack, r0, nr, t);
+        break;
+      case 3:
+        vnni8_tokens<3>(a, pack, r0, nr, t);
+        break;
+      default:
+        break;
+    }
+  }
 }
 
 // int4 weights, two blocks a step in the pair layout of quant.hpp's AVX2 kernel (qacts::q4, x8,
@@ -189,45 +263,36 @@ inline void vnni_rows_w4(const qgemv_args& a, std::size_t r0, std::size_t t0) {
     for (int t = 0; t < M; ++t) qstore(a, r0 + r, t0 + t, qhsum(acc[r][t]));
 }
 
-template <int Bits, int R, int M>
+template <int R, int M>
 inline void vnni_rows(const qgemv_args& a, std::size_t r0, std::size_t t0) {
-  const bool group32 = a.w.group == kQBlock;
-  if constexpr (Bits == 8) {
-    if (group32)
-      vnni_rows_w8<R, M, true>(a, r0, t0);
-    else
-      vnni_rows_w8<R, M, false>(a, r0, t0);
-  } else {
-    if (group32)
-      vnni_rows_w4<R, M, true>(a, r0, t0);
-    else
-      vnni_rows_w4<R, M, false>(a, r0, t0);
-  }
+  if (a.w.group == kQBlock)
+    vnni_rows_w4<R, M, true>(a, r0, t0);
+  else
+    vnni_rows_w4<R, M, false>(a, r0, t0);
 }
 
 // rows [r0, r1) against tokens t0 .. t0 + M - 1: R rows at a time, then one at a time
-template <int Bits, int M>
+template <int M>
 inline void vnni_tokens(const qgemv_args& a, std::size_t r0, std::size_t r1, std::size_t t0) {
   std::size_t r = r0;
-  for (; r + kVnniR <= r1; r += kVnniR) vnni_rows<Bits, kVnniR, M>(a, r, t0);
-  for (; r < r1; ++r) vnni_rows<Bits, 1, M>(a, r, t0);
+  for (; r + kVnniR <= r1; r += kVnniR) vnni_rows<kVnniR, M>(a, r, t0);
+  for (; r < r1; ++r) vnni_rows<1, M>(a, r, t0);
 }
 
-template <int Bits>
-inline void vnni_gemm(const qgemv_args& a) {
+inline void vnni4_gemm(const qgemv_args& a) {
   for (std::size_t r0 = 0; r0 < a.w.rows; r0 += kVnniRowBlock) {
     const std::size_t r1 = std::min(a.w.rows, r0 + kVnniRowBlock);
     std::size_t t = 0;
-    for (; t + kVnniM <= a.m; t += kVnniM) vnni_tokens<Bits, kVnniM>(a, r0, r1, t);
+    for (; t + kVnniM <= a.m; t += kVnniM) vnni_tokens<kVnniM>(a, r0, r1, t);
     switch (a.m - t) {
       case 1:
-        vnni_tokens<Bits, 1>(a, r0, r1, t);
+        vnni_tokens<1>(a, r0, r1, t);
         break;
       case 2:
-        vnni_tokens<Bits, 2>(a, r0, r1, t);
+        vnni_tokens<2>(a, r0, r1, t);
         break;
       case 3:
-        vnni_tokens<Bits, 3>(a, r0, r1, t);
+        vnni_tokens<3>(a, r0, r1, t);
         break;
       default:
         break;
@@ -237,11 +302,11 @@ inline void vnni_gemm(const qgemv_args& a) {
 
 // y (m, rows) (+)= x (m, k) . W_deq^T (+ bias) with int8 activations (a.act as qlinear prepares
 // it for the AVX2 int8-activation GEMV: q and s, and for int4 q4, x8 and sx2), any m.
-inline void qgemm_int8_acts(const qgemv_args& a, int bits) {
+inline void qgemm_int8_acts(const qgemv_args& a, int bits, std::uint8_t* pack) {
   if (bits == 8)
-    vnni_gemm<8>(a);
+    vnni8_gemm(a, pack);
   else
-    vnni_gemm<4>(a);
+    vnni4_gemm(a);
 }
 
 }  // namespace

@@ -315,10 +315,25 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
     // packed tokens of the GEMM
     const std::size_t nb = w.k / kQBlock;
     const std::size_t np = nb / 2;
+    // the VNNI prefill of int8 weights: the activations one block per lane (act.xi, act.sx8)
+    // and a repacking buffer per thread (common/dot.hpp)
+    const bool vnni8 = dot != Int8Dot::none && bits == 8;
+    const std::size_t nch = dot::vnni8_chunks(w.k);
+    const std::size_t chunks = vnni8 ? std::min<std::size_t>(
+                                           (w.rows + dot::kVnniRowBlock - 1) / dot::kVnniRowBlock,
+                                           static_cast<std::size_t>(std::max(1, get_num_threads())))
+                                     : 0;
+    const std::size_t vnni_bytes =
+        vnni8 ? m * nch * (dot::kVnniChunkBytes + 8 * sizeof(float)) +
+                    chunks * dot::vnni8_pack_bytes(w.k) + 64
+              : 0;
     const std::size_t act_bytes =
-        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * (16 * 2 + 8 * 4) + 256 : 0;
+        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * (16 * 2 + 8 * 4) + 256 +
+                        vnni_bytes
+                  : 0;
     const std::size_t panel_floats = gemv ? 0 : (m + kQPanel - 1) / kQPanel * kQPanel * w.k;
     std::optional<ScratchLease> lease;  // (released before a fallback below)
+    std::uint8_t* vnni_pack = nullptr;
     lease.emplace(std::max<std::size_t>(act_bytes + panel_floats * sizeof(float), 64));
     auto* base = lease->as<std::uint8_t>();
     if (int8_acts) {
@@ -373,14 +388,62 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         a.act.x8 = x8;
         a.act.sx2 = sx2;
       }
+      if (int8_acts && vnni8) {
+        // after x8 and sx2 (m * np * 64 bytes), 64-byte aligned
+        const std::size_t at = (m * w.k * 4 + m * nb * sizeof(float) + m * np * 64 + 63) / 64 * 64;
+        auto* xi = base + at;                                                   // (m, nch, 256)
+        auto* sx8 = reinterpret_cast<float*>(xi + m * nch * dot::kVnniChunkBytes);  // (m, nch, 8)
+        vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + m * nch * 8);
+        for (std::size_t t = 0; t < m; ++t)
+          for (std::size_t c = 0; c < nch; ++c) {
+            std::uint8_t* dst = xi + (t * nch + c) * dot::kVnniChunkBytes;
+            float* sd = sx8 + (t * nch + c) * 8;
+            for (std::size_t l = 0; l < 8; ++l) {
+              const std::size_t b = 8 * c + l;
+              sd[l] = b < nb ? sc[t * nb + b] : 0.f;
+              for (std::size_t j = 0; j < 8; ++j) {
+                std::uint32_t v = 0;
+                if (b < nb) {
+                  std::memcpy(&v, xq + t * w.k + b * kQBlock + 4 * j, 4);
+                  v ^= 0x80808080u;  // + 128: the unsigned operand of vpdpbusd
+                }
+                std::memcpy(dst + 32 * j + 4 * l, &v, 4);
+              }
+            }
+          }
+        a.act.xi = xi;
+        a.act.sx8 = sx8;
+      }
     }
     if (!gemv) {
       float* xt = reinterpret_cast<float*>(base + act_bytes);
       pack_panels(a.x, m, w.k, xt);
       a.x = xt;
     }
-    const std::size_t blocks = (w.rows + kRowBlock - 1) / kRowBlock;
     const std::size_t row_bytes = bits == 8 ? w.k : w.k / 2;
+    if (vnni_pack) {
+      // blocks of kVnniRowBlock rows, each chunk of threads repacking into its own buffer
+      const std::size_t vblocks = (w.rows + dot::kVnniRowBlock - 1) / dot::kVnniRowBlock;
+      parallel_chunks(static_cast<int>(chunks), [&](int c, int nc) {
+        ExactSubnormals exact;
+        std::uint8_t* pack = vnni_pack + static_cast<std::size_t>(c) * dot::vnni8_pack_bytes(w.k);
+        for (std::size_t blk = c; blk < vblocks; blk += nc) {
+          const std::size_t r0 = blk * dot::kVnniRowBlock;
+          qgemv_args part = a;
+          part.y = a.y + r0;
+          part.w.q = w.q + r0 * row_bytes;
+          part.w.scales = w.scales + r0 * (w.k / group);
+          part.w.rows = std::min(w.rows - r0, dot::kVnniRowBlock);
+          part.bias = a.bias ? a.bias + r0 : nullptr;
+          if (dot == Int8Dot::vnni)
+            dot::qgemm_int8_acts_vnni(part, bits, pack);
+          else
+            dot::qgemm_int8_acts_vnni_simde(part, bits, pack);
+        }
+      });
+      return;
+    }
+    const std::size_t blocks = (w.rows + kRowBlock - 1) / kRowBlock;
     parallel_for(blocks, 1, 2.0 * static_cast<double>(m * w.k * kRowBlock),
                  [&](std::size_t b0, std::size_t b1) {
                    ExactSubnormals exact;
@@ -392,9 +455,9 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                    part.w.rows = r1 - r0;
                    part.bias = a.bias ? a.bias + r0 : nullptr;
                    if (dot == Int8Dot::vnni)
-                     dot::qgemm_int8_acts_vnni(part, bits);
+                     dot::qgemm_int8_acts_vnni(part, bits, nullptr);
                    else if (dot == Int8Dot::vnni_simde)
-                     dot::qgemm_int8_acts_vnni_simde(part, bits);
+                     dot::qgemm_int8_acts_vnni_simde(part, bits, nullptr);
                    else if (!gemv)
                      dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
                    else if (bits == 8)
