@@ -53,13 +53,13 @@ namespace dot {
 // y (m, rows) (+)= x . W_deq^T (+ bias) with int8 activations prepared as for the AVX2 GEMV
 // (qgemv_args.act; for int8 weights also act.xi and act.sx8), any m: kernels/quant_vnni.hpp
 // natively / against SIMDe. int8 weights are repacked kVnniRowBlock rows at a time into `pack`
-// (vnni8_pack_bytes(k) bytes, one per concurrent call; unused for int4).
+// (vnni_pack_bytes(k) bytes, one per concurrent call; unused for int4).
 constexpr std::size_t kVnniRowBlock = 64;                 // rows per repacked block
 constexpr std::size_t kVnniChunkBytes = 8 * kQBlock;      // the codes of 8 blocks
 constexpr std::size_t kVnniPackChunk = kVnniChunkBytes + 64;  // + 8 int32 offsets, 8 scales
-inline std::size_t vnni8_chunks(std::size_t k) { return (k / kQBlock + 7) / 8; }
-inline std::size_t vnni8_pack_bytes(std::size_t k) {
-  return kVnniRowBlock * vnni8_chunks(k) * kVnniPackChunk;
+inline std::size_t vnni_chunks(std::size_t k) { return (k / kQBlock + 7) / 8; }
+inline std::size_t vnni_pack_bytes(std::size_t k) {
+  return kVnniRowBlock * vnni_chunks(k) * kVnniPackChunk;
 }
 void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack);
 void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pack);

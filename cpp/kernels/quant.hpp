@@ -264,39 +264,18 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
     for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
 }
 
-// The weight scales of a pair of blocks (b, b + 1) of one row, laid out as the pair's products
-// are: [s(b) x 4, s(b + 1) x 4] -- F16C's conversion of the float16 scales, shuffled in place
-// (group 32: two scales; groups of 64 and 128 hold both blocks of a pair: one scale).
-template <bool Group32>
-inline __m256 int4_pair_wscale(const std::uint16_t* row_scales, std::size_t b, unsigned sh) {
-  if constexpr (Group32) {
-    int two;
-    std::memcpy(&two, row_scales + b, 4);
-    const __m128i h = _mm_shuffle_epi8(
-        _mm_cvtsi32_si128(two), _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3));
-    return _mm256_cvtph_ps(h);
-  } else {
-    return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(row_scales[b >> sh])));
-  }
-}
-
-// int4 weights x int8 activations (rows r0 + r * rs, r < R), two blocks per step: one 32-byte load
-// holds the nibbles of blocks b and b + 1; a mask gives [b elements 0-15 | b+1 elements 0-15] and a
-// shift + mask [b 16-31 | b+1 16-31], which meet the activations stored in that order (qacts::q4).
-// maddubs takes the nibbles (code + 8, unsigned) times x; the 8 * x it adds is taken off in int16
-// per pair of products (8 * the x pair sums, formed once per (token, pair) for the R rows), so each
-// block's integer dot product is exactly sum(code * x) and one FMA by d = s_w * s_x scales it, as
-// for int8 weights (no per-group float correction: its scalar work per (row, block) was a quarter
-// of the loop, and it subtracted two large float sums). d is formed in registers for both blocks of
-// the pair at once: the row's float16 scales converted and put in place (groups of 32: eight at a
-// time, then a permute per pair; else int4_pair_wscale) times the pair's activation scales, laid
-// out the same way once per call (qacts::sx2). (Through a per-chunk array of d, as the int8 kernel
-// did, the scales took 40% of the time of a cache-resident 256 x 2048 matrix, 1 row at a time: 2.9
-// ns per pair of blocks against 2.0 with a conversion per pair and 1.8 now, AVX2 EPYC, standalone
-// loop.) Per 64 weights and row: 2 maddubs, an int16 add and subtraction, one madd, one FMA, and
-// for the scales a permute, an eighth of a conversion and a product (one token, groups of 32:
-// the products of 8 blocks are formed at once per row, then a permute per pair). An odd last
-// block takes the one-block path (natural order).
+// int4 weights x int8 activations (rows r0 + r * rs, r < R), with qgemv_rows_w8_g's arithmetic
+// per (row, token): chunks of 8 blocks, one block per lane, each block's integer dot product
+// summed exactly, one conversion, product d = s_w * s_x and FMA per chunk. The integer sums go
+// two blocks per step: one 32-byte load holds the nibbles of blocks b and b + 1; a mask gives
+// [b elements 0-15 | b+1 elements 0-15] and a shift + mask [b 16-31 | b+1 16-31], which meet
+// the activations stored in that order (qacts::q4). maddubs takes the nibbles (code + 8,
+// unsigned) times x; the 8 * x it adds is taken off in int16 per pair of products (8 * the x
+// pair sums, formed once per (token, pair): qacts::x8), and madd widens: lanes 0-3 of a pair's
+// vector hold block b's products, 4-7 block b + 1's. Two hadd rounds over a chunk's 4 pairs
+// leave blocks [0 2 4 6 | 1 3 5 7], a permute puts them in order. An odd last block is stored
+// in natural order: its 8 lanes folded into lanes 0-3 of its pair. |each int16 sum| <= 2 * 2 *
+// 15 * 127 before the subtraction: no overflow.
 template <int R, int M, bool Group32>
 inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
   const std::size_t k = a.w.k, nb = k / kQBlock, np = nb / 2, row_bytes = k / 2;
@@ -304,89 +283,83 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::si
   const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
   const __m256i eight = _mm256_set1_epi8(8);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // [0 2 4 6 1 3 5 7] -> 0..7
   const std::int8_t* const q4 = a.act.q4;
   const std::int16_t* const x8p = a.act.x8;
-  const float* const sxp = a.act.sx2;
+  const float* const sx = a.act.s;
   __m256 acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
   const std::uint8_t* w0 = a.w.q + r0 * row_bytes;
   const std::uint16_t* s0 = a.w.scales + r0 * ng;
-  // one step: pair p, its weight scales sw[r] ([s(2p) x 4, s(2p + 1) x 4] per row), or with
-  // is_d (one token) the products d = s_w * s_x themselves
-  const auto pair = [&](std::size_t p, const __m256 (&sw)[R], bool is_d) {
-    const std::size_t b = 2 * p;
-    __m256i xlo[M], xhi[M], x8[M];
+  for (std::size_t b0 = 0; b0 < nb; b0 += 8) {
+    const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
+    __m256 sw[R];  // the blocks' weight scales, 0 past the last block
+    for (int r = 0; r < R; ++r) {
+      const std::uint16_t* rsc = s0 + r * rs * ng;
+      if (Group32 && n == 8) {
+        sw[r] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rsc + b0)));
+      } else {
+        alignas(32) float f[8] = {};
+        for (std::size_t l = 0; l < n; ++l)
+          f[l] = half_to_float(rsc[Group32 ? b0 + l : (b0 + l) >> sh]);
+        sw[r] = _mm256_load_ps(f);
+      }
+    }
+    __m256 sxv[M];  // the token's block scales, 0 past the last block
     for (int t = 0; t < M; ++t) {
-      const std::int8_t* xp = q4 + t * k + b * kQBlock;
-      xlo[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp));
-      xhi[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32));
-      // maddubs(8, xlo) + maddubs(8, xhi), formed once per call (qacts::x8): one row at a
-      // time (rows of <= 2 KiB) recomputed it for every row
-      x8[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8p + t * np * 16 + b * 8));
+      if (n == 8) {
+        sxv[t] = _mm256_loadu_ps(sx + t * nb + b0);
+      } else {
+        alignas(32) float f[8] = {};
+        for (std::size_t l = 0; l < n; ++l) f[l] = sx[t * nb + b0 + l];
+        sxv[t] = _mm256_load_ps(f);
+      }
     }
     for (int r = 0; r < R; ++r) {
-      const std::uint8_t* wp = w0 + r * rs * row_bytes + b * 16;
-      const __m256i pk = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp));
-      const __m256i lo = _mm256_and_si256(pk, mask);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
+      const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * 16;
       for (int t = 0; t < M; ++t) {
-        // |each int16 sum| <= 2 * 2 * 15 * 127 before the subtraction: no overflow
-        const __m256i p16 = _mm256_sub_epi16(
-            _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo[t]), _mm256_maddubs_epi16(hi, xhi[t])),
-            x8[t]);
-        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        const __m256 d =
-            is_d ? sw[r] : _mm256_mul_ps(sw[r], _mm256_loadu_ps(sxp + (t * np + p) * 8));
-        acc[r][t] = _mm256_fmadd_ps(pf, d, acc[r][t]);
-      }
-    }
-  };
-  std::size_t p = 0;
-  if constexpr (Group32) {
-    // the scales of 4 pairs (8 blocks) converted by one vcvtph2ps per row, each pair's lanes
-    // then picked by one permute (per pair a scalar load, a shuffle and a conversion were 12%
-    // of the time: 2.0 -> 1.77 ns per pair of blocks, 256 x 2048 cache-resident, 1 row at a
-    // time, AVX2 EPYC, standalone loop; the same values: bitwise unchanged)
-    const __m256i pick[4] = {_mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1),
-                             _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3),
-                             _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5),
-                             _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7)};
-    for (; p + 4 <= np; p += 4) {
-      __m256 s8[R];
-      for (int r = 0; r < R; ++r) {
-        s8[r] = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(s0 + r * rs * ng + 2 * p)));
-        // one token: the 8 products s_w * s_x at once, permuted per pair (the same products)
-        if constexpr (M == 1) s8[r] = _mm256_mul_ps(s8[r], _mm256_loadu_ps(a.act.s + 2 * p));
-      }
-      for (int j = 0; j < 4; ++j) {
-        __m256 sw[R];
-        for (int r = 0; r < R; ++r) sw[r] = _mm256_permutevar8x32_ps(s8[r], pick[j]);
-        pair(p + j, sw, M == 1);
-      }
-    }
-  }
-  for (; p < np; ++p) {
-    __m256 sw[R];
-    for (int r = 0; r < R; ++r) sw[r] = int4_pair_wscale<Group32>(s0 + r * rs * ng, 2 * p, sh);
-    pair(p, sw, false);
-  }
-  if (nb % 2) {  // the odd last block, stored in natural order
-    const std::size_t b = nb - 1;
-    for (int r = 0; r < R; ++r) {
-      const __m128i pk =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(w0 + r * rs * row_bytes + b * 16));
-      const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
-      const float sw = half_to_float(s0[r * rs * ng + (Group32 ? b : b >> sh)]);
-      for (int t = 0; t < M; ++t) {
-        const __m256i xq =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q4 + t * k + b * kQBlock));
-        const __m256i p16 =
-            _mm256_sub_epi16(_mm256_maddubs_epi16(nib, xq), _mm256_maddubs_epi16(eight, xq));
-        const __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-        const __m256 d = _mm256_set1_ps(sw * a.act.s[t * nb + b]);
-        acc[r][t] = _mm256_fmadd_ps(pf, d, acc[r][t]);
+        const std::int8_t* xp = q4 + t * k + b0 * kQBlock;
+        __m256i pv[4];
+        for (std::size_t i = 0; i < 4; ++i) {
+          const std::size_t b = b0 + 2 * i;
+          if (b + 1 < nb) {  // the pair (b, b + 1)
+            const __m256i pk =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 2 * i * 16));
+            const __m256i lo = _mm256_and_si256(pk, mask);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
+            const __m256i xlo =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock));
+            const __m256i xhi =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock + 32));
+            const __m256i x8 = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(x8p + (t * np + b / 2) * 16));
+            const __m256i p16 = _mm256_sub_epi16(
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)),
+                x8);
+            pv[i] = _mm256_madd_epi16(p16, ones);
+          } else if (b < nb) {  // the odd last block, natural order
+            const __m128i pk =
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * i * 16));
+            const __m256i nib =
+                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
+            const __m256i xq =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock));
+            const __m256i p = _mm256_madd_epi16(
+                _mm256_sub_epi16(_mm256_maddubs_epi16(nib, xq), _mm256_maddubs_epi16(eight, xq)),
+                ones);
+            const __m128i h =
+                _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+            pv[i] = _mm256_zextsi128_si256(h);
+          } else {
+            pv[i] = _mm256_setzero_si256();
+          }
+        }
+        const __m256i sums = _mm256_permutevar8x32_epi32(
+            _mm256_hadd_epi32(_mm256_hadd_epi32(pv[0], pv[1]), _mm256_hadd_epi32(pv[2], pv[3])),
+            order);
+        const __m256 d = _mm256_mul_ps(sw[r], sxv[t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[r][t]);
       }
     }
   }
@@ -648,7 +621,6 @@ inline void qgemv_run(const qgemv_args& args) {
       if (args.act.q4) {
         a.act.q4 = args.act.q4 + t * a.w.k;
         a.act.x8 = args.act.x8 + t * (nb / 2) * 16;
-        a.act.sx2 = args.act.sx2 + t * (nb / 2) * 8;
       }
     }
     switch (std::min(P, args.m - t)) {

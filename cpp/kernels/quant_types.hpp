@@ -35,9 +35,6 @@ struct qacts {
   // + x[2i + 32] + x[2i + 33]) over q4's pair p (i < 16) -- what maddubs(8, x) of both halves
   // gives -- formed once per call instead of once per row (the kernel's offset correction)
   const std::int16_t* x8;
-  // with q4: (m, k / 64, 8) the activation scales of each pair p of blocks as the kernel's
-  // products are laid out, [s(2p) x 4, s(2p + 1) x 4]
-  const float* sx2;
   // int8 weights on the VNNI prefill (kernels/quant_vnni.hpp; else null): q per chunk of 8
   // blocks with one block per int32 lane -- (m, chunks, 8, 8 lanes) groups of 4 codes, group j
   // of block l at [j][l] -- each code + 128 (unsigned), blocks past the last 0; and the scales

@@ -315,20 +315,20 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
     // packed tokens of the GEMM
     const std::size_t nb = w.k / kQBlock;
     const std::size_t np = nb / 2;
-    // the VNNI prefill of int8 weights: the activations one block per lane (act.xi, act.sx8)
+    // the VNNI prefill: the activations one block per lane (act.xi, act.sx8)
     // and a repacking buffer per thread (common/dot.hpp)
-    const bool vnni8 = dot != Int8Dot::none && bits == 8;
-    const std::size_t nch = dot::vnni8_chunks(w.k);
-    const std::size_t chunks = vnni8 ? std::min<std::size_t>(
+    const bool vnni = dot != Int8Dot::none;
+    const std::size_t nch = dot::vnni_chunks(w.k);
+    const std::size_t chunks = vnni ? std::min<std::size_t>(
                                            (w.rows + dot::kVnniRowBlock - 1) / dot::kVnniRowBlock,
                                            static_cast<std::size_t>(std::max(1, get_num_threads())))
                                      : 0;
     const std::size_t vnni_bytes =
-        vnni8 ? m * nch * (dot::kVnniChunkBytes + 8 * sizeof(float)) +
-                    chunks * dot::vnni8_pack_bytes(w.k) + 64
+        vnni ? m * nch * (dot::kVnniChunkBytes + 8 * sizeof(float)) +
+                    chunks * dot::vnni_pack_bytes(w.k) + 64
               : 0;
     const std::size_t act_bytes =
-        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * (16 * 2 + 8 * 4) + 256 +
+        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * 16 * 2 + 256 +
                         vnni_bytes
                   : 0;
     const std::size_t panel_floats = gemv ? 0 : (m + kQPanel - 1) / kQPanel * kQPanel * w.k;
@@ -353,8 +353,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         return;
       }
       auto* x8 = reinterpret_cast<std::int16_t*>(q4 + m * w.k);  // (m, np, 16)
-      if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr};
-      if (int8_acts && bits == 4) {  // the pair order of the AVX2 int4 kernel
+      if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr};
+      if (int8_acts && bits == 4 && !vnni) {  // the pair order of the AVX2 int4 kernel
         for (std::size_t t = 0; t < m; ++t) {
           const std::int8_t* src = xq + t * w.k;
           std::int8_t* dst = q4 + t * w.k;
@@ -377,20 +377,12 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                   8 * (d[2 * i] + d[2 * i + 1] + d[32 + 2 * i] + d[32 + 2 * i + 1]));
           }
         }
-        // the activation scales of each pair as the int4 kernel's products are laid out:
-        // [s(2p) x 4, s(2p + 1) x 4] (after the offset sums: float-aligned, as k % 32 == 0)
-        auto* sx2 = reinterpret_cast<float*>(x8 + m * np * 16);  // (m, np, 8)
-        for (std::size_t t = 0; t < m; ++t)
-          for (std::size_t p = 0; p < np; ++p)
-            for (std::size_t i = 0; i < 8; ++i)
-              sx2[(t * np + p) * 8 + i] = sc[t * nb + 2 * p + i / 4];
         a.act.q4 = q4;
         a.act.x8 = x8;
-        a.act.sx2 = sx2;
       }
-      if (int8_acts && vnni8) {
-        // after x8 and sx2 (m * np * 64 bytes), 64-byte aligned
-        const std::size_t at = (m * w.k * 4 + m * nb * sizeof(float) + m * np * 64 + 63) / 64 * 64;
+      if (int8_acts && vnni) {
+        // after x8 (m * np * 32 bytes), 64-byte aligned
+        const std::size_t at = (m * w.k * 4 + m * nb * sizeof(float) + m * np * 32 + 63) / 64 * 64;
         auto* xi = base + at;                                                   // (m, nch, 256)
         auto* sx8 = reinterpret_cast<float*>(xi + m * nch * dot::kVnniChunkBytes);  // (m, nch, 8)
         vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + m * nch * 8);
@@ -426,7 +418,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       const std::size_t vblocks = (w.rows + dot::kVnniRowBlock - 1) / dot::kVnniRowBlock;
       parallel_chunks(static_cast<int>(chunks), [&](int c, int nc) {
         ExactSubnormals exact;
-        std::uint8_t* pack = vnni_pack + static_cast<std::size_t>(c) * dot::vnni8_pack_bytes(w.k);
+        std::uint8_t* pack = vnni_pack + static_cast<std::size_t>(c) * dot::vnni_pack_bytes(w.k);
         for (std::size_t blk = c; blk < vblocks; blk += nc) {
           const std::size_t r0 = blk * dot::kVnniRowBlock;
           qgemv_args part = a;
@@ -454,11 +446,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                    part.w.scales = w.scales + r0 * (w.k / group);
                    part.w.rows = r1 - r0;
                    part.bias = a.bias ? a.bias + r0 : nullptr;
-                   if (dot == Int8Dot::vnni)
-                     dot::qgemm_int8_acts_vnni(part, bits, nullptr);
-                   else if (dot == Int8Dot::vnni_simde)
-                     dot::qgemm_int8_acts_vnni_simde(part, bits, nullptr);
-                   else if (!gemv)
+                   if (!gemv)
                      dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
                    else if (bits == 8)
                      dispatch(gemv_q8_kernel{}, static_cast<const qgemv_args&>(part));
