@@ -621,12 +621,27 @@ def test_fork_while_another_thread_writes_a_cache() -> None:
         cfg = {"dim": 256, "n_layers": 4, "n_heads": 4, "hidden_dim": 512, "vocab_size": 64}
         model = lk.Transformer(cfg, seed=0)
         ids = np.arange(1024)[None] % 64
-        cache = model.new_cache(1, 4096)
-        go = threading.Thread(target=lambda: [model(ids, cache=cache) for _ in range(3)])
-        go.start()
-        while not cache._lock.locked():
-            time.sleep(0.0005)
-        pid = os.fork()
+        # a forward may end between our look at the lock and the fork on a busy machine: the
+        # lock's state just before the fork is recorded (the child's own lock is reset by the
+        # package's fork handler); a child forked with it free exits 7, and we try again
+        held = []
+        os.register_at_fork(before=lambda: held.append(cache._lock.locked()))
+        for attempt in range(20):
+            cache = model.new_cache(1, 4096)
+            go = threading.Thread(target=lambda: [model(ids, cache=cache) for _ in range(3)])
+            go.start()
+            while not cache._lock.locked():
+                time.sleep(0.0005)
+            held.clear()
+            pid = os.fork()
+            if pid == 0 and not held[-1]:
+                os._exit(7)
+            if pid == 0:
+                break
+            _, status = os.waitpid(pid, 0)
+            go.join()
+            if os.waitstatus_to_exitcode(status) != 7:
+                break
         if pid == 0:
             code = 3
             try:
@@ -642,8 +657,6 @@ def test_fork_while_another_thread_writes_a_cache() -> None:
             if not np.allclose(model(ids[:, :4], cache=fresh), model(ids[:, :4]), atol=1e-5):
                 code = code or 6
             os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        go.join()
         print("child", os.waitstatus_to_exitcode(status))
         """
     )
