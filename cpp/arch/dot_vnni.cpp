@@ -4,6 +4,7 @@
 #include "kernels/quant_vnni.hpp"
 
 namespace llmk::dot {
-void qgemm_int8_acts_vnni(const qgemv_args& a, int bits,
-                                  std::uint8_t* pack) { vnni_native::qgemm_int8_acts(a, bits, pack); }
+void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack) {
+  vnni_native::qgemm_int8_acts(a, bits, pack);
+}
 }  // namespace llmk::dot

@@ -7,8 +7,7 @@
 #include "kernels/quant_vnni.hpp"
 
 namespace llmk::dot {
-void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits,
-                                        std::uint8_t* pack) {
+void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pack) {
   vnni_simde::qgemm_int8_acts(a, bits, pack);
 }
 }  // namespace llmk::dot

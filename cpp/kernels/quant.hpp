@@ -25,7 +25,8 @@
 //          integer dot products per block (AVX2: _mm256_maddubs_epi16 on |w| and sign(x, w) for
 //          int8 weights, on the unsigned nibbles and x for int4 -- two blocks per 32-byte load,
 //          the 8 * x this adds taken off in int16 -- then _mm256_madd_epi16; SSE2:
-//          _mm_madd_epi16 on int16), each block's sum(code_w * code_x) scaled by s_w * s_x.
+//          _mm_madd_epi16 on int16), each block's sum(code_w * code_x) scaled by s_w * s_x (AVX2:
+//          8 blocks a step, one block per lane, as the VNNI prefill: qgemv_rows_w8_g).
 //          The caller (ops/quant.cpp's qlinear) gives these kernels activation scales s_x of 0,
 //          NaN or within [2^-100, 2^100] only (else the call takes float activations), so that
 //          d = s_w * s_x is a finite normal float: a d of inf met a zero integer dot product
