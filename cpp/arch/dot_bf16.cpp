@@ -7,3 +7,21 @@
 static_assert(llmk::dot::kBf16PackWords >=
                   llmk::bf16_native::kBf16Kc / 2 * llmk::dot::kBf16BlockCols,
               "the pack scratch holds a packed block");
+
+namespace llmk::dot {
+// The roofline of the bf16 GEMM: 12 independent chains of 512-bit vdpbf16ps (the kernel's
+// width), 64 floating-point operations (32 bf16 products, each added) each. Returns the
+// operations done; *sink keeps the result alive.
+double probe_vdpbf16ps(std::size_t iterations, float* sink) {
+  constexpr int kChains = 12;
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(1e-3f));
+  for (std::size_t it = 0; it < iterations; ++it)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, a);
+  __m512 total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  *sink = _mm512_reduce_add_ps(total);
+  return 64.0 * kChains * static_cast<double>(iterations);
+}
+}  // namespace llmk::dot

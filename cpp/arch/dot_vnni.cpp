@@ -8,3 +8,21 @@ void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack) {
   vnni_native::qgemm_int8_acts(a, bits, pack);
 }
 }  // namespace llmk::dot
+
+namespace llmk::dot {
+// The roofline of the int8 kernels: 12 independent chains of 256-bit vpdpbusd (the kernels'
+// width; Zen 4 splits 512-bit ones in two anyway), 64 integer operations (32 multiply-adds)
+// each. Returns the operations done; *sink keeps the result alive.
+double probe_vpdpbusd(std::size_t iterations, int* sink) {
+  constexpr int kChains = 12;
+  __m256i acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_epi32(c);
+  const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2);
+  for (std::size_t it = 0; it < iterations; ++it)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_dpbusd_epi32(acc[c], a, b);
+  __m256i total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = _mm256_add_epi32(total, acc[c]);
+  *sink = _mm256_extract_epi32(total, 0);
+  return 64.0 * kChains * static_cast<double>(iterations);
+}
+}  // namespace llmk::dot

@@ -89,6 +89,8 @@ void bind_runtime(py::module_& m) {
   m.def("openblas_config", [] { return std::string(openblas_get_config()); });
   m.def("_probe_fma_gflops", &probe_fma_gflops, "threads"_a, "iterations"_a);
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);
+  m.def("_probe_read_gbs", &probe_read_gbs, "threads"_a, "n"_a, "repeats"_a);
+  m.def("_probe_dot_gops", &probe_dot_gops, "instruction"_a, "threads"_a, "iterations"_a);
   // ops/linear.hpp GemmRoute, by name; returns the previous one (tests, bench_gemm.py)
   m.def(
       "_set_gemm_route",

@@ -62,6 +62,10 @@ inline std::size_t vnni_pack_bytes(std::size_t k) {
   return kVnniRowBlock * vnni_chunks(k) * kVnniPackChunk;
 }
 void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack);
+// Roofline probes of the instructions (native units only: call where the CPU has them):
+// operations done by `iterations` rounds of 12 independent chains
+double probe_vpdpbusd(std::size_t iterations, int* sink);
+double probe_vdpbf16ps(std::size_t iterations, float* sink);
 void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pack);
 
 // kernels/gemm_bf16.hpp: xb (m, kp) = x rounded to bfloat16 (kp = k rounded up to even); one

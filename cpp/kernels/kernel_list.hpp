@@ -47,6 +47,7 @@
 #define LLMK_FLOAT_KERNELS(X)                                                                 \
   X(fma_probe_kernel, (std::size_t iterations, double* flops, float* sink))                  \
   X(triad_kernel, (float* a, const float* b, const float* c, float s, std::size_t n))        \
+  X(read_kernel, (const float* a, std::size_t n, float* sum))                                \
   X(gemv_w16_kernel, (float* y, std::size_t ldy, const std::uint16_t* w, WeightFormat fmt,  \
                       const float* x, std::size_t ldx, std::size_t m, std::size_t rows,      \
                       std::size_t k, bool accumulate, const float* bias))                    \

@@ -41,11 +41,14 @@ py::array swiglu_ffn(py::array x, py::array w_gate, py::array w_up, std::optiona
                      std::optional<py::array> b_down);
 
 // ops/runtime.cpp: the checked setters of the thread count and the SIMD path; roofline probes
-// (GFLOP/s of FMA, GB/s of a STREAM triad)
+// (GFLOP/s of FMA, GB/s of a STREAM triad and of reading only; the bf16 / int8 dot-product
+// instructions' peaks, G operations/s, where the CPU has them)
 void set_threads(long long n);
 void set_simd_arch(const std::string& name);
 double probe_fma_gflops(int threads, std::size_t iterations);
 double probe_triad_gbs(int threads, std::size_t n, int repeats);
+double probe_read_gbs(int threads, std::size_t n, int repeats);
+double probe_dot_gops(const std::string& instruction, int threads, std::size_t iterations);
 
 // ops/quant.cpp: group-wise int8 / int4 weights (format: kernels/quant.hpp)
 py::tuple quantize(py::array w, long long bits, long long group_size);

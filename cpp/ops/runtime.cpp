@@ -1,8 +1,10 @@
 // Roofline probes: how fast this core runs FMAs and streams memory (kernels/probe.hpp).
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <vector>
 
+#include "common/dot.hpp"
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
@@ -82,6 +84,55 @@ double probe_triad_gbs(int threads, std::size_t n, int repeats) {
     if (gbs > best) best = gbs;
   }
   return best;
+}
+
+// Read-only bandwidth: the sum of n floats split over `threads` (what a decode step does to its
+// weights), best of `repeats`; GB/s counted as 4 bytes per element.
+double probe_read_gbs(int threads, std::size_t n, int repeats) {
+  check_probe_threads(threads);
+  py::gil_scoped_release nogil;
+  std::unique_ptr<float[]> a(new float[n]);
+  std::vector<float> sink(threads, 0.f);
+  parallel_for_threads(threads, [&](int k, int total) {
+    std::size_t lo = n * k / total, hi = n * (k + 1) / total;
+    for (std::size_t i = lo; i < hi; ++i) a[i] = 1.f;
+  });
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = clock_type::now();
+    parallel_for_threads(threads, [&](int k, int total) {
+      std::size_t lo = n * k / total, hi = n * (k + 1) / total;
+      dispatch(read_kernel{}, a.get() + lo, hi - lo, &sink[k]);
+    });
+    double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+    best = std::max(best, 4.0 * static_cast<double>(n) / secs * 1e-9);
+  }
+  return best;
+}
+
+// Peak of a dot-product instruction, G operations/s (a multiply-add counts 2): "vpdpbusd"
+// (AVX512_VNNI, int8) or "vdpbf16ps" (AVX512_BF16); the CPU must have it.
+double probe_dot_gops(const std::string& instruction, int threads, std::size_t iterations) {
+  check_probe_threads(threads);
+  const bool int8 = instruction == "vpdpbusd";
+  if (!int8 && instruction != "vdpbf16ps")
+    fail("_probe_dot_gops", "instruction must be 'vpdpbusd' or 'vdpbf16ps', got '" +
+                                instruction + "'");
+  if (int8 ? !cpu_has_avx512_vnni() : !cpu_has_avx512_bf16())
+    fail("_probe_dot_gops", "this CPU has no " + instruction);
+  py::gil_scoped_release nogil;
+  std::vector<double> ops(threads, 0.0);
+  std::vector<int> isink(threads, 0);
+  std::vector<float> fsink(threads, 0.f);
+  auto t0 = clock_type::now();
+  parallel_for_threads(threads, [&](int k, int) {
+    ops[k] = int8 ? dot::probe_vpdpbusd(iterations, &isink[k])
+                  : dot::probe_vdpbf16ps(iterations, &fsink[k]);
+  });
+  double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
+  double total = 0;
+  for (double o : ops) total += o;
+  return total / secs * 1e-9;
 }
 
 }  // namespace llmk::ops
