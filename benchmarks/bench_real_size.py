@@ -15,9 +15,10 @@ back to back in fresh processes:
 * decode: 64 greedy steps through the KV cache after a 128-token prompt.
 
 Ratios are llama.cpp time / ours (above 1 we are faster), the median over rounds of the
-per-round ratios. The float32 FMA peak is probed in the same run; the bf16 (vdpbf16ps) and
-int8 (vpdpbusd) kernels can exceed it -- their per-instruction peaks are 2x and (int8 codes,
-float scaling per block) ~1.3-2x.
+per-round ratios. The machine's limits are probed in every round: the float32 FMA peak, the
+peaks of the instructions the bf16 (vdpbf16ps) and int8 / int4 (vpdpbusd) kernels run where
+the CPU has them, and read-only bandwidth; prefill is given as a fraction of its precision's
+peak, decode (the weight bytes of a token times tokens/s) as a fraction of the read probe.
 
     python benchmarks/bench_real_size.py --workdir /tmp/real [--threads 1,2] [--rounds 2]
         [--cases float32,bfloat16,int8,int4] [--layers 22] [--out benchmarks/results]
@@ -201,9 +202,21 @@ def main() -> int:
         "simd_arch": lk.simd_arch(),
         "int8_dot": lk._core.int8_dot(),
         "bf16_dot": lk._core.bf16_dot(),
-        "fma_gflops": {t: lk._core._probe_fma_gflops(t, 20_000_000) for t in threads},
         "rows": [],
     }
+    # the machine's limits, probed in every round beside the cases (medians below): the float32
+    # FMA, the dot-product instructions the bf16 / int8 kernels use where the CPU has them, and
+    # read-only bandwidth (decode reads every weight once per token)
+    core = lk._core
+    probes = {
+        "fma_gflops": lambda t: core._probe_fma_gflops(t, 100_000_000),
+        "read_gbs": lambda t: core._probe_read_gbs(t, 1 << 26, 5),
+    }
+    if core.cpu_has_avx512_vnni:
+        probes["vpdpbusd_gops"] = lambda t: core._probe_dot_gops("vpdpbusd", t, 50_000_000)
+    if core.cpu_has_avx512_bf16:
+        probes["vdpbf16ps_gflops"] = lambda t: core._probe_dot_gops("vdpbf16ps", t, 50_000_000)
+    probe_samples: dict = {name: {t: [] for t in threads} for name in probes}
     if with_peer and "float32" in cases:
         ours = np.array(run_child("ours", "float32", 2, model_dir, None, 1, logits=True)["logits"])
         peer = np.array(
@@ -221,9 +234,17 @@ def main() -> int:
         (args.layers - 1) * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632)
         + 2 * 2048 * 256
     )
+    # weight bytes a decode step reads (every projection and the head; the embedding row and
+    # the norms are negligible): int8 / int4 with a float16 scale per 32 (Q8_0 / Q4_0 alike)
+    params = args.layers * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632) + 32000 * 2048
+    per_param = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 34 / 32, "int4": 18 / 32}
+    peak_of = {"float32": "fma_gflops", "bfloat16": "vdpbf16ps_gflops", "float16": "fma_gflops",
+               "int8": "vpdpbusd_gops", "int4": "vpdpbusd_gops"}  # fmt: skip
     for t in threads:
         samples: dict = {c: {"ours": [], "peer": []} for c in cases}
         for r in range(args.rounds):
+            for name, probe in probes.items():
+                probe_samples[name][t].append(probe(t))
             for case in cases:
                 samples[case]["ours"].append(run_child("ours", case, t, model_dir, None,
                                                        args.repeats))  # fmt: skip
@@ -253,20 +274,37 @@ def main() -> int:
                         b["decode"] / a["decode"] for a, b in zip(o, q, strict=True)
                     ),
                 )
+            decode_gbs = params * per_param[case] * row["our_decode_tok_s"] / 1e9
+            row["our_decode_gbs"] = decode_gbs
+            row["decode_of_read_probe"] = decode_gbs / statistics.median(
+                probe_samples["read_gbs"][t]
+            )
+            peak = probe_samples.get(peak_of[case], {}).get(t)
+            if peak:
+                row["prefill_of_peak"] = row["our_prefill_gflops"] / statistics.median(peak)
+                row["peak"] = peak_of[case]
             report["rows"].append(row)
+    report["probes"] = {
+        name: {t: statistics.median(v) for t, v in per_t.items()}
+        for name, per_t in probe_samples.items()
+    }
     f32 = {r["threads"]: r["our_prefill_s"] for r in report["rows"] if r["ours"] == "float32"}
     for row in report["rows"]:
         if row["threads"] in f32:
             row["prefill_vs_our_float32"] = f32[row["threads"]] / row["our_prefill_s"]
+    probe_text = "; ".join(
+        f"{name} " + ", ".join(f"{v:.0f}" for v in per_t.values())
+        for name, per_t in report["probes"].items()
+    )
     lines = [
         f"CPU: {report['cpu']}, flags {' '.join(flags)}; {args.layers} layers; paths: "
         f"{report['simd_arch']}, int8 dot {report['int8_dot']}, bf16 dot {report['bf16_dot']}; "
-        f"FMA probe {', '.join(f'{v:.0f}' for v in report['fma_gflops'].values())} GFLOP/s "
-        f"at {', '.join(map(str, threads))} threads",
+        f"probes (medians of {args.rounds} rounds) at {', '.join(map(str, threads))} threads: "
+        f"{probe_text}",
         "",
-        "| threads | ours | peer | our prefill | peer prefill | x | vs our f32 | our GFLOP/s "
-        "| our decode tok/s | peer | x |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| threads | ours | peer | our prefill | peer prefill | x | vs our f32 | our G op/s "
+        "| of peak | our decode tok/s | GB/s | of read probe | peer | x |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     nan = float("nan")
     for r in report["rows"]:
@@ -274,8 +312,10 @@ def main() -> int:
             f"| {r['threads']} | {r['ours']} | {r['peer'] or '-'} | {r['our_prefill_s']:.2f} s | "
             f"{r.get('peer_prefill_s', nan):.2f} s | {r.get('prefill_ratio', nan):.2f} | "
             f"{r.get('prefill_vs_our_float32', nan):.2f} | {r['our_prefill_gflops']:.0f} | "
-            f"{r['our_decode_tok_s']:.2f} | {r.get('peer_decode_tok_s', nan):.2f} | "
-            f"{r.get('decode_ratio', nan):.2f} |"
+            f"{100 * r.get('prefill_of_peak', nan):.0f}% {r.get('peak', '')} | "
+            f"{r['our_decode_tok_s']:.2f} | {r['our_decode_gbs']:.1f} | "
+            f"{100 * r['decode_of_read_probe']:.0f}% | "
+            f"{r.get('peer_decode_tok_s', nan):.2f} | {r.get('decode_ratio', nan):.2f} |"
         )
     text = "\n".join(lines)
     print(text)

@@ -20,5 +20,7 @@ def test_bench_real_size_smoke(tmp_path: Path) -> None:
     assert [r["ours"] for r in report["rows"]] == ["float32", "bfloat16", "int8"]
     for row in report["rows"]:  # no figure is asserted: they exist and are finite
         assert row["our_prefill_s"] > 0 and row["our_decode_tok_s"] > 0
+        assert row["our_decode_gbs"] > 0 and row["decode_of_read_probe"] > 0
+    assert report["probes"]["fma_gflops"]["1"] > 0 and report["probes"]["read_gbs"]["1"] > 0
     assert report["int8_dot"] in ("none", "vnni") and report["bf16_dot"] in ("none", "avx512bf16")
     assert "| 1 | int8 |" in (tmp_path / "out" / "real_size.md").read_text()

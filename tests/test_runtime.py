@@ -430,3 +430,21 @@ def test_an_ignored_environment_variable_warns(env, warned):
         assert "RuntimeWarning" not in r.stderr, r.stderr
     else:
         assert "RuntimeWarning" in r.stderr and warned in r.stderr, r.stderr
+
+
+def test_roofline_probes() -> None:
+    """The probes the benchmarks divide by: positive figures, and clear errors for an unknown
+    instruction or one the CPU lacks."""
+    core = lk._core
+    assert core._probe_fma_gflops(1, 100_000) > 0
+    assert core._probe_read_gbs(2, 1 << 16, 2) > 0
+    assert core._probe_read_gbs(1, 7, 1) > 0  # shorter than a vector: the tail alone
+    has_instruction = {"vpdpbusd": core.cpu_has_avx512_vnni, "vdpbf16ps": core.cpu_has_avx512_bf16}
+    for name, has in has_instruction.items():
+        if has:
+            assert core._probe_dot_gops(name, 2, 10_000) > 0
+        else:
+            with pytest.raises(ValueError, match=r"\[_probe_dot_gops\] this CPU has no " + name):
+                core._probe_dot_gops(name, 1, 10)
+    with pytest.raises(ValueError, match=r"\[_probe_dot_gops\] instruction must be"):
+        core._probe_dot_gops("vfmadd", 1, 10)
