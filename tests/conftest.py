@@ -97,6 +97,16 @@ def run_bench(
     )
 
 
+@pytest.fixture(autouse=True)
+def _restore_simd_mode() -> Iterator[None]:
+    """Tests force SIMD paths and restore the previous name; the automatic mode (each kernel
+    family on its fastest path) is put back after a test that started in it."""
+    automatic = lk._core.simd_arch_automatic()
+    yield
+    if automatic and not lk._core.simd_arch_automatic():
+        lk.set_simd_arch("auto")
+
+
 @pytest.fixture(params=SUPPORTED_ISAS)
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs the test once per SIMD path (forced in-process with set_simd_arch)."""

@@ -380,6 +380,8 @@ def test_build_info():
     }
     assert info["kernel_paths"] == {
         "float": lk.simd_arch(),
+        "automatic": lk._core.simd_arch_automatic(),
+        **{f"family_{k}": v for k, v in lk._core.family_simd_archs().items()},
         "int8_prefill_dot": lk._core.int8_dot(),
         "bf16_prefill_dot": lk._core.bf16_dot(),
     }
@@ -448,3 +450,73 @@ def test_roofline_probes() -> None:
                 core._probe_dot_gops(name, 1, 10)
     with pytest.raises(ValueError, match=r"\[_probe_dot_gops\] instruction must be"):
         core._probe_dot_gops("vfmadd", 1, 10)
+
+
+# --- per-family paths (common/isa.hpp: dispatch by measured speed) ---------------------------
+
+FAMILIES = ["other", "norm", "rope", "attention", "quant", "packed"]
+# on AMD Zen 4 (512-bit instructions split in two) these run their avx2 code in the automatic mode
+ZEN4_AVX2 = {"norm", "rope", "attention", "quant", "packed"}
+
+FAMILY_SCRIPT = """
+import json, llmkernels as lk
+print(json.dumps({"auto": lk._core.simd_arch_automatic(), "arch": lk.simd_arch(),
+                  "families": lk._core.family_simd_archs()}))
+"""
+
+
+@pytest.mark.parametrize("value", [None, "avx2", "bogus"])
+def test_family_paths_at_start(value):
+    """Without LLMKERNELS_ARCH (or with a name it does not know) the mode is automatic: each
+    family on its measured-fastest path for this CPU; a named path forces every family."""
+    env = {} if value is None else {"LLMKERNELS_ARCH": value}
+    report = json.loads(run_ok(FAMILY_SCRIPT, env).strip().splitlines()[-1])
+    assert list(report["families"]) == FAMILIES
+    if value == "avx2":
+        assert not report["auto"]
+        assert set(report["families"].values()) == {expected_arch("avx2")}
+        return
+    assert report["auto"] and report["arch"] == BEST
+    for family, arch in report["families"].items():
+        want = "avx2" if lk._core.cpu_splits_512 and family in ZEN4_AVX2 else BEST
+        assert arch == want, (family, report)
+
+
+def test_set_simd_arch_auto_and_forced():
+    lk.set_simd_arch("auto")
+    assert lk._core.simd_arch_automatic() and lk.simd_arch() == BEST
+    auto = lk._core.family_simd_archs()
+    assert lk.build_info()["kernel_paths"]["family_rope"] == auto["rope"]
+    lk.set_simd_arch(BEST)  # forcing the best path forces it for every family
+    assert not lk._core.simd_arch_automatic()
+    assert set(lk._core.family_simd_archs().values()) == {BEST}
+    lk.set_simd_arch("auto")
+    assert lk._core.family_simd_archs() == auto
+    with pytest.raises(ValueError, match=r"arch must be 'auto', 'sse2'"):
+        lk.set_simd_arch("fastest")
+
+
+def test_automatic_results_are_the_family_path_results(rng):
+    """In the automatic mode each family's result is bit for bit the one of the path it runs
+    (forced), for the kernels of every family."""
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    w = rng.standard_normal(256).astype(np.float32)
+    q = rng.standard_normal((1, 4, 48, 32)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 48, 32)).astype(np.float32)
+    wq = (rng.standard_normal((96, 256)) * 0.05).astype(np.float32)
+    codes, scales = lk.quantize(wq, bits=4, group_size=32)
+    calls = {
+        "norm": lambda: lk.rms_norm(x, w),
+        "rope": lambda: lk.rope(q, positions=np.arange(7, 55)),
+        "attention": lambda: lk.attention(q, k, k, causal=True),
+        "quant": lambda: lk.quantized_linear(x[:3], codes, scales, 4, 32, activations="float32"),
+        "packed": lambda: lk.quantized_linear(x, codes, scales, 4, 32, activations="float32"),
+        "other": lambda: lk.swiglu(x, x),
+    }
+    lk.set_simd_arch("auto")
+    paths = lk._core.family_simd_archs()
+    auto = {name: call() for name, call in calls.items()}
+    for name, call in calls.items():
+        lk.set_simd_arch(paths[name])
+        np.testing.assert_array_equal(auto[name], call(), err_msg=name)
+    lk.set_simd_arch("auto")

@@ -76,7 +76,19 @@ void bind_runtime(py::module_& m) {
       "best_simd_arch", [] { return std::string(isa_name(best_supported_isa())); },
       "The best SIMD path this CPU supports.");
   m.def("set_simd_arch", &ops::set_simd_arch, "arch"_a,
-        "Force a SIMD path (must be supported by the CPU).");
+        "Force a SIMD path (must be supported by the CPU), or 'auto'.");
+  m.def("simd_arch_automatic", &isa_automatic,
+        "Whether the path is the automatic choice (each kernel family on its fastest path).");
+  m.def(
+      "family_simd_archs",
+      [] {
+        py::dict d;
+        for (int f = 0; f < static_cast<int>(Family::count); ++f)
+          d[family_name(static_cast<Family>(f))] = isa_name(family_isa(static_cast<Family>(f)));
+        return d;
+      },
+      "The SIMD path each kernel family runs now ('other': every kernel of no family).");
+  m.attr("cpu_splits_512") = cpu_splits_512();
   // common/dot.hpp: the dot-product paths of the int8-activation and the bfloat16 prefill
   bind_dot<Int8Dot>(m, "int8_dot", "AVX512_VNNI", "The int8 dot-product path of the prefill",
                     {int8_dot, set_int8_dot, set_int8_dot_auto, int8_dot_name, parse_int8_dot,

@@ -1,5 +1,8 @@
 #include "common/isa.hpp"
 
+#include <cpuid.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 
@@ -31,18 +34,47 @@ Isa detect() {
   return isa;
 }
 
+// LLMKERNELS_ARCH, when it names an ISA (forced for every kernel)
+bool env_isa(Isa* isa) {
+  const char* env = std::getenv("LLMKERNELS_ARCH");
+  return env && parse_isa(env, isa);
+}
+
 Isa initial_isa() {
   Isa isa = best_supported_isa();
-  if (const char* env = std::getenv("LLMKERNELS_ARCH")) {
-    Isa wanted;
-    if (parse_isa(env, &wanted) && wanted < isa) isa = wanted;
-  }
+  Isa wanted;
+  if (env_isa(&wanted) && wanted < isa) isa = wanted;
   return isa;
 }
 
 std::atomic<int>& active_slot() {
   static std::atomic<int> slot{static_cast<int>(initial_isa())};
   return slot;
+}
+
+std::atomic<bool>& automatic_slot() {
+  static std::atomic<bool> slot{[] {
+    Isa ignored;
+    return !env_isa(&ignored);
+  }()};
+  return slot;
+}
+
+// The highest ISA each family runs in the automatic mode on this CPU (see isa.hpp)
+struct FamilyCaps {
+  Isa cap[static_cast<int>(Family::count)];
+};
+const FamilyCaps& family_caps() {
+  static const FamilyCaps caps = [] {
+    FamilyCaps c{};
+    for (Isa& isa : c.cap) isa = best_supported_isa();
+    if (cpu_splits_512())
+      for (Family f : {Family::norm, Family::rope, Family::attention, Family::quant,
+                       Family::packed})
+        c.cap[static_cast<int>(f)] = std::min(best_supported_isa(), Isa::avx2);
+    return c;
+  }();
+  return caps;
 }
 
 }  // namespace
@@ -56,7 +88,42 @@ Isa active_isa() { return static_cast<Isa>(active_slot().load(std::memory_order_
 
 void set_active_isa(Isa isa) {
   if (isa > best_supported_isa()) isa = best_supported_isa();
+  automatic_slot().store(false, std::memory_order_relaxed);
   active_slot().store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+bool isa_automatic() { return automatic_slot().load(std::memory_order_relaxed); }
+
+void set_isa_automatic() {
+  active_slot().store(static_cast<int>(best_supported_isa()), std::memory_order_relaxed);
+  automatic_slot().store(true, std::memory_order_relaxed);
+}
+
+Isa family_isa(Family family) {
+  const Isa active = active_isa();
+  if (!isa_automatic()) return active;
+  return std::min(active, family_caps().cap[static_cast<int>(family)]);
+}
+
+const char* family_name(Family family) {
+#define LLMK_FAMILY_NAME(name) #name,
+  static const char* const names[] = {LLMK_FAMILY_LIST(LLMK_FAMILY_NAME)};
+#undef LLMK_FAMILY_NAME
+  return names[static_cast<int>(family)];
+}
+
+bool cpu_splits_512() {
+  static const bool splits = [] {
+    if (best_supported_isa() < Isa::avx512) return false;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // AuthenticAMD
+    if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned base = (a >> 8) & 0xf, ext = (a >> 20) & 0xff;
+    const unsigned family = base == 0xf ? base + ext : base;
+    return family == 0x19;  // Zen 3 and Zen 4; of them only Zen 4 has AVX-512
+  }();
+  return splits;
 }
 
 const char* isa_name(Isa isa) { return kIsas[static_cast<int>(isa)].name; }

@@ -19,8 +19,30 @@ enum class Isa { LLMK_ISA_LIST(LLMK_ISA_ENUM) };
 #undef LLMK_ISA_ENUM
 
 Isa best_supported_isa();      // what the CPU can run
-Isa active_isa();              // what kernels use now
-void set_active_isa(Isa isa);  // clamped to best_supported_isa()
+Isa active_isa();              // what kernels use now (the automatic choice: the best)
+void set_active_isa(Isa isa);  // clamped to best_supported_isa(); forces it for every kernel
+
+// Kernel families whose path is chosen by measured speed. In the automatic mode (no
+// LLMKERNELS_ARCH, no set_simd_arch since start or since set_isa_automatic) a kernel of a family
+// runs on family_isa(family): the active ISA, or a lower one where that family measured faster
+// on this CPU. AMD Zen 4 executes 512-bit instructions as two 256-bit halves; there the avx2
+// path of these families was as fast or faster than the avx512 one (benchmarks/
+// bench_dispatch.py, 1 thread: rope 1.06-1.09x, rms_norm up to 1.14x, small causal attention
+// 1.08-1.15x, quantized float-activation GEMV / GEMM 1.16-1.43x faster on avx2), while the
+// element-wise activations and the float32 / bfloat16 projections run faster on avx512. Every
+// other kernel ("other") runs on the active ISA. Forcing an ISA (LLMKERNELS_ARCH, set_simd_arch)
+// forces it for every family. Results depend only on the host, the mode and the thread count.
+#define LLMK_FAMILY_LIST(X) X(other) X(norm) X(rope) X(attention) X(quant) X(packed)
+#define LLMK_FAMILY_ENUM(name) name,
+enum class Family : int { LLMK_FAMILY_LIST(LLMK_FAMILY_ENUM) count };
+#undef LLMK_FAMILY_ENUM
+template <class F>
+inline constexpr Family kernel_family = Family::other;  // specialized in kernels/ops.hpp
+Isa family_isa(Family family);
+const char* family_name(Family family);
+bool isa_automatic();
+void set_isa_automatic();  // the best ISA with the per-family choice (as at start without env)
+bool cpu_splits_512();     // AMD family 19h with AVX-512 (Zen 4)
 const char* isa_name(Isa isa);
 bool parse_isa(const std::string& name, Isa* isa);
 std::vector<std::string> isa_names();  // every ISA of the list, lowest first
@@ -34,7 +56,8 @@ std::vector<std::string> isa_names();  // every ISA of the list, lowest first
 // caller instead of calling std::terminate.
 template <class F, class... Args>
 void dispatch(const F& f, Args... args) {
-  switch (active_isa()) {
+  constexpr Family family = kernel_family<F>;
+  switch (family == Family::other ? active_isa() : family_isa(family)) {
 #define LLMK_ISA_CASE(name, tag, flags) \
   case Isa::name:                       \
     f(tag{}, args...);                  \

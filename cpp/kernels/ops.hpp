@@ -5,6 +5,8 @@
 // holds the types the attention kernel shares with its driver (ops/attention.cpp).
 #pragma once
 
+#include "common/isa.hpp"  // Family
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -173,6 +175,29 @@ LLMK_KERNELS(LLMK_DECLARE_KERNEL, T)
 LLMK_FLOAT_KERNELS(LLMK_DECLARE_FLOAT_KERNEL)
 #undef LLMK_DECLARE_KERNEL
 #undef LLMK_DECLARE_FLOAT_KERNEL
+
+// The kernel families whose path is chosen by measured speed (common/isa.hpp); the packed
+// GEMM's x panels and its kernels are one family (the panel layout is the ISA's)
+template <>
+inline constexpr Family kernel_family<rms_norm_kernel> = Family::norm;
+template <>
+inline constexpr Family kernel_family<layer_norm_kernel> = Family::norm;
+template <>
+inline constexpr Family kernel_family<rope_kernel> = Family::rope;
+template <>
+inline constexpr Family kernel_family<attention_tile_kernel> = Family::attention;
+template <>
+inline constexpr Family kernel_family<gemv_q8_kernel> = Family::quant;
+template <>
+inline constexpr Family kernel_family<gemv_q4_kernel> = Family::quant;
+template <>
+inline constexpr Family kernel_family<gemm_q_kernel> = Family::quant;
+template <>
+inline constexpr Family kernel_family<gemm_pack_x_kernel> = Family::packed;
+template <>
+inline constexpr Family kernel_family<gemm_packed_kernel> = Family::packed;
+template <>
+inline constexpr Family kernel_family<gemm_packed_w_kernel> = Family::packed;
 
 // Panel height of gemm_xt_kernel's packed operand (kernels/gemm.hpp).
 constexpr std::size_t kGemmPanel = 64;

@@ -31,13 +31,17 @@ void set_threads(long long n) {
 }
 
 void set_simd_arch(const std::string& name) {
+  if (name == "auto") {  // the best ISA, each kernel family on its measured-fastest path
+    set_isa_automatic();
+    return;
+  }
   Isa isa;
   if (!parse_isa(name, &isa)) {
     const std::vector<std::string> names = isa_names();  // "'sse2', 'avx2' or 'avx512'"
     std::string choices;
     for (std::size_t i = 0; i < names.size(); ++i)
       choices += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + ("'" + names[i] + "'");
-    fail("set_simd_arch", "arch must be " + choices + ", got '" + name + "'");
+    fail("set_simd_arch", "arch must be 'auto', " + choices + ", got '" + name + "'");
   }
   if (isa > best_supported_isa())
     fail("set_simd_arch", "arch '" + name + "' is not supported by this CPU (best: " +

@@ -157,13 +157,18 @@ def simd_arch() -> str:
 
 
 def set_simd_arch(arch: str) -> None:
-    """Force a SIMD path (``"sse2"``, ``"avx2"``, ``"avx512"``) supported by this CPU.
+    """Force a SIMD path (``"sse2"``, ``"avx2"``, ``"avx512"``) supported by this CPU for every
+    kernel, or go back to ``"auto"``: the best path, each kernel family on the path measured
+    fastest for it on this CPU (on AMD Zen 4, which splits 512-bit instructions in two, RMSNorm /
+    LayerNorm, RoPE, attention and the quantized float-activation products run their avx2 code;
+    :func:`build_info`'s ``kernel_paths`` lists them). ``auto`` is the mode at start unless the
+    environment variable ``LLMKERNELS_ARCH`` forces a path.
 
     Example:
         >>> import llmkernels as lk
         >>> best = lk.simd_arch(); lk.set_simd_arch("sse2"); lk.simd_arch()
         'sse2'
-        >>> lk.set_simd_arch(best)
+        >>> lk.set_simd_arch("auto")
     """
     if not isinstance(arch, str):
         raise TypeError(f"[set_simd_arch] arch must be a str, got {type(arch).__name__}")
@@ -172,7 +177,9 @@ def set_simd_arch(arch: str) -> None:
 
 def build_info() -> dict[str, Any]:
     """Version, compiler, SIMD paths, threads and BLAS of this build, and the path each kernel
-    family runs on this CPU: ``kernel_paths`` -- the xsimd path of the float kernels, the int8
+    family runs on this CPU: ``kernel_paths`` -- the xsimd path of the float kernels, whether
+    it is the automatic choice, the path of each kernel family (``family_norm``, ``family_rope``,
+    ``family_attention``, ``family_quant``, ``family_packed``; ``family_other``: the rest), the int8
     dot product of the quantized prefill (``"vnni"``: AVX512_VNNI's vpdpbusd, else ``"none"``:
     the float-activation GEMM) and the bf16 one of the bfloat16-weight prefill
     (``"avx512bf16"``: vdpbf16ps, activations rounded to bfloat16; ``"none"``: exact).
@@ -193,6 +200,8 @@ def build_info() -> dict[str, Any]:
         "blas": _core.openblas_config(),
         "kernel_paths": {
             "float": _core.simd_arch(),
+            "automatic": _core.simd_arch_automatic(),
+            **{f"family_{name}": isa for name, isa in _core.family_simd_archs().items()},
             "int8_prefill_dot": _core.int8_dot(),
             "bf16_prefill_dot": _core.bf16_dot(),
         },

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'bf16_dot', 'compiler', 'cpu_has_avx512_bf16', 'cpu_has_avx512_vnni', 'dequantize', 'get_num_threads', 'int8_dot', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'bf16_dot', 'compiler', 'cpu_has_avx512_bf16', 'cpu_has_avx512_vnni', 'cpu_splits_512', 'dequantize', 'family_simd_archs', 'get_num_threads', 'int8_dot', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'simd_arch_automatic', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -306,6 +306,10 @@ def dequantize(q: numpy.ndarray, scales: numpy.ndarray, bits: typing.SupportsInt
     """
     The float32 (rows, k) matrix of quantize's (q, scales) (see llmkernels.dequantize).
     """
+def family_simd_archs() -> dict:
+    """
+    The SIMD path each kernel family runs now ('other': every kernel of no family).
+    """
 def get_num_threads() -> int:
     """
     Number of threads the kernels use.
@@ -346,7 +350,7 @@ def set_num_threads(n: typing.SupportsInt | typing.SupportsIndex) -> None:
     """
 def set_simd_arch(arch: str) -> None:
     """
-    Force a SIMD path (must be supported by the CPU).
+    Force a SIMD path (must be supported by the CPU), or 'auto'.
     """
 def silu(x: numpy.ndarray, out: numpy.ndarray) -> None:
     """
@@ -355,6 +359,10 @@ def silu(x: numpy.ndarray, out: numpy.ndarray) -> None:
 def simd_arch() -> str:
     """
     The SIMD path in use (one of isa_names).
+    """
+def simd_arch_automatic() -> bool:
+    """
+    Whether the path is the automatic choice (each kernel family on its fastest path).
     """
 def swiglu(gate: numpy.ndarray, up: numpy.ndarray, out: numpy.ndarray) -> None:
     """
@@ -368,6 +376,7 @@ __version__: str = '0.1.0'
 compiler: str = 'GNU 12.2.0'
 cpu_has_avx512_bf16: bool = True
 cpu_has_avx512_vnni: bool = True
+cpu_splits_512: bool = True
 isa_names: tuple = ('sse2', 'avx2', 'avx512')
 max_threads: int = 1024
 xsimd_version: str = '8.1.0'
