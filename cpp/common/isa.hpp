@@ -26,12 +26,16 @@ void set_active_isa(Isa isa);  // clamped to best_supported_isa(); forces it for
 // LLMKERNELS_ARCH, no set_simd_arch since start or since set_isa_automatic) a kernel of a family
 // runs on family_isa(family): the active ISA, or a lower one where that family measured faster
 // on this CPU. AMD Zen 4 executes 512-bit instructions as two 256-bit halves; there the avx2
-// path of these families was as fast or faster than the avx512 one (benchmarks/
-// bench_dispatch.py, 1 thread: rope 1.06-1.09x, rms_norm up to 1.14x, small causal attention
-// 1.08-1.15x, quantized float-activation GEMV / GEMM 1.16-1.43x faster on avx2), while the
-// element-wise activations and the float32 / bfloat16 projections run faster on avx512. Every
-// other kernel ("other") runs on the active ISA. Forcing an ISA (LLMKERNELS_ARCH, set_simd_arch)
-// forces it for every family. Results depend only on the host, the mode and the thread count.
+// path of RMSNorm / LayerNorm, rope, attention and the quantized float-activation GEMV / GEMM
+// was as fast or faster than the avx512 one (benchmarks/bench_dispatch.py, TinyLlama shapes, 1
+// and 2 threads: rms_norm up to 1.15x, rope up to 1.14x, causal attention up to 1.15x, decode
+// attention up to 1.10x, float-activation quantized GEMV up to 1.37x and prefill 1.35-1.43x
+// through the packed route), while the element-wise activations and the float32 / bfloat16
+// projections run faster on avx512. Every other kernel ("other") runs on the active ISA.
+// Forcing an ISA (LLMKERNELS_ARCH, set_simd_arch) forces it for every family. Results depend
+// only on the host, the mode and the thread count. (The timing loop shuffles the paths every
+// round: alternating calls that allocate their outputs otherwise gave each path the same
+// addresses every round, and a 10-15% bias either way on the norms.)
 #define LLMK_FAMILY_LIST(X) X(other) X(norm) X(rope) X(attention) X(quant) X(packed)
 #define LLMK_FAMILY_ENUM(name) name,
 enum class Family : int { LLMK_FAMILY_LIST(LLMK_FAMILY_ENUM) count };
