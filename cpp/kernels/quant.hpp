@@ -43,6 +43,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/gemm.hpp"  // the tile product of the prefill (gemm_xt_tokens)
 #include "kernels/ops.hpp"
@@ -239,27 +240,33 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
         sxv[t] = _mm256_load_ps(f);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * kQBlock;
-      for (int t = 0; t < M; ++t) {
-        const std::int8_t* xp = xq0 + t * k + b0 * kQBlock;
-        __m256i p[8];
-        for (std::size_t l = 0; l < 8; ++l) {
-          if (l < n) {
-            const __m256i w =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + l * kQBlock));
-            const __m256i x =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + l * kQBlock));
-            p[l] = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
-          } else {
-            p[l] = _mm256_setzero_si256();
+    const auto chunk = [&](auto full) {
+      for (int r = 0; r < R; ++r) {
+        const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * kQBlock;
+        for (int t = 0; t < M; ++t) {
+          const std::int8_t* xp = xq0 + t * k + b0 * kQBlock;
+          __m256i p[8];
+          for (std::size_t l = 0; l < 8; ++l) {
+            if (full || l < n) {
+              const __m256i w =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + l * kQBlock));
+              const __m256i x =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + l * kQBlock));
+              p[l] = _mm256_madd_epi16(
+                  _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
+            } else {
+              p[l] = _mm256_setzero_si256();
+            }
           }
+          const __m256 d = _mm256_mul_ps(sw[r], sxv[t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sums8(p)), d, acc[r][t]);
         }
-        const __m256 d = _mm256_mul_ps(sw[r], sxv[t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sums8(p)), d, acc[r][t]);
       }
-    }
+    };
+    if (n == 8)  // a whole chunk: no tests per block
+      chunk(std::true_type{});
+    else
+      chunk(std::false_type{});
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
@@ -271,22 +278,22 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
 // two blocks per step: one 32-byte load holds the nibbles of blocks b and b + 1; a mask gives
 // [b elements 0-15 | b+1 elements 0-15] and a shift + mask [b 16-31 | b+1 16-31], which meet
 // the activations stored in that order (qacts::q4). maddubs takes the nibbles (code + 8,
-// unsigned) times x; the 8 * x it adds is taken off in int16 per pair of products (8 * the x
-// pair sums, formed once per (token, pair): qacts::x8), and madd widens: lanes 0-3 of a pair's
-// vector hold block b's products, 4-7 block b + 1's. Two hadd rounds over a chunk's 4 pairs
-// leave blocks [0 2 4 6 | 1 3 5 7], a permute puts them in order. An odd last block is stored
-// in natural order: its 8 lanes folded into lanes 0-3 of its pair. |each int16 sum| <= 2 * 2 *
-// 15 * 127 before the subtraction: no overflow.
+// unsigned) times x, and madd widens: lanes 0-3 of a pair's vector hold block b's products, 4-7
+// block b + 1's. Two hadd rounds over a chunk's 4 pairs leave blocks [0 2 4 6 | 1 3 5 7], a
+// permute puts them in order, and one subtraction per chunk takes off the 8 * sum(x) the
+// nibbles' + 8 added (formed once per call: qacts::xs8; per pair in int16, it had cost 2 of
+// the ~12 operations of a pair). An odd last block is stored in natural order: its 8 lanes
+// folded into lanes 0-3 of its pair.
 template <int R, int M, bool Group32>
 inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
-  const std::size_t k = a.w.k, nb = k / kQBlock, np = nb / 2, row_bytes = k / 2;
+  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k / 2;
   const std::size_t ng = k / a.w.group;
   const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
-  const __m256i eight = _mm256_set1_epi8(8);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // [0 2 4 6 1 3 5 7] -> 0..7
   const std::int8_t* const q4 = a.act.q4;
-  const std::int16_t* const x8p = a.act.x8;
+  const std::int32_t* const xs8 = a.act.xs8;
+  const std::size_t nch = (nb + 7) / 8;
   const float* const sx = a.act.s;
   __m256 acc[R][M];
   for (int r = 0; r < R; ++r)
@@ -317,52 +324,58 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::si
         sxv[t] = _mm256_load_ps(f);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * 16;
-      for (int t = 0; t < M; ++t) {
-        const std::int8_t* xp = q4 + t * k + b0 * kQBlock;
-        __m256i pv[4];
-        for (std::size_t i = 0; i < 4; ++i) {
-          const std::size_t b = b0 + 2 * i;
-          if (b + 1 < nb) {  // the pair (b, b + 1)
-            const __m256i pk =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 2 * i * 16));
-            const __m256i lo = _mm256_and_si256(pk, mask);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
-            const __m256i xlo =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock));
-            const __m256i xhi =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock + 32));
-            const __m256i x8 = _mm256_loadu_si256(
-                reinterpret_cast<const __m256i*>(x8p + (t * np + b / 2) * 16));
-            const __m256i p16 = _mm256_sub_epi16(
-                _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)),
-                x8);
-            pv[i] = _mm256_madd_epi16(p16, ones);
-          } else if (b < nb) {  // the odd last block, natural order
-            const __m128i pk =
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * i * 16));
-            const __m256i nib =
-                _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
-            const __m256i xq =
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock));
-            const __m256i p = _mm256_madd_epi16(
-                _mm256_sub_epi16(_mm256_maddubs_epi16(nib, xq), _mm256_maddubs_epi16(eight, xq)),
-                ones);
-            const __m128i h =
-                _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-            pv[i] = _mm256_zextsi128_si256(h);
-          } else {
-            pv[i] = _mm256_setzero_si256();
+    const auto chunk = [&](auto full) {
+      for (int r = 0; r < R; ++r) {
+        const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * 16;
+        for (int t = 0; t < M; ++t) {
+          const std::int8_t* xp = q4 + t * k + b0 * kQBlock;
+          __m256i pv[4];
+          for (std::size_t i = 0; i < 4; ++i) {
+            const std::size_t b = b0 + 2 * i;
+            if (full || b + 1 < nb) {  // the pair (b, b + 1)
+              const __m256i pk =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 2 * i * 16));
+              const __m256i lo = _mm256_and_si256(pk, mask);
+              const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(pk, 4), mask);
+              const __m256i xlo =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock));
+              const __m256i xhi = _mm256_loadu_si256(
+                  reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock + 32));
+              // |each int16 sum| <= 2 * 2 * 15 * 127: no saturation
+              const __m256i p16 =
+                  _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+              pv[i] = _mm256_madd_epi16(p16, ones);
+            } else if (b < nb) {  // the odd last block, natural order
+              const __m128i pk =
+                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * i * 16));
+              const __m256i nib =
+                  _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
+              const __m256i xq =
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock));
+              const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, xq), ones);
+              const __m128i h =
+                  _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+              pv[i] = _mm256_zextsi128_si256(h);
+            } else {
+              pv[i] = _mm256_setzero_si256();
+            }
           }
+          // sum((code + 8) * x) per block, in order, less 8 * sum(x): sum(code * x)
+          const __m256i sums = _mm256_sub_epi32(
+              _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(_mm256_hadd_epi32(pv[0], pv[1]),
+                                                            _mm256_hadd_epi32(pv[2], pv[3])),
+                                          order),
+              _mm256_loadu_si256(
+                  reinterpret_cast<const __m256i*>(xs8 + (t * nch + b0 / 8) * 8)));
+          const __m256 d = _mm256_mul_ps(sw[r], sxv[t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[r][t]);
         }
-        const __m256i sums = _mm256_permutevar8x32_epi32(
-            _mm256_hadd_epi32(_mm256_hadd_epi32(pv[0], pv[1]), _mm256_hadd_epi32(pv[2], pv[3])),
-            order);
-        const __m256 d = _mm256_mul_ps(sw[r], sxv[t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[r][t]);
       }
-    }
+    };
+    if (n == 8)  // a whole chunk: no tests per pair
+      chunk(std::true_type{});
+    else
+      chunk(std::false_type{});
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
@@ -621,7 +634,7 @@ inline void qgemv_run(const qgemv_args& args) {
       a.act.s = args.act.s + t * nb;
       if (args.act.q4) {
         a.act.q4 = args.act.q4 + t * a.w.k;
-        a.act.x8 = args.act.x8 + t * (nb / 2) * 16;
+        a.act.xs8 = args.act.xs8 + t * ((nb + 7) / 8) * 8;
       }
     }
     switch (std::min(P, args.m - t)) {

@@ -31,10 +31,10 @@ struct qacts {
   // int4 weights on AVX2 (two blocks a step): q (m, k) reordered per pair of blocks (b, b + 1)
   // as [b 0-15, b+1 0-15, b 16-31, b+1 16-31] (an odd last block as is). Null for int8 weights.
   const std::int8_t* q4;
-  // with q4: (m, k / 64) x 16 int16, for each pair p of blocks the 16 sums 8 * (x[2i] + x[2i + 1]
-  // + x[2i + 32] + x[2i + 33]) over q4's pair p (i < 16) -- what maddubs(8, x) of both halves
-  // gives -- formed once per call instead of once per row (the kernel's offset correction)
-  const std::int16_t* x8;
+  // with q4: (m, chunks of 8 blocks, 8) int32, 8 * the sum of each block's codes (0 past the
+  // last block): the offset the unsigned nibbles (code + 8) add to a block's dot product, taken
+  // off once per chunk of 8 blocks (formed once per call instead of once per row)
+  const std::int32_t* xs8;
   // int8 weights on the VNNI prefill (kernels/quant_vnni.hpp; else null): q per chunk of 8
   // blocks with one block per int32 lane -- (m, chunks, 8, 8 lanes) groups of 4 codes, group j
   // of block l at [j][l] -- each code + 128 (unsigned), blocks past the last 0; and the scales

@@ -328,8 +328,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                     chunks * dot::vnni_pack_bytes(w.k) + 64
               : 0;
     const std::size_t act_bytes =
-        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * np * 16 * 2 + 256 +
-                        vnni_bytes
+        int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * nch * 32 + 256 + vnni_bytes
                   : 0;
     const std::size_t panel_floats = gemv ? 0 : (m + kQPanel - 1) / kQPanel * kQPanel * w.k;
     std::optional<ScratchLease> lease;  // (released before a fallback below)
@@ -352,7 +351,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         qlinear(x, m, w, bits, bias, y, accumulate, false);
         return;
       }
-      auto* x8 = reinterpret_cast<std::int16_t*>(q4 + m * w.k);  // (m, np, 16)
+      auto* xs8 = reinterpret_cast<std::int32_t*>(q4 + m * w.k);  // (m, nch, 8)
       if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr};
       if (int8_acts && bits == 4 && !vnni) {  // the pair order of the AVX2 int4 kernel
         for (std::size_t t = 0; t < m; ++t) {
@@ -367,22 +366,23 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
             std::memcpy(d + 48, b0 + kQBlock + 16, 16);
           }
           if (nb % 2) std::memcpy(dst + (nb - 1) * kQBlock, src + (nb - 1) * kQBlock, kQBlock);
-          // the offset sums of each pair (exact: |8 * 4 * 127| fits int16, as maddubs' pair
-          // sums of 8 * x, at most 8 * 2 * 127, do not saturate)
-          for (std::size_t p = 0; p < np; ++p) {
-            const std::int8_t* d = dst + 2 * p * kQBlock;
-            std::int16_t* o = x8 + (t * np + p) * 16;
-            for (std::size_t i = 0; i < 16; ++i)
-              o[i] = static_cast<std::int16_t>(
-                  8 * (d[2 * i] + d[2 * i + 1] + d[32 + 2 * i] + d[32 + 2 * i + 1]));
-          }
+          // 8 * the sum of each block's codes (0 past the last block): the offset the
+          // unsigned nibbles (code + 8) add to each block's dot product
+          for (std::size_t c = 0; c < nch; ++c)
+            for (std::size_t l = 0; l < 8; ++l) {
+              const std::size_t b = 8 * c + l;
+              std::int32_t sum = 0;
+              if (b < nb)
+                for (std::size_t i = 0; i < kQBlock; ++i) sum += src[b * kQBlock + i];
+              xs8[(t * nch + c) * 8 + l] = 8 * sum;
+            }
         }
         a.act.q4 = q4;
-        a.act.x8 = x8;
+        a.act.xs8 = xs8;
       }
       if (int8_acts && vnni) {
-        // after x8 (m * np * 32 bytes), 64-byte aligned
-        const std::size_t at = (m * w.k * 4 + m * nb * sizeof(float) + m * np * 32 + 63) / 64 * 64;
+        // after xs8 (m * nch * 32 bytes), 64-byte aligned
+        const std::size_t at = (m * w.k * 4 + m * nb * sizeof(float) + m * nch * 32 + 63) / 64 * 64;
         auto* xi = base + at;                                                   // (m, nch, 256)
         auto* sx8 = reinterpret_cast<float*>(xi + m * nch * dot::kVnniChunkBytes);  // (m, nch, 8)
         vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + m * nch * 8);
