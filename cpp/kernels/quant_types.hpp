@@ -55,6 +55,7 @@ struct qgemv_args {
   qacts act;
   bool accumulate;
   const float* bias;  // (rows,) or null, added in the final store
+  int stripes;        // the AVX2 int8-activation GEMV's row stripes for int4 weights: 2 or 4
 };
 
 namespace {  // internal linkage: compiled into each per-ISA unit with its own flags

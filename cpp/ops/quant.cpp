@@ -308,6 +308,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   a.m = m;
   a.accumulate = accumulate;
   a.bias = bias;
+  a.stripes = get_num_threads() > 1 ? 2 : 4;  // (kernels/quant.hpp's qgemv_tokens)
   const bool gemv = m <= kGemvMaxTokens || int8_gemv || dot != Int8Dot::none;
   int8_acts = gemv && int8_acts;
   {
