@@ -25,7 +25,13 @@ next to its llama.cpp peer in every round, and a ratio is the median of the rati
 side-by-side samples (``harness.paired_ratio``: the host slows down in phases of seconds, a
 round takes minutes); tokens/s are medians.
 
-    python benchmarks/bench_precision.py [--quick] [--no-llamacpp] [--out benchmarks/results]
+    python benchmarks/bench_precision.py [--quick] [--no-llamacpp] [--real-size]
+        [--out benchmarks/results]
+
+``--real-size`` then runs the same comparison at TinyLlama-1.1B's full shape (22 layers, 1.1 B
+parameters: more than the last-level cache holds; bench_real_size.py, one process per case, its
+own report ``real_size.md``). The dot-product peaks (vpdpbusd, vdpbf16ps) and read-only
+bandwidth are probed in the same run where the CPU has them.
 """
 
 from __future__ import annotations
@@ -141,10 +147,35 @@ def prefill_case(model: lk.Transformer, cfg: Config, rng: np.random.Generator) -
     return lambda: model(ids, last_only=True)
 
 
-LLAMACPP_TYPES = ("F32", "F16", "Q8_0", "Q4_0")
 # the llama.cpp type each of our weight dtypes is compared with (same bytes per weight, or the
-# nearest: llama.cpp has no CPU-fast BF16 on AVX2, F16 is its 16-bit format there)
-PEER_OF = {"float32": "F32", "bfloat16": "F16", "float16": "F16", "int8": "Q8_0", "int4": "Q4_0"}
+# nearest: llama.cpp has no CPU-fast BF16 on AVX2, F16 is its 16-bit format there; where the CPU
+# has AVX512_BF16 its BF16 runs vdpbf16ps, as ours does, and is the bf16 peer)
+HAS_AVX512_BF16 = bool(lk._core.cpu_has_avx512_bf16)
+LLAMACPP_TYPES = ("F32", "F16", "Q8_0", "Q4_0") + (("BF16",) if HAS_AVX512_BF16 else ())
+PEER_OF = {
+    "float32": "F32",
+    "bfloat16": "BF16" if HAS_AVX512_BF16 else "F16",
+    "float16": "F16",
+    "int8": "Q8_0",
+    "int4": "Q4_0",
+}
+
+
+def dot_probes(threads: Iterable[int]) -> dict[str, dict[int, float]]:
+    """The limits of the low-precision kernels, beside the FMA / triad probe: the peaks of the
+    dot-product instructions the bf16 (vdpbf16ps) and int8 / int4 (vpdpbusd) prefill run where
+    the CPU has them (G operations/s), and read-only bandwidth (decode reads its weights once)."""
+    core = lk._core
+    out: dict[str, dict[int, float]] = {"read_gbs": {}}
+    for t in threads:
+        out["read_gbs"][t] = core._probe_read_gbs(t, 1 << 26, 5)
+        if core.cpu_has_avx512_vnni:
+            out.setdefault("vpdpbusd_gops", {})[t] = core._probe_dot_gops("vpdpbusd", t, 50_000_000)
+        if HAS_AVX512_BF16:
+            out.setdefault("vdpbf16ps_gflops", {})[t] = core._probe_dot_gops(
+                "vdpbf16ps", t, 50_000_000
+            )
+    return out
 
 
 def llamacpp_models(
@@ -394,6 +425,15 @@ def render(report: dict[str, Any]) -> str:
         *harness.machine_lines(report["machine"]),
         "",
     ]
+    if report.get("dot_probes"):
+        lines += [
+            "Dot-product peaks and read-only bandwidth (same run): "
+            + "; ".join(
+                f"{name} " + ", ".join(f"{v:.0f} at {t}" for t, v in per_t.items())
+                for name, per_t in report["dot_probes"].items()
+            ),
+            "",
+        ]
     header = [
         "threads",
         "weights",
@@ -552,6 +592,12 @@ def target_lines(report: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = harness.arg_parser(__doc__, "60")
     parser.add_argument("--no-llamacpp", action="store_true", help="skip the llama.cpp peer")
+    parser.add_argument(
+        "--real-size",
+        action="store_true",
+        help="then TinyLlama-1.1B's full 22 layers (bench_real_size.py: one process per case, "
+        "the 4-layer model's weights partly fit in the last-level cache) into the same --out",
+    )
     args = parser.parse_args(argv)
     cfg, run = harness.start(QUICK if args.quick else FULL, args.quiet_wait, torch_thp=False)
     report = harness.new_report(cfg)
@@ -565,12 +611,26 @@ def main(argv: list[str] | None = None) -> int:
             peers, report["llamacpp"] = llamacpp_models(models["float32"], cfg, workdir, run)
         probe = run.probe(cfg)
         report["probe"] = probe
+        report["dot_probes"] = dot_probes(cfg.threads)
         res = run_cases(models, cfg, run, peers)
         del peers
     report["timings"] = {t: {"seconds": v["seconds"]} for t, v in res.items()}
     report["rows"] = summarise(models, cfg, res, probe, report["llamacpp"])
     report["peer_rows"] = peer_rows(cfg, res)
-    return run.report(report, render, args.out, "precision")
+    status = run.report(report, render, args.out, "precision")
+    if args.real_size:
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        cmd = [sys.executable, str(Path(__file__).with_name("bench_real_size.py")), "--out",
+               str(args.out), "--workdir", str(Path(tempfile.gettempdir()) / "llmk-real-size")]
+        if args.no_llamacpp:
+            cmd.append("--no-llamacpp")
+        if args.quick:
+            cmd += ["--layers", "1", "--rounds", "1", "--repeats", "1", "--threads", "1"]
+        status = status or subprocess.run(cmd, check=False).returncode  # fmt: skip
+    return status
 
 
 if __name__ == "__main__":

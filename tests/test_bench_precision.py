@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import llmkernels as lk
 from conftest import run_bench
 
 
@@ -73,12 +74,17 @@ def test_cases_are_timed_beside_their_peer() -> None:
         for d in ("float32", "bfloat16", "float16", "int8")
         for k in ("decode", "prefill")
     ]
-    peers = [f"{k} llama.cpp {p}" for p in ("F32", "F16", "Q8_0") for k in ("decode", "prefill")]
+    # bfloat16's peer: BF16 where the CPU has AVX512_BF16 (llama.cpp's vdpbf16ps path), else F16
+    bf16_peer = bp.PEER_OF["bfloat16"]
+    assert bf16_peer == ("BF16" if lk._core.cpu_has_avx512_bf16 else "F16")
+    types = ("F32", "F16", "Q8_0") + (("BF16",) if bf16_peer == "BF16" else ())
+    peers = [f"{k} llama.cpp {p}" for p in types for k in ("decode", "prefill")]
     order = bp.case_order(ours + peers)
     assert sorted(order) == sorted(ours + peers)
+    sixth = "decode llama.cpp F16" if bf16_peer == "BF16" else "decode int8"
     assert order[:6] == ["decode float32", "decode llama.cpp F32", "decode bfloat16",
-                         "decode llama.cpp F16", "decode float16", "decode int8"]  # fmt: skip
-    assert order[6] == "decode llama.cpp Q8_0" and order[7] == "prefill float32"
+                         f"decode llama.cpp {bf16_peer}", "decode float16", sixth]  # fmt: skip
+    assert order[-1].startswith("prefill")
     assert bp.case_order(ours) == [n for n in ours if n.startswith("decode")] + [
         n for n in ours if n.startswith("prefill")
     ]
