@@ -191,6 +191,35 @@ inline __m256i block_sums8(const __m256i (&p)[8]) {
                           _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+// The scales of a chunk of blocks b0 .. b0 + n - 1 (n <= 8), one block per lane, 0 past the
+// last block: sw[r] the weight scales of row r (its float16 scales at s0 + r * rstride; groups
+// of 32: one per block, else one per 1 << sh blocks), sxv[t] token t's block scales
+template <int R, int M, bool Group32>
+inline void chunk_scales(const std::uint16_t* s0, std::size_t rstride, unsigned sh, const float* sx,
+                         std::size_t nb, std::size_t b0, std::size_t n, __m256 (&sw)[R],
+                         __m256 (&sxv)[M]) {
+  for (int r = 0; r < R; ++r) {
+    const std::uint16_t* rsc = s0 + r * rstride;
+    if (Group32 && n == 8) {
+      sw[r] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rsc + b0)));
+    } else {
+      alignas(32) float f[8] = {};
+      for (std::size_t l = 0; l < n; ++l)
+        f[l] = half_to_float(rsc[Group32 ? b0 + l : (b0 + l) >> sh]);
+      sw[r] = _mm256_load_ps(f);
+    }
+  }
+  for (int t = 0; t < M; ++t) {
+    if (n == 8) {
+      sxv[t] = _mm256_loadu_ps(sx + t * nb + b0);
+    } else {
+      alignas(32) float f[8] = {};
+      for (std::size_t l = 0; l < n; ++l) f[l] = sx[t * nb + b0 + l];
+      sxv[t] = _mm256_load_ps(f);
+    }
+  }
+}
+
 // int8 weights, rows r0 + r * rs (r < R) against M tokens, int8 activations. The blocks of a
 // row go 8 at a time (a chunk), one block per lane: each block's integer dot product
 // sum(code_w * code_x) summed exactly (block_sums8), converted once, multiplied by its
@@ -218,28 +247,8 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
   const float* const sx = a.act.s;
   for (std::size_t b0 = 0; b0 < nb; b0 += 8) {
     const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
-    __m256 sw[R];  // the blocks' weight scales, 0 past the last block
-    for (int r = 0; r < R; ++r) {
-      const std::uint16_t* rsc = s0 + r * rs * ng;
-      if (Group32 && n == 8) {
-        sw[r] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rsc + b0)));
-      } else {
-        alignas(32) float f[8] = {};
-        for (std::size_t l = 0; l < n; ++l)
-          f[l] = half_to_float(rsc[Group32 ? b0 + l : (b0 + l) >> sh]);
-        sw[r] = _mm256_load_ps(f);
-      }
-    }
-    __m256 sxv[M];  // the token's block scales, 0 past the last block
-    for (int t = 0; t < M; ++t) {
-      if (n == 8) {
-        sxv[t] = _mm256_loadu_ps(sx + t * nb + b0);
-      } else {
-        alignas(32) float f[8] = {};
-        for (std::size_t l = 0; l < n; ++l) f[l] = sx[t * nb + b0 + l];
-        sxv[t] = _mm256_load_ps(f);
-      }
-    }
+    __m256 sw[R], sxv[M];
+    chunk_scales<R, M, Group32>(s0, rs * ng, sh, sx, nb, b0, n, sw, sxv);
     const auto chunk = [&](auto full) {
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * kQBlock;
@@ -302,28 +311,8 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::si
   const std::uint16_t* s0 = a.w.scales + r0 * ng;
   for (std::size_t b0 = 0; b0 < nb; b0 += 8) {
     const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
-    __m256 sw[R];  // the blocks' weight scales, 0 past the last block
-    for (int r = 0; r < R; ++r) {
-      const std::uint16_t* rsc = s0 + r * rs * ng;
-      if (Group32 && n == 8) {
-        sw[r] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rsc + b0)));
-      } else {
-        alignas(32) float f[8] = {};
-        for (std::size_t l = 0; l < n; ++l)
-          f[l] = half_to_float(rsc[Group32 ? b0 + l : (b0 + l) >> sh]);
-        sw[r] = _mm256_load_ps(f);
-      }
-    }
-    __m256 sxv[M];  // the token's block scales, 0 past the last block
-    for (int t = 0; t < M; ++t) {
-      if (n == 8) {
-        sxv[t] = _mm256_loadu_ps(sx + t * nb + b0);
-      } else {
-        alignas(32) float f[8] = {};
-        for (std::size_t l = 0; l < n; ++l) f[l] = sx[t * nb + b0 + l];
-        sxv[t] = _mm256_load_ps(f);
-      }
-    }
+    __m256 sw[R], sxv[M];
+    chunk_scales<R, M, Group32>(s0, rs * ng, sh, sx, nb, b0, n, sw, sxv);
     const auto chunk = [&](auto full) {
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * 16;
