@@ -14,7 +14,6 @@ the forced path it picks, so the ratio is that path's over the fastest).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
 import statistics
@@ -117,6 +116,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args()
 
+    import harness
     import llmkernels as lk
 
     lk.set_simd_arch("auto")
@@ -124,10 +124,7 @@ def main() -> int:
     names = list(lk._core.isa_names)
     paths = names[names.index("avx2") : names.index(lk._core.best_simd_arch()) + 1]
     paths = [p for p in paths if p in names] or [lk._core.best_simd_arch()]
-    flags = sorted(
-        set(Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split())
-        & {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
-    )
+    flags = harness.cpu_flags()
     report: dict = {
         "cpu": platform.processor() or "x86_64",
         "flags": flags,
@@ -189,10 +186,7 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "dispatch.json").write_text(json.dumps(report, indent=1))
-        (out / "dispatch.md").write_text(text + "\n")
+        harness.write_report(Path(args.out), "dispatch", report, text + "\n")
     return 0
 
 

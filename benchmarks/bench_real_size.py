@@ -171,6 +171,7 @@ def main() -> int:
         child(args)
         return 0
 
+    import harness
     import llmkernels as lk
 
     cases = args.cases.split(",")
@@ -191,10 +192,7 @@ def main() -> int:
     def gguf(case: str) -> Path | None:
         return gdir / f"model-{PEER[case]}.gguf" if with_peer else None
 
-    flags = sorted(
-        set(Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split())
-        & {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
-    )
+    flags = harness.cpu_flags()
     report: dict = {
         "cpu": platform.processor() or "x86_64",
         "flags": flags,
@@ -320,10 +318,7 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "real_size.json").write_text(json.dumps(report, indent=1))
-        (out / "real_size.md").write_text(text + "\n")
+        harness.write_report(Path(args.out), "real_size", report, text + "\n")
     return 0
 
 

@@ -956,6 +956,15 @@ def new_report(cfg: Any) -> dict[str, Any]:
     return {"machine": machine_info(), "config": dataclasses.asdict(cfg)}
 
 
+DOT_FLAGS = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"}
+
+
+def cpu_flags(wanted: set[str] = DOT_FLAGS) -> list[str]:
+    """The CPU's flags among ``wanted`` (/proc/cpuinfo), sorted: what the kernels depend on."""
+    text = Path("/proc/cpuinfo").read_text()
+    return sorted(set(text.split("flags")[1].split("\n")[0].split()) & wanted)
+
+
 def write_report(out: Path, name: str, report: Mapping[str, Any], markdown: str) -> None:
     """``<out>/<name>.md`` (the printed report) and ``<out>/<name>.json`` (everything)."""
     out.mkdir(parents=True, exist_ok=True)

@@ -178,26 +178,20 @@ LLMK_FLOAT_KERNELS(LLMK_DECLARE_FLOAT_KERNEL)
 
 // The kernel families whose path is chosen by measured speed (common/isa.hpp); the packed
 // GEMM's x panels and its kernels are one family (the panel layout is the ISA's)
-template <>
-inline constexpr Family kernel_family<rms_norm_kernel> = Family::norm;
-template <>
-inline constexpr Family kernel_family<layer_norm_kernel> = Family::norm;
-template <>
-inline constexpr Family kernel_family<rope_kernel> = Family::rope;
-template <>
-inline constexpr Family kernel_family<attention_tile_kernel> = Family::attention;
-template <>
-inline constexpr Family kernel_family<gemv_q8_kernel> = Family::quant;
-template <>
-inline constexpr Family kernel_family<gemv_q4_kernel> = Family::quant;
-template <>
-inline constexpr Family kernel_family<gemm_q_kernel> = Family::quant;
-template <>
-inline constexpr Family kernel_family<gemm_pack_x_kernel> = Family::packed;
-template <>
-inline constexpr Family kernel_family<gemm_packed_kernel> = Family::packed;
-template <>
-inline constexpr Family kernel_family<gemm_packed_w_kernel> = Family::packed;
+#define LLMK_KERNEL_FAMILY(kernel, fam) \
+  template <>                            \
+  inline constexpr Family kernel_family<kernel> = Family::fam;
+LLMK_KERNEL_FAMILY(rms_norm_kernel, norm)
+LLMK_KERNEL_FAMILY(layer_norm_kernel, norm)
+LLMK_KERNEL_FAMILY(rope_kernel, rope)
+LLMK_KERNEL_FAMILY(attention_tile_kernel, attention)
+LLMK_KERNEL_FAMILY(gemv_q8_kernel, quant)
+LLMK_KERNEL_FAMILY(gemv_q4_kernel, quant)
+LLMK_KERNEL_FAMILY(gemm_q_kernel, quant)
+LLMK_KERNEL_FAMILY(gemm_pack_x_kernel, packed)
+LLMK_KERNEL_FAMILY(gemm_packed_kernel, packed)
+LLMK_KERNEL_FAMILY(gemm_packed_w_kernel, packed)
+#undef LLMK_KERNEL_FAMILY
 
 // Panel height of gemm_xt_kernel's packed operand (kernels/gemm.hpp).
 constexpr std::size_t kGemmPanel = 64;
