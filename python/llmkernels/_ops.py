@@ -49,7 +49,7 @@ __all__ = [
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-# computed in float32 and returned in their own dtype (DESIGN.md: low-precision arrays)
+# computed in float32 and returned in their own dtype (low-precision arrays, as NumPy's float16 ops)
 _LOW = (np.dtype(np.float16), _BF16)
 
 
@@ -367,7 +367,7 @@ def swiglu_ffn(
 
     Example:
         >>> import llmkernels as lk, numpy as np
-        >>> # seed 000's scalar example
+        >>> # one scalar: silu(2 * 1.5 + 0.5) * (3 * 1.5)
         >>> np.round(lk.swiglu_ffn([[1.5]], [[2.0]], [[3.0]], b_gate=[0.5]), 4)
         array([[15.2883]])
     """

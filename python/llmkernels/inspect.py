@@ -19,10 +19,10 @@ within the block contract (same weights, same kernels, float32)::
     plot.attention_grid(tr.attention, tokens)              # layers x heads, tokens as labels
     plot.residual_rms(tr.stats)                            # RMS per layer around each norm
 
-Head classes follow seed 004's ``analyze_head_specialization`` (section 3.1.1: strong
-self-focus, local context, generalist/uniform heads), adapted to causal attention and extended
-with heads that park their attention on the first token (see :func:`classify_heads` for the
-measures and thresholds).
+Head classes follow the head-specialisation analysis of the LLaMA notes' "Anatomy of an LLM"
+(section 3.1.1: strong self-focus, local context, generalist/uniform heads), adapted to causal
+attention and extended with heads that park their attention on the first token (see
+:func:`classify_heads` for the measures and thresholds).
 """
 
 from __future__ import annotations
@@ -436,17 +436,17 @@ HEAD_CLASSES = ("first", "self", "previous", "local", "uniform", "mixed")
 
 #: Mean weight on the first (real) token above which a head is ``"first"``.
 FIRST_THRESHOLD = 0.6
-#: Mean weight on the query's own token above which a head is ``"self"`` (seed 004's
-#: "Strong self-focus": ``diag_attn > 0.6``).
+#: Mean weight on the query's own token above which a head is ``"self"`` (the head-
+#: specialisation analysis' "strong self-focus": ``diag_attn > 0.6``).
 SELF_THRESHOLD = 0.6
 #: Mean weight on the token just before the query above which a head is ``"previous"``.
 PREVIOUS_THRESHOLD = 0.6
 #: Keys a local head looks at: the query's own token and the ``LOCAL_WINDOW - 1`` before it
-#: (seed 004 uses a window of 3 tokens on each side; causal heads only have the left side).
+#: (the analysis uses a window of 3 tokens on each side; causal heads only have the left side).
 LOCAL_WINDOW = 4
-#: Mean mass inside the window above which a head is ``"local"`` (seed 004: 0.7).
+#: Mean mass inside the window above which a head is ``"local"`` (the analysis: 0.7).
 LOCAL_THRESHOLD = 0.7
-#: Mean normalised entropy above which a head is ``"uniform"`` (seed 004's generalist test,
+#: Mean normalised entropy above which a head is ``"uniform"`` (the analysis' generalist test,
 #: ``1 - std > 0.9``, measured as entropy: the std of a causal matrix mostly measures its size).
 UNIFORM_THRESHOLD = 0.9
 
@@ -562,15 +562,15 @@ def head_scores(weights: Any, mask: Any = None) -> dict[str, np.ndarray]:
 
 
 def classify_heads(weights: Any, mask: Any = None) -> list[list[str]] | list[str]:
-    """Label each attention head by where it looks, as seed 004's
-    ``analyze_head_specialization`` does, adapted to causal (decoder) attention.
+    """Label each attention head by where it looks, as the head-specialisation
+    analysis of the LLaMA notes' "Anatomy of an LLM" does, adapted to causal (decoder) attention.
 
     With the scores of :func:`head_scores` (means over the query rows), the first rule that
     holds gives the label:
 
     1. ``"first"``, ``"self"``, ``"previous"``: the largest of the mean weights on the first
        real token, on the query's own token and on the token before it, if it exceeds its
-       threshold (``FIRST_THRESHOLD``, ``SELF_THRESHOLD`` — seed 004's "strong self-focus",
+       threshold (``FIRST_THRESHOLD``, ``SELF_THRESHOLD`` — the analysis' "strong self-focus",
        0.6 — and ``PREVIOUS_THRESHOLD``, all 0.6);
     2. ``"uniform"``: mean normalised entropy of the rows >= ``UNIFORM_THRESHOLD`` (0.9;
        the seed's "generalist" heads);

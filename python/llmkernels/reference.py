@@ -4,7 +4,7 @@ These functions are written for clarity, like a textbook or llama2.c, not for sp
 compute in float64 and return float64, whatever the input dtype, and they validate only
 what the formula needs. The test suite compares the C++ kernels against them.
 
-Conventions (see DESIGN.md §3):
+Conventions:
 
 * Norms reduce over the last axis.
 * Linear-layer weights are ``(in, out)``, so a layer is ``x @ w + b`` as in NumPy. The
