@@ -1,4 +1,5 @@
-// kernels/gemm_bf16.hpp built for AVX512_BF16 (common/dot.cpp calls it only on such CPUs).
+// kernels/gemm_bf16.hpp built for AVX512_BF16 and AMX (common/dot.cpp calls each only on CPUs
+// that have it).
 #define LLMK_DOT_NS bf16_native
 #define LLMK_DOT_ENTRY bf16_native_entry
 #include "common/dot.hpp"

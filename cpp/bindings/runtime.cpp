@@ -22,6 +22,7 @@ struct DotApi {
   const char* (*name)(E);
   bool (*parse)(const std::string&, E*);
   bool (*available)(E);
+  std::vector<std::string> (*names)();
 };
 
 // `<what>()` -> the active path's name; `_set_<what>(path)` forces one ('auto': the default)
@@ -30,9 +31,10 @@ template <class E>
 void bind_dot(py::module_& m, const std::string& what, const std::string& cpu_flag,
               const std::string& doc, DotApi<E> api) {
   using namespace pybind11::literals;
-  const std::string names = std::string("'") + api.name(static_cast<E>(0)) + "', '" +
-                            api.name(static_cast<E>(2)) + "' or (on a CPU with " + cpu_flag +
-                            ") '" + api.name(static_cast<E>(1)) + "'";
+  // the portable ones run everywhere; the native ones where the CPU has the instructions
+  std::string names;
+  for (const std::string& name : api.names()) names += (names.empty() ? "'" : ", '") + name + "'";
+  names += " (the native ones on a CPU with " + cpu_flag + ")";
   m.def(
       what.c_str(), [api] { return std::string(api.name(api.get())); },
       (doc + ": " + names + ".").c_str());
@@ -92,12 +94,15 @@ void bind_runtime(py::module_& m) {
   // common/dot.hpp: the dot-product paths of the int8-activation and the bfloat16 prefill
   bind_dot<Int8Dot>(m, "int8_dot", "AVX512_VNNI", "The int8 dot-product path of the prefill",
                     {int8_dot, set_int8_dot, set_int8_dot_auto, int8_dot_name, parse_int8_dot,
-                     int8_dot_available});
+                     int8_dot_available, int8_dot_names});
+  m.attr("int8_dot_names") = py::tuple(py::cast(int8_dot_names()));
   m.attr("cpu_has_avx512_vnni") = cpu_has_avx512_vnni();
-  bind_dot<Bf16Dot>(m, "bf16_dot", "AVX512_BF16", "The bf16 dot-product path of the prefill",
+  bind_dot<Bf16Dot>(m, "bf16_dot", "AVX512_BF16 or AMX", "The bf16 dot-product path of the prefill",
                     {bf16_dot, set_bf16_dot, set_bf16_dot_auto, bf16_dot_name, parse_bf16_dot,
-                     bf16_dot_available});
+                     bf16_dot_available, bf16_dot_names});
+  m.attr("bf16_dot_names") = py::tuple(py::cast(bf16_dot_names()));
   m.attr("cpu_has_avx512_bf16") = cpu_has_avx512_bf16();
+  m.attr("cpu_has_amx") = cpu_has_amx();
   m.def("openblas_config", [] { return std::string(openblas_get_config()); });
   m.def("_probe_fma_gflops", &probe_fma_gflops, "threads"_a, "iterations"_a);
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);

@@ -1,9 +1,14 @@
 #include "common/dot.hpp"
 
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <atomic>
 #include <cstdlib>
+#include <vector>
 
 #include "common/isa.hpp"
 
@@ -35,23 +40,54 @@ bool detect_bf16() {
   return a & (1u << 5);
 }
 
-// One dot-product choice (Int8Dot or Bf16Dot alike): value 0 none, 1 the native instruction,
-// 2 its SIMDe twin. Forced by the environment variable (read at first use) or a setter, else
-// automatic: the native instruction where the CPU has it and the avx512 path is active.
+// AMX-TILE, AMX-BF16 and AMX-INT8 (cpuid 7.0 edx bits 24, 22, 25) with AVX512_BF16, the OS
+// saving the tile state (XCR0 bits 17, 18), and Linux granting this process the tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA: asked once, here; a child forked later
+// keeps the grant)
+bool detect_amx() {
+  if (!detect_bf16()) return false;
+  unsigned a, b, c, d;
+  __cpuid_count(7, 0, a, b, c, d);
+  const unsigned need = (1u << 22) | (1u << 24) | (1u << 25);
+  if ((d & need) != need) return false;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & 0x60000u) != 0x60000u) return false;
+#if defined(__linux__)
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+// the portable twins (SIMDe, emulated tiles) are built on the AVX2 baseline
+bool runs_twins() { return best_supported_isa() >= Isa::avx2; }
+
+// One value of a dot-product choice: its name, whether this CPU can run it, and whether the
+// automatic choice may take it (the native instructions; never "none" nor a portable twin)
+struct DotValue {
+  const char* name;
+  bool (*runs)();
+  bool native;
+};
+
+bool always() { return true; }
+
+// One dot-product choice (Int8Dot or Bf16Dot alike): value 0 is none. Forced by the environment
+// variable (read at first use) or a setter, else automatic: the last native value of the list
+// the CPU has, where the avx512 path is active.
 struct DotChoice {
   const char* env;
-  const char* names[3];
-  bool (*cpu_has)();
+  std::vector<DotValue> values;
   std::atomic<int> forced{-2};  // -2: the environment not read yet; -1: automatic
 
-  // the native unit where the CPU has the instruction; the SIMDe twin on AVX2 + FMA + F16C (its
-  // baseline)
   bool available(int v) const {
-    return v == 0 || (v == 1 ? cpu_has() : best_supported_isa() >= Isa::avx2);
+    return v >= 0 && v < static_cast<int>(values.size()) && values[v].runs();
   }
   bool parse(const std::string& name, int* v) const {
-    for (int i = 0; i < 3; ++i)
-      if (name == names[i]) return *v = i, true;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (name == values[i].name) return *v = static_cast<int>(i), true;
     return false;
   }
   int active() {
@@ -65,21 +101,44 @@ struct DotChoice {
       f = forced.load(std::memory_order_relaxed);
     }
     if (f >= 0) return f;
-    return cpu_has() && active_isa() == Isa::avx512 ? 1 : 0;
+    if (active_isa() != Isa::avx512) return 0;
+    return automatic_value();
+  }
+  int automatic_value() const {
+    static const int best = [this] {
+      int v = 0;
+      for (std::size_t i = 0; i < values.size(); ++i)
+        if (values[i].native && values[i].runs()) v = static_cast<int>(i);
+      return v;
+    }();
+    return best;
   }
   void force(int v) { forced.store(available(v) ? v : 0, std::memory_order_relaxed); }
   void automatic() { forced.store(-1, std::memory_order_relaxed); }
 };
 
 DotChoice& int8_choice() {
-  static DotChoice c{"LLMKERNELS_INT8_DOT", {"none", "vnni", "vnni_simde"}, &cpu_has_avx512_vnni};
+  static DotChoice c{"LLMKERNELS_INT8_DOT",
+                     {{"none", always, false},
+                      {"vnni", cpu_has_avx512_vnni, true},
+                      {"vnni_simde", runs_twins, false}}};
   return c;
 }
 
 DotChoice& bf16_choice() {
-  static DotChoice c{"LLMKERNELS_BF16_DOT", {"none", "avx512bf16", "bf16_simde"},
-                     &cpu_has_avx512_bf16};
+  static DotChoice c{"LLMKERNELS_BF16_DOT",
+                     {{"none", always, false},
+                      {"avx512bf16", cpu_has_avx512_bf16, true},
+                      {"bf16_simde", runs_twins, false},
+                      {"amx", cpu_has_amx, true},
+                      {"amx_emu", runs_twins, false}}};
   return c;
+}
+
+std::vector<std::string> names_of(const DotChoice& c) {
+  std::vector<std::string> names;
+  for (const DotValue& v : c.values) names.emplace_back(v.name);
+  return names;
 }
 
 }  // namespace
@@ -94,10 +153,16 @@ bool cpu_has_avx512_bf16() {
   return has;
 }
 
+bool cpu_has_amx() {
+  static const bool has = detect_amx();
+  return has;
+}
+
 Int8Dot int8_dot() { return static_cast<Int8Dot>(int8_choice().active()); }
 void set_int8_dot(Int8Dot dot) { int8_choice().force(static_cast<int>(dot)); }
 void set_int8_dot_auto() { int8_choice().automatic(); }
-const char* int8_dot_name(Int8Dot dot) { return int8_choice().names[static_cast<int>(dot)]; }
+const char* int8_dot_name(Int8Dot dot) { return int8_choice().values[static_cast<int>(dot)].name; }
+std::vector<std::string> int8_dot_names() { return names_of(int8_choice()); }
 bool int8_dot_available(Int8Dot dot) { return int8_choice().available(static_cast<int>(dot)); }
 bool parse_int8_dot(const std::string& name, Int8Dot* dot) {
   int v;
@@ -107,7 +172,8 @@ bool parse_int8_dot(const std::string& name, Int8Dot* dot) {
 Bf16Dot bf16_dot() { return static_cast<Bf16Dot>(bf16_choice().active()); }
 void set_bf16_dot(Bf16Dot dot) { bf16_choice().force(static_cast<int>(dot)); }
 void set_bf16_dot_auto() { bf16_choice().automatic(); }
-const char* bf16_dot_name(Bf16Dot dot) { return bf16_choice().names[static_cast<int>(dot)]; }
+const char* bf16_dot_name(Bf16Dot dot) { return bf16_choice().values[static_cast<int>(dot)].name; }
+std::vector<std::string> bf16_dot_names() { return names_of(bf16_choice()); }
 bool bf16_dot_available(Bf16Dot dot) { return bf16_choice().available(static_cast<int>(dot)); }
 bool parse_bf16_dot(const std::string& name, Bf16Dot* dot) {
   int v;
@@ -124,15 +190,18 @@ namespace dot {
   void block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,             \
              std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,           \
              bool accumulate, const float* bias, std::uint32_t* wpack);                       \
+  void block_amx(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,         \
+                 std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,       \
+                 bool accumulate, const float* bias, std::uint32_t* wpack);                   \
   }
 LLMK_BF16_ENTRIES(bf16_native_entry)
 LLMK_BF16_ENTRIES(bf16_simde_entry)
 #undef LLMK_BF16_ENTRIES
 
-// (dot is avx512bf16 or bf16_simde: the driver calls these only then)
+// (dot is not none: the driver calls these only then)
 void round_x_bf16(Bf16Dot dot, std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,
                   std::size_t m, std::size_t k) {
-  if (dot == Bf16Dot::avx512bf16)
+  if (dot == Bf16Dot::avx512bf16 || dot == Bf16Dot::amx)
     bf16_native_entry::round_x(xb, kp, x, ldx, m, k);
   else
     bf16_simde_entry::round_x(xb, kp, x, ldx, m, k);
@@ -141,10 +210,16 @@ void round_x_bf16(Bf16Dot dot, std::uint16_t* xb, std::size_t kp, const float* x
 void gemm_bf16_block(Bf16Dot dot, float* y, std::size_t ldy, const std::uint16_t* xb,
                      std::size_t kp, std::size_t m, const std::uint16_t* w, std::size_t k,
                      std::size_t nc, bool accumulate, const float* bias, std::uint32_t* wpack) {
-  if (dot == Bf16Dot::avx512bf16)
-    bf16_native_entry::block(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
-  else
-    bf16_simde_entry::block(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
+  switch (dot) {
+    case Bf16Dot::avx512bf16:
+      return bf16_native_entry::block(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
+    case Bf16Dot::amx:
+      return bf16_native_entry::block_amx(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
+    case Bf16Dot::amx_emu:
+      return bf16_simde_entry::block_amx(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
+    default:
+      return bf16_simde_entry::block(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
+  }
 }
 }  // namespace dot
 

@@ -18,12 +18,18 @@
 //   avx512bf16  vdpbf16ps (Intel Cooper Lake / Sapphire Rapids and later, AMD Zen 4 and later);
 //               chosen automatically as vnni is.
 //   bf16_simde  the same source against SIMDe (test path, never automatic).
+//   amx         AMX's tdpbf16ps on tiles (Intel Sapphire Rapids and later; kernels/amx.hpp): the
+//               same numbers, 16 x 16 x 32 multiply-adds per instruction; chosen automatically
+//               before avx512bf16 where the CPU has it and Linux grants the tile state.
+//   amx_emu     the AMX kernel on the emulated tiles of kernels/amx.hpp (test path, never
+//               automatic).
 //   none        the float32 packed GEMM on the widened weights (bit for bit the float32 model of
 //               the bf16-rounded weights).
-// LLMKERNELS_BF16_DOT=none|avx512bf16|bf16_simde forces one.
+// LLMKERNELS_BF16_DOT=none|avx512bf16|bf16_simde|amx|amx_emu forces one.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "kernels/quant_types.hpp"
 
@@ -36,16 +42,19 @@ Int8Dot int8_dot();                   // the one int8 prefill uses now
 void set_int8_dot(Int8Dot dot);       // forced (vnni clamped to none without the CPU support)
 void set_int8_dot_auto();             // back to the automatic choice
 const char* int8_dot_name(Int8Dot dot);
+std::vector<std::string> int8_dot_names();  // every value, by number
 bool parse_int8_dot(const std::string& name, Int8Dot* dot);
 bool int8_dot_available(Int8Dot dot);  // runnable here (vnni_simde: built with SIMDe)
 
-enum class Bf16Dot : int { none = 0, avx512bf16 = 1, bf16_simde = 2 };
+enum class Bf16Dot : int { none = 0, avx512bf16 = 1, bf16_simde = 2, amx = 3, amx_emu = 4 };
 
 bool cpu_has_avx512_bf16();  // AVX512_BF16 (cpuid 7.1 eax bit 5) and OS-enabled AVX-512
+bool cpu_has_amx();          // AMX-TILE / BF16 / INT8, AVX512_BF16, and the OS's tile state
 Bf16Dot bf16_dot();
 void set_bf16_dot(Bf16Dot dot);  // forced (avx512bf16 clamped to none without the CPU support)
 void set_bf16_dot_auto();
 const char* bf16_dot_name(Bf16Dot dot);
+std::vector<std::string> bf16_dot_names();
 bool parse_bf16_dot(const std::string& name, Bf16Dot* dot);
 bool bf16_dot_available(Bf16Dot dot);
 
@@ -68,10 +77,15 @@ double probe_vpdpbusd(std::size_t iterations, int* sink);
 double probe_vdpbf16ps(std::size_t iterations, float* sink);
 void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pack);
 
-// kernels/gemm_bf16.hpp: xb (m, kp) = x rounded to bfloat16 (kp = k rounded up to even); one
+// kernels/gemm_bf16.hpp: xb (m, kp) = x rounded to bfloat16 (kp = k rounded up to
+// bf16_k_multiple(dot), the pad 0; the AMX kernel also reads (zero) rows up to m rounded up to
+// bf16_m_multiple(dot)); one
 // column block y (m, nc) (+)= xb . w (nc, k)^T (+ bias), nc <= kBf16BlockCols, with
 // kBf16PackWords words of scratch
 constexpr std::size_t kBf16BlockCols = 256;
+inline bool bf16_dot_is_amx(Bf16Dot dot) { return dot == Bf16Dot::amx || dot == Bf16Dot::amx_emu; }
+inline std::size_t bf16_k_multiple(Bf16Dot dot) { return bf16_dot_is_amx(dot) ? 32 : 2; }
+inline std::size_t bf16_m_multiple(Bf16Dot dot) { return bf16_dot_is_amx(dot) ? 32 : 1; }
 constexpr std::size_t kBf16PackWords = kBf16BlockCols * 512 / 2;
 void round_x_bf16(Bf16Dot dot, std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,
                   std::size_t m, std::size_t k);

@@ -266,16 +266,19 @@ namespace {
 void linear_bf16_dot(Bf16Dot dot, const float* x, std::size_t m, std::size_t k,
                      const std::uint16_t* w, std::size_t n, const float* bias, float* y,
                      bool accumulate) {
-  const std::size_t kp = k + (k & 1);
+  const std::size_t km = dot::bf16_k_multiple(dot), mm = dot::bf16_m_multiple(dot);
+  const std::size_t kp = (k + km - 1) / km * km;
+  const std::size_t mp = (m + mm - 1) / mm * mm;  // rows the kernel reads: past m, zeros
   const std::size_t blocks = (n + dot::kBf16BlockCols - 1) / dot::kBf16BlockCols;
   const int chunks = static_cast<int>(
       std::min<std::size_t>(blocks, static_cast<std::size_t>(std::max(1, get_num_threads()))));
-  const std::size_t xb_bytes = (m * kp * sizeof(std::uint16_t) + 63) / 64 * 64;
+  const std::size_t xb_bytes = (mp * kp * sizeof(std::uint16_t) + 63) / 64 * 64;
   const std::size_t pack_bytes = dot::kBf16PackWords * sizeof(std::uint32_t);
   ScratchLease lease(xb_bytes + static_cast<std::size_t>(chunks) * pack_bytes);
   auto* xb = lease.as<std::uint16_t>();
   auto* packs = reinterpret_cast<std::uint32_t*>(lease.as<unsigned char>() + xb_bytes);
   dot::round_x_bf16(dot, xb, kp, x, k, m, k);
+  std::memset(xb + m * kp, 0, (mp - m) * kp * sizeof(std::uint16_t));
   parallel_chunks(chunks, [&](int c, int nc) {
     std::uint32_t* pack = packs + static_cast<std::size_t>(c) * dot::kBf16PackWords;
     for (std::size_t blk = c; blk < blocks; blk += nc) {

@@ -45,9 +45,14 @@ def _check_environment() -> None:
             RuntimeWarning,
             stacklevel=3,
         )
-    for var, names, has in (
-        ("LLMKERNELS_INT8_DOT", ("none", "vnni", "vnni_simde"), _core.cpu_has_avx512_vnni),
-        ("LLMKERNELS_BF16_DOT", ("none", "avx512bf16", "bf16_simde"), _core.cpu_has_avx512_bf16),
+    native = {  # the paths of the CPU's own instructions, and whether it has them
+        "vnni": _core.cpu_has_avx512_vnni,
+        "avx512bf16": _core.cpu_has_avx512_bf16,
+        "amx": _core.cpu_has_amx,
+    }
+    for var, names in (
+        ("LLMKERNELS_INT8_DOT", _core.int8_dot_names),
+        ("LLMKERNELS_BF16_DOT", _core.bf16_dot_names),
     ):
         value = os.environ.get(var)
         if value is not None and value not in names:
@@ -56,7 +61,7 @@ def _check_environment() -> None:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        elif value == names[1] and not has:
+        elif value in native and not native[value]:
             warnings.warn(
                 f"{var}={value!r}: this CPU lacks the instruction, running 'none'",
                 RuntimeWarning,
@@ -182,7 +187,8 @@ def build_info() -> dict[str, Any]:
     ``family_attention``, ``family_quant``, ``family_packed``; ``family_other``: the rest), the int8
     dot product of the quantized prefill (``"vnni"``: AVX512_VNNI's vpdpbusd, else ``"none"``:
     the float-activation GEMM) and the bf16 one of the bfloat16-weight prefill
-    (``"avx512bf16"``: vdpbf16ps, activations rounded to bfloat16; ``"none"``: exact).
+    (``"amx"``: AMX tiles' tdpbf16ps, ``"avx512bf16"``: vdpbf16ps, both with the activations
+    rounded to bfloat16; ``"none"``: exact).
 
     Example:
         >>> import llmkernels as lk

@@ -19,7 +19,12 @@ import numpy as np
 import pytest
 from llmkernels import _core
 
-PATHS = ["bf16_simde"] + (["avx512bf16"] if _core.cpu_has_avx512_bf16 else [])
+# the portable twins everywhere, the native paths where the CPU has them
+PATHS = (
+    ["bf16_simde", "amx_emu"]
+    + (["avx512bf16"] if _core.cpu_has_avx512_bf16 else [])
+    + (["amx"] if _core.cpu_has_amx else [])
+)
 BEST = _core.isa_names[: _core.isa_names.index(_core.best_simd_arch()) + 1]
 pytestmark = pytest.mark.skipif("avx2" not in BEST, reason="the bf16 kernels run on AVX2 and up")
 
@@ -57,8 +62,8 @@ def run(x, w16, bias=None, y=None):
 
 
 @pytest.mark.parametrize("n", [1, 31, 33, 300])  # panel (32) and column-block (256) tails
-@pytest.mark.parametrize("k", [1, 7, 64, 1025])  # odd k: the pad element
-@pytest.mark.parametrize("m", [9, 13, 200])  # token tiles of 12, the 192-token block
+@pytest.mark.parametrize("k", [1, 7, 64, 1025])  # odd k: the pad element (AMX: to 32)
+@pytest.mark.parametrize("m", [9, 13, 200])  # token tiles of 12 (AMX: 32), the 192-token block
 def test_against_formula(n, k, m, dot, rng):
     w16 = (rng.standard_normal((n, k)) * 0.05).astype(ml_dtypes.bfloat16)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -75,20 +80,41 @@ def test_accumulate_into_out(dot, rng):
     check(got - y0, x, w16)  # (the float32 sum y0 + p rounds once more: within the bound)
 
 
-def test_native_and_simde_agree(rng):
-    """The two builds of one source: equal within the float32 rounding of the pair order
-    (SIMDe adds a pair's two products first) -- the documented bound, not bit equality."""
-    if "avx512bf16" not in PATHS:
-        pytest.skip("no AVX512_BF16 here: the native kernel cannot run")
+@pytest.mark.parametrize(
+    "native, twin", [("avx512bf16", "bf16_simde"), ("amx", "amx_emu"), ("amx", "avx512bf16")]
+)
+@pytest.mark.parametrize("m", [40, 77])  # whole and partial 32-token AMX blocks
+def test_native_and_twin_agree(native, twin, m, rng):
+    """Two builds of one source (and the two native kernels): equal within the float32 rounding
+    of the order of the adds (SIMDe adds a pair's two products first; the AMX hardware orders a
+    row's adds otherwise than its pseudo-code, which the emulation follows) -- the documented
+    bound, not bit equality."""
+    if native not in PATHS:
+        pytest.skip(f"this CPU cannot run {native}")
     w16 = (rng.standard_normal((100, 2048)) * 0.02).astype(ml_dtypes.bfloat16)
-    x = rng.standard_normal((40, 2048)).astype(np.float32)
+    x = rng.standard_normal((m, 2048)).astype(np.float32)
     out = {}
-    for p in PATHS:
+    for p in (native, twin):
         _core._set_bf16_dot(p)
         out[p] = run(x, w16)
     _core._set_bf16_dot("auto")
     terms = np.abs(bf16(x)) @ np.abs(w16.astype(np.float64)).T
-    assert np.all(np.abs(out["avx512bf16"] - out["bf16_simde"]) <= 4e-6 * terms)
+    assert np.all(np.abs(out[native] - out[twin]) <= 4e-6 * terms)
+
+
+def test_amx_emulation_is_the_pseudo_code(rng):
+    """The emulated tiles add each product in the order of k, rounding every add, as the
+    vdpbf16ps kernel does: on normal numbers the AMX kernel's twin equals it bit for bit."""
+    if "avx512bf16" not in PATHS:
+        pytest.skip("no AVX512_BF16 here")
+    w16 = (rng.standard_normal((70, 300)) * 0.1).astype(ml_dtypes.bfloat16)
+    x = rng.standard_normal((45, 300)).astype(np.float32)
+    out = {}
+    for p in ("avx512bf16", "amx_emu"):
+        _core._set_bf16_dot(p)
+        out[p] = run(x, w16)
+    _core._set_bf16_dot("auto")
+    np.testing.assert_array_equal(out["amx_emu"], out["avx512bf16"])
 
 
 def test_threads_and_repeats_bitwise(dot, rng, threads):
@@ -125,9 +151,12 @@ def test_special_values(dot):
 
 
 def test_selection():
-    assert _core.bf16_dot() in ("none", "avx512bf16")  # never SIMDe unless forced
-    if _core.cpu_has_avx512_bf16 and lk.simd_arch() == "avx512":
-        assert _core.bf16_dot() == "avx512bf16"
+    assert _core.bf16_dot() in ("none", "avx512bf16", "amx")  # never a twin unless forced
+    if lk.simd_arch() == "avx512":
+        if _core.cpu_has_amx:
+            assert _core.bf16_dot() == "amx"
+        elif _core.cpu_has_avx512_bf16:
+            assert _core.bf16_dot() == "avx512bf16"
     previous = lk.simd_arch()
     lk.set_simd_arch("avx2")
     try:
@@ -135,4 +164,4 @@ def test_selection():
     finally:
         lk.set_simd_arch(previous)
     with pytest.raises(ValueError, match=r"^\[_set_bf16_dot\] path must be"):
-        _core._set_bf16_dot("amx")
+        _core._set_bf16_dot("amx2")
