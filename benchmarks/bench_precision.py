@@ -163,8 +163,9 @@ PEER_OF = {
 
 def dot_probes(threads: Iterable[int]) -> dict[str, dict[int, float]]:
     """The limits of the low-precision kernels, beside the FMA / triad probe: the peaks of the
-    dot-product instructions the bf16 (vdpbf16ps) and int8 / int4 (vpdpbusd) prefill run where
-    the CPU has them (G operations/s), and read-only bandwidth (decode reads its weights once)."""
+    dot-product instructions the bf16 (vdpbf16ps, AMX tdpbf16ps) and int8 / int4 (vpdpbusd, AMX
+    tdpbssd) prefill run where the CPU has them (G operations/s), and read-only bandwidth
+    (decode reads its weights once)."""
     core = lk._core
     out: dict[str, dict[int, float]] = {"read_gbs": {}}
     for t in threads:
@@ -175,6 +176,9 @@ def dot_probes(threads: Iterable[int]) -> dict[str, dict[int, float]]:
             out.setdefault("vdpbf16ps_gflops", {})[t] = core._probe_dot_gops(
                 "vdpbf16ps", t, 50_000_000
             )
+        if core.cpu_has_amx:  # AMX tiles: the kernels' instructions there
+            for name, key in (("tdpbssd", "tdpbssd_gops"), ("tdpbf16ps", "tdpbf16ps_gflops")):
+                out.setdefault(key, {})[t] = core._probe_dot_gops(name, t, 2_000_000)
     return out
 
 

@@ -16,9 +16,10 @@ back to back in fresh processes:
 
 Ratios are llama.cpp time / ours (above 1 we are faster), the median over rounds of the
 per-round ratios. The machine's limits are probed in every round: the float32 FMA peak, the
-peaks of the instructions the bf16 (vdpbf16ps) and int8 / int4 (vpdpbusd) kernels run where
-the CPU has them, and read-only bandwidth; prefill is given as a fraction of its precision's
-peak, decode (the weight bytes of a token times tokens/s) as a fraction of the read probe.
+peaks of the instructions the bf16 (vdpbf16ps, or AMX's tdpbf16ps) and int8 / int4
+(vpdpbusd, or AMX's tdpbssd) kernels run where the CPU has them, and read-only bandwidth;
+prefill is given as a fraction of its precision's peak, decode (the weight bytes of a token
+times tokens/s) as a fraction of the read probe.
 
     python benchmarks/bench_real_size.py --workdir /tmp/real [--threads 1,2] [--rounds 2]
         [--cases float32,bfloat16,int8,int4] [--layers 22] [--out benchmarks/results]
@@ -214,6 +215,9 @@ def main() -> int:
         probes["vpdpbusd_gops"] = lambda t: core._probe_dot_gops("vpdpbusd", t, 50_000_000)
     if core.cpu_has_avx512_bf16:
         probes["vdpbf16ps_gflops"] = lambda t: core._probe_dot_gops("vdpbf16ps", t, 50_000_000)
+    if core.cpu_has_amx:  # AMX tiles (the kernels' own instructions there)
+        probes["tdpbssd_gops"] = lambda t: core._probe_dot_gops("tdpbssd", t, 2_000_000)
+        probes["tdpbf16ps_gflops"] = lambda t: core._probe_dot_gops("tdpbf16ps", t, 2_000_000)
     probe_samples: dict = {name: {t: [] for t in threads} for name in probes}
     if with_peer and "float32" in cases:
         ours = np.array(run_child("ours", "float32", 2, model_dir, None, 1, logits=True)["logits"])
@@ -236,8 +240,11 @@ def main() -> int:
     # the norms are negligible): int8 / int4 with a float16 scale per 32 (Q8_0 / Q4_0 alike)
     params = args.layers * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632) + 32000 * 2048
     per_param = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 34 / 32, "int4": 18 / 32}
-    peak_of = {"float32": "fma_gflops", "bfloat16": "vdpbf16ps_gflops", "float16": "fma_gflops",
-               "int8": "vpdpbusd_gops", "int4": "vpdpbusd_gops"}  # fmt: skip
+    # each precision's peak: that of the instruction its prefill kernel runs here
+    int8_peak = "tdpbssd_gops" if report["int8_dot"] == "amx" else "vpdpbusd_gops"
+    bf16_peak = "tdpbf16ps_gflops" if report["bf16_dot"] == "amx" else "vdpbf16ps_gflops"
+    peak_of = {"float32": "fma_gflops", "bfloat16": bf16_peak, "float16": "fma_gflops",
+               "int8": int8_peak, "int4": int8_peak}  # fmt: skip
     for t in threads:
         samples: dict = {c: {"ours": [], "peer": []} for c in cases}
         for r in range(args.rounds):

@@ -93,12 +93,16 @@ def test_logits_equal_the_float32_model_of_the_rounded_weights(
 
 
 @pytest.mark.parametrize(
-    "path", ["bf16_simde"] + (["avx512bf16"] if lk._core.cpu_has_avx512_bf16 else [])
+    "path",
+    ["bf16_simde", "amx_emu"]
+    + (["avx512bf16"] if lk._core.cpu_has_avx512_bf16 else [])
+    + (["amx"] if lk._core.cpu_has_amx else []),
 )
 def test_bf16_dot_prefill_is_close_to_the_float32_model(path: str) -> None:
-    """Where the CPU has AVX512_BF16 a bf16 model's prefill rounds its activations to bfloat16
-    (vdpbf16ps, tests/ops/test_gemm_bf16.py): no longer the float32 model of the rounded weights
-    bit for bit, but close to it in distribution. Decode (the GEMV) stays exact."""
+    """Where the CPU has AVX512_BF16 or AMX a bf16 model's prefill rounds its activations to
+    bfloat16 (vdpbf16ps / tdpbf16ps, tests/ops/test_gemm_bf16.py): no longer the float32 model
+    of the rounded weights bit for bit, but close to it in distribution. Decode (the GEMV)
+    stays exact."""
     model = lk.Transformer(CFG, seed=0, dtype="bfloat16")
     twin = f32_twin(model)
     ids = np.random.default_rng(3).integers(0, CFG["vocab_size"], (2, 40))

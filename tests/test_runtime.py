@@ -414,7 +414,7 @@ def test_build_info_follows_runtime_changes(threads):
         ({"LLMKERNELS_NUM_THREADS": "0"}, "LLMKERNELS_NUM_THREADS='0' is not a thread"),
         ({"LLMKERNELS_NUM_THREADS": "1"}, None),
         ({"LLMKERNELS_INT8_DOT": "vpdpbusd"}, "LLMKERNELS_INT8_DOT='vpdpbusd' is not a path"),
-        ({"LLMKERNELS_BF16_DOT": "amx"}, "LLMKERNELS_BF16_DOT='amx' is not a path"),
+        ({"LLMKERNELS_BF16_DOT": "amx2"}, "LLMKERNELS_BF16_DOT='amx2' is not a path"),
         ({"LLMKERNELS_INT8_DOT": "none"}, None),
         ({"LLMKERNELS_BF16_DOT": "bf16_simde"}, None),
     ],
@@ -441,7 +441,12 @@ def test_roofline_probes() -> None:
     assert core._probe_fma_gflops(1, 100_000) > 0
     assert core._probe_read_gbs(2, 1 << 16, 2) > 0
     assert core._probe_read_gbs(1, 7, 1) > 0  # shorter than a vector: the tail alone
-    has_instruction = {"vpdpbusd": core.cpu_has_avx512_vnni, "vdpbf16ps": core.cpu_has_avx512_bf16}
+    has_instruction = {
+        "vpdpbusd": core.cpu_has_avx512_vnni,
+        "vdpbf16ps": core.cpu_has_avx512_bf16,
+        "tdpbssd": core.cpu_has_amx,
+        "tdpbf16ps": core.cpu_has_amx,
+    }
     for name, has in has_instruction.items():
         if has:
             assert core._probe_dot_gops(name, 2, 10_000) > 0

@@ -1,4 +1,5 @@
-// kernels/quant_vnni.hpp built for AVX512_VNNI + AVX512VL (CMakeLists.txt gives the flags).
+// kernels/quant_vnni.hpp built for AVX512_VNNI + AVX512VL and AMX (CMakeLists.txt gives the
+// flags; common/dot.cpp calls each kernel only on CPUs that have its instructions).
 #define LLMK_DOT_NS vnni_native
 #include "common/dot.hpp"
 #include "kernels/quant_vnni.hpp"
@@ -6,6 +7,9 @@
 namespace llmk::dot {
 void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack) {
   vnni_native::qgemm_int8_acts(a, bits, pack);
+}
+void qgemm_int8_acts_amx(const qgemv_args& a, int bits, std::uint8_t* pack) {
+  vnni_native::qgemm_int8_acts_amx(a, bits, pack);
 }
 }  // namespace llmk::dot
 

@@ -92,7 +92,7 @@ void bind_runtime(py::module_& m) {
       "The SIMD path each kernel family runs now ('other': every kernel of no family).");
   m.attr("cpu_splits_512") = cpu_splits_512();
   // common/dot.hpp: the dot-product paths of the int8-activation and the bfloat16 prefill
-  bind_dot<Int8Dot>(m, "int8_dot", "AVX512_VNNI", "The int8 dot-product path of the prefill",
+  bind_dot<Int8Dot>(m, "int8_dot", "AVX512_VNNI or AMX", "The int8 dot-product path of the prefill",
                     {int8_dot, set_int8_dot, set_int8_dot_auto, int8_dot_name, parse_int8_dot,
                      int8_dot_available, int8_dot_names});
   m.attr("int8_dot_names") = py::tuple(py::cast(int8_dot_names()));

@@ -121,7 +121,9 @@ DotChoice& int8_choice() {
   static DotChoice c{"LLMKERNELS_INT8_DOT",
                      {{"none", always, false},
                       {"vnni", cpu_has_avx512_vnni, true},
-                      {"vnni_simde", runs_twins, false}}};
+                      {"vnni_simde", runs_twins, false},
+                      {"amx", cpu_has_amx, true},
+                      {"amx_emu", runs_twins, false}}};
   return c;
 }
 

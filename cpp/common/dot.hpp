@@ -10,8 +10,14 @@
 //   vnni_simde  the same source compiled on the AVX2 baseline against SIMDe's portable
 //               vpdpbusd: slow, never chosen automatically; it lets the test suite run the VNNI
 //               kernel, and compare it bit for bit, on any AVX2 host.
+//   amx         AMX's tdpbssd on tiles (Intel Sapphire Rapids and later; kernels/amx.hpp), one
+//               block's sums for 16 tokens x 16 rows per instruction, then the same float
+//               arithmetic: bit for bit the same results; chosen automatically before vnni
+//               where the CPU has it and Linux grants the tile state.
+//   amx_emu     the AMX kernel on emulated tiles (test path, never automatic).
 //   none        the existing paths (the float-activation packed GEMM for prefill).
-// LLMKERNELS_INT8_DOT=none|vnni|vnni_simde forces one (vnni only where the CPU has it).
+// LLMKERNELS_INT8_DOT=none|vnni|vnni_simde|amx|amx_emu forces one (the native ones only where
+// the CPU has them).
 //
 // Bf16Dot: the bf16 x bf16 -> float32 product of the prefill of bfloat16 weights
 // (kernels/gemm_bf16.hpp; the activations rounded to bfloat16):
@@ -35,7 +41,7 @@
 
 namespace llmk {
 
-enum class Int8Dot : int { none = 0, vnni = 1, vnni_simde = 2 };
+enum class Int8Dot : int { none = 0, vnni = 1, vnni_simde = 2, amx = 3, amx_emu = 4 };
 
 bool cpu_has_avx512_vnni();           // AVX512_VNNI and AVX512VL (cpuid), and OS-enabled AVX-512
 Int8Dot int8_dot();                   // the one int8 prefill uses now
@@ -71,10 +77,24 @@ inline std::size_t vnni_pack_bytes(std::size_t k) {
   return kVnniRowBlock * vnni_chunks(k) * kVnniPackChunk;
 }
 void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack);
+// the AMX kernel (kernels/quant_vnni.hpp), natively / on emulated tiles: the same contract, any
+// number of rows, with a pack of amx_int8_pack_bytes(k) bytes; act.xi holds the codes in 16-token
+// tiles instead, [ceil(m / 32) * 2 tiles][block][16 tokens][32] (tokens past m zero)
+inline std::size_t amx_int8_pack_bytes(std::size_t k) {
+  const std::size_t nb = k / kQBlock;
+  return kVnniRowBlock * k + 256 * nb + 4096 * nb;  // codes, scales, C sums
+}
+inline std::size_t int8_pack_bytes(Int8Dot dot, std::size_t k) {
+  return dot == Int8Dot::amx || dot == Int8Dot::amx_emu ? amx_int8_pack_bytes(k)
+                                                          : vnni_pack_bytes(k);
+}
+void qgemm_int8_acts_amx(const qgemv_args& a, int bits, std::uint8_t* pack);
+void qgemm_int8_acts_amx_emu(const qgemv_args& a, int bits, std::uint8_t* pack);
 // Roofline probes of the instructions (native units only: call where the CPU has them):
 // operations done by `iterations` rounds of 12 independent chains
 double probe_vpdpbusd(std::size_t iterations, int* sink);
 double probe_vdpbf16ps(std::size_t iterations, float* sink);
+double probe_amx(bool int8, std::size_t iterations, float* sink);  // tdpbssd / tdpbf16ps
 void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pack);
 
 // kernels/gemm_bf16.hpp: xb (m, kp) = x rounded to bfloat16 (kp = k rounded up to

@@ -1,16 +1,16 @@
 // AMX tiles (Intel Sapphire Rapids and later): eight 2-D registers of up to 16 rows x 64 bytes
 // and one multiply-accumulate of a whole tile product per instruction -- tdpbf16ps (bf16 pairs
-// -> float32, 16 x 16 x 32 multiply-adds) and tdpbusd (u8 x s8 quadruples -> int32, 16 x 16 x 64).
-// The kernels configure every tile as 16 rows x 64 bytes (palette 1) and name tiles by number:
-//   tiles 0-3  C, the float32 / int32 accumulators of a 32 x 32 output block (2 x 2 tiles)
-//   tiles 4-5  A, 16 rows (tokens) x 64 bytes of k each
-//   tiles 6-7  B, 16 rows (pairs / quadruples of k) x 16 features, "VNNI" layout
+// -> float32, 16 x 16 x 32 multiply-adds) and tdpbssd (s8 x s8 quadruples -> int32, up to
+// 16 x 16 x 64). The kernels shape the tiles
+// (palette 1) and name them by number: tiles 0-3 C (float32 / int32 sums, 16 tokens x 16
+// features each), 4-5 A (16 tokens x k), 6-7 B (k in pairs / quadruples x 16 features, the
+// "VNNI" layout).
 //
 // Built natively (-mamx-tile -mamx-bf16 -mamx-int8: the intrinsics) or, with LLMK_AMX_EMU, on
 // a portable emulation of the same instructions written from their pseudo-code in Intel's
 // Architecture Instruction Set Extensions Programming Reference: the test suite runs the AMX
 // kernels through it on every host (slow, scalar), and on an AMX host compares the two.
-// tdpbusd's integer sums are exact: the emulation equals the hardware bit for bit. tdpbf16ps
+// tdpbssd's integer sums are exact: the emulation equals the hardware bit for bit. tdpbf16ps
 // treats bf16 subnormal inputs as zero, flushes subnormal results and rounds each float32 add
 // to nearest even; the emulation does the same, adding a pair's two products one after the
 // other (the odd element's first, in the order of vdpbf16ps: on normal numbers the emulated
@@ -39,53 +39,72 @@ namespace llmk {
 namespace LLMK_DOT_NS {
 namespace amx {
 
-constexpr int kRows = 16;      // rows of every tile
-constexpr int kRowBytes = 64;  // bytes of every tile row
+constexpr int kRows = 16;      // rows of a whole tile
+constexpr int kRowBytes = 64;  // bytes of a whole tile row
 
-// ldtilecfg's 64-byte operand (palette 1)
+// ldtilecfg's 64-byte operand (palette 1): every tile 16 rows x 64 bytes unless shaped. The
+// kernels load constant configurations (kWholeTiles, kInt8Tiles below: read-only data), never
+// one built on the stack: GCC does not see ldtilecfg read its operand and may drop the stores
+// that fill it (the tiles then stay unconfigured and the next tile instruction faults).
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;
   std::uint8_t start_row = 0;
   std::uint8_t reserved[14] = {};
   std::uint16_t colsb[16] = {};
   std::uint8_t rows[16] = {};
-  TileConfig() {
+  constexpr TileConfig() {
     for (int i = 0; i < 8; ++i) colsb[i] = kRowBytes, rows[i] = kRows;
   }
+  constexpr TileConfig shaped(int tile, int nrows, int nbytes) const {
+    TileConfig c = *this;
+    c.rows[tile] = static_cast<std::uint8_t>(nrows);
+    c.colsb[tile] = static_cast<std::uint16_t>(nbytes);
+    return c;
+  }
 };
+// every tile whole (the bf16 kernel)
+inline constexpr TileConfig kWholeTiles{};
+// the int8 kernel: C tiles 0-3 whole, A tiles 4-5 16 tokens x one block (32 bytes), B tiles 6-7
+// one block's 8 quadruple rows x 16 features
+inline constexpr TileConfig kInt8Tiles =
+    TileConfig{}.shaped(4, 16, 32).shaped(5, 16, 32).shaped(6, 8, 64).shaped(7, 8, 64);
 
 #if !defined(LLMK_AMX_EMU)
-inline void configure() {
-  static const TileConfig config;
-  _tile_loadconfig(&config);
-}
+inline void configure(const TileConfig& config) { _tile_loadconfig(&config); }
 inline void release() { _tile_release(); }
 #define LLMK_TILE_ZERO(t) _tile_zero(t)
 #define LLMK_TILE_LOAD(t, p, stride) _tile_loadd(t, p, static_cast<long>(stride))
 #define LLMK_TILE_STORE(t, p, stride) _tile_stored(t, p, static_cast<long>(stride))
 #define LLMK_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
-#define LLMK_TILE_DPBUSD(c, a, b) _tile_dpbusd(c, a, b)
+#define LLMK_TILE_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
 #else
-// The eight tiles of this thread
+// The eight tiles of this thread and their shapes
 struct Tiles {
+  TileConfig config;
   alignas(64) unsigned char t[8][kRows * kRowBytes];
 };
 inline Tiles& tiles() {
   thread_local Tiles state;
   return state;
 }
-inline void configure() { std::memset(&tiles(), 0, sizeof(Tiles)); }
+inline void configure(const TileConfig& config) {
+  std::memset(tiles().t, 0, sizeof tiles().t);
+  tiles().config = config;
+}
 inline void release() {}
 inline void zero(int t) { std::memset(tiles().t[t], 0, sizeof tiles().t[t]); }
 inline void load(int t, const void* p, std::size_t stride) {
-  for (int r = 0; r < kRows; ++r)
+  const TileConfig& c = tiles().config;
+  std::memset(tiles().t[t], 0, sizeof tiles().t[t]);  // (rows and bytes past the shape: 0)
+  for (int r = 0; r < c.rows[t]; ++r)
     std::memcpy(tiles().t[t] + r * kRowBytes, static_cast<const unsigned char*>(p) + r * stride,
-                kRowBytes);
+                c.colsb[t]);
 }
 inline void store(int t, void* p, std::size_t stride) {
-  for (int r = 0; r < kRows; ++r)
+  const TileConfig& c = tiles().config;
+  for (int r = 0; r < c.rows[t]; ++r)
     std::memcpy(static_cast<unsigned char*>(p) + r * stride, tiles().t[t] + r * kRowBytes,
-                kRowBytes);
+                c.colsb[t]);
 }
 // bf16 -> float32, a subnormal input read as a zero of its sign (DAZ)
 inline float bf16_daz(std::uint16_t h) {
@@ -103,31 +122,35 @@ inline float ftz(float v) {
   std::memcpy(&v, &u, 4);
   return v;
 }
-// C (16 x 16 float32) += A (16 x 32 bf16) . B (16 pairs x 16 x 2 bf16)
+// C (M x N float32) += A (M x K pairs of bf16) . B (K rows x N pairs); M = rows of C, N =
+// its bytes / 4, K = A's bytes / 4
 inline void dpbf16ps(int c, int a, int b) {
   Tiles& s = tiles();
-  for (int m = 0; m < kRows; ++m) {
+  const int M = s.config.rows[c], N = s.config.colsb[c] / 4, K = s.config.colsb[a] / 4;
+  for (int m = 0; m < M; ++m) {
     float* crow = reinterpret_cast<float*>(s.t[c] + m * kRowBytes);
     const auto* arow = reinterpret_cast<const std::uint16_t*>(s.t[a] + m * kRowBytes);
-    for (int k = 0; k < kRows; ++k) {
+    for (int k = 0; k < K; ++k) {
       const auto* brow = reinterpret_cast<const std::uint16_t*>(s.t[b] + k * kRowBytes);
       const float a0 = bf16_daz(arow[2 * k]), a1 = bf16_daz(arow[2 * k + 1]);
-      for (int n = 0; n < 16; ++n) {
+      for (int n = 0; n < N; ++n) {
         crow[n] = ftz(crow[n] + a1 * bf16_daz(brow[2 * n + 1]));
         crow[n] = ftz(crow[n] + a0 * bf16_daz(brow[2 * n]));
       }
     }
   }
 }
-// C (16 x 16 int32) += A (16 x 64 u8) . B (16 quadruples x 16 x 4 s8), wrapping as the hardware
-inline void dpbusd(int c, int a, int b) {
+// C (M x N int32) += A (M x K quadruples of s8) . B (K rows x N quadruples of s8), wrapping as
+// the hardware does (exact for the kernels' sums)
+inline void dpbssd(int c, int a, int b) {
   Tiles& s = tiles();
-  for (int m = 0; m < kRows; ++m) {
+  const int M = s.config.rows[c], N = s.config.colsb[c] / 4, K = s.config.colsb[a] / 4;
+  for (int m = 0; m < M; ++m) {
     auto* crow = reinterpret_cast<std::int32_t*>(s.t[c] + m * kRowBytes);
-    const unsigned char* arow = s.t[a] + m * kRowBytes;
-    for (int k = 0; k < kRows; ++k) {
+    const auto* arow = reinterpret_cast<const std::int8_t*>(s.t[a] + m * kRowBytes);
+    for (int k = 0; k < K; ++k) {
       const auto* brow = reinterpret_cast<const std::int8_t*>(s.t[b] + k * kRowBytes);
-      for (int n = 0; n < 16; ++n) {
+      for (int n = 0; n < N; ++n) {
         std::int32_t sum = 0;
         for (int j = 0; j < 4; ++j) sum += arow[4 * k + j] * brow[4 * n + j];
         crow[n] = static_cast<std::int32_t>(static_cast<std::uint32_t>(crow[n]) +
@@ -140,7 +163,7 @@ inline void dpbusd(int c, int a, int b) {
 #define LLMK_TILE_LOAD(t, p, stride) amx::load(t, p, stride)
 #define LLMK_TILE_STORE(t, p, stride) amx::store(t, p, stride)
 #define LLMK_TILE_DPBF16PS(c, a, b) amx::dpbf16ps(c, a, b)
-#define LLMK_TILE_DPBUSD(c, a, b) amx::dpbusd(c, a, b)
+#define LLMK_TILE_DPBSSD(c, a, b) amx::dpbssd(c, a, b)
 #endif
 
 }  // namespace amx

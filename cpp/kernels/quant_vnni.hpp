@@ -56,6 +56,16 @@
 #error "quant_vnni.hpp: the AVX2 unit code of quant.hpp is the float side"
 #endif
 
+#include "kernels/amx.hpp"  // the AMX kernel below (native, or on emulated tiles)
+#if defined(LLMK_DOT_SIMDE)
+#include <simde/x86/avx512.h>
+#define LLMK_Q5(f) simde_mm512_##f
+using Q512 = simde__m512;
+#else
+#define LLMK_Q5(f) _mm512_##f
+using Q512 = __m512;
+#endif
+
 namespace llmk {
 namespace LLMK_DOT_NS {
 namespace {
@@ -198,6 +208,146 @@ inline void qgemm_int8_acts(const qgemv_args& a, int bits, std::uint8_t* pack) {
     vnni_gemm<8>(a, pack);
   else
     vnni_gemm<4>(a, pack);
+}
+
+// ---- AMX (kernels/amx.hpp): the same sums, 16 tokens x 16 rows x one block per tdpbssd ----
+// Per block of kVnniRowBlock rows, per 32 tokens and per 32 rows (2 x 2 C tiles), two phases:
+//  1. the exact integer dot product of every block: per block four tdpbssd (signed x signed:
+//     no offset) of two A tiles -- 16 tokens' 32 codes of the block each, laid out once per
+//     call by the driver as 512 contiguous bytes (act.xi: [16-token tile][block][16][32], the
+//     tokens past m zero) -- by two B tiles -- 16 rows' codes of the block in 8 quadruple rows,
+//     repacked here -- into four C tiles, stored to a buffer (blocks x 4 x 16 x 16 int32, L2);
+//  2. per (token, row) the GEMV's float arithmetic in 16-row vectors: block b's sum converted,
+//     times d = s_w * s_x, FMA'd into lane b % 8 of 8 accumulators, which are summed in
+//     qhsum's order -- so the result is the AVX2 GEMV's, bit for bit.
+// Per tdpbssd one 512-byte tile load and one 1 KiB tile store: a block's sums cannot share a
+// C tile with the next block's (each is scaled on its own), which leaves the kernel bound by
+// the tile traffic and phase 2, far from tdpbssd's peak.
+// The pack (dot::amx_int8_pack_bytes(k)): codes [group of 16 rows][block][8 quadruple rows][16
+// rows x 4] for 4 groups (rows past the block's end 0), the rows' float scales [group][block]
+// [16], and the C buffer. Tiles (amx::kInt8Tiles): 0-3 C, 4-5 A (16 x 32 bytes), 6-7 B (8 x 64).
+template <int Bits>
+inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack) {
+  const std::size_t k = w.k, nb = k / kQBlock, ng = k / w.group, bpg = w.group / kQBlock;
+  const std::size_t row_bytes = k * Bits / 8;
+  auto* scales = reinterpret_cast<float*>(pack + dot::kVnniRowBlock * k);
+  const __m256i zero = _mm256_setzero_si256();
+  for (std::size_t g = 0; g < dot::kVnniRowBlock / 16; ++g)
+    for (std::size_t b = 0; b < nb; ++b) {
+      std::uint8_t* dst = pack + (g * nb + b) * 512;
+      float* sd = scales + (g * nb + b) * 16;
+      for (std::size_t h = 0; h < 2; ++h) {  // rows 16g + 8h ... + 7
+        __m256i v[8], out[8];
+        for (std::size_t l = 0; l < 8; ++l) {
+          const std::size_t r = 16 * g + 8 * h + l;
+          v[l] = r < nr ? qblock_avx2<Bits>(w.q + r * row_bytes, b) : zero;
+          sd[8 * h + l] = r < nr ? half_to_float(w.scales[r * ng + b / bpg]) : 0.f;
+        }
+        transpose8x32(v, out);  // out[j] lane l = codes 4j .. 4j + 3 of row l
+        for (int j = 0; j < 8; ++j)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64 * j + 32 * h), out[j]);
+      }
+    }
+}
+
+// 16 int32 -> float32 (exact: |block sums| < 2^24); SIMDe has no 512-bit conversion
+inline Q512 cvt16(const std::int32_t* p) {
+#if defined(LLMK_DOT_SIMDE)
+  alignas(64) float f[16];
+  for (int i = 0; i < 16; ++i) f[i] = static_cast<float>(p[i]);
+  return LLMK_Q5(loadu_ps)(f);
+#else
+  return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
+#endif
+}
+
+// phase 2 for one token and 16 rows: c = that token's row of the C tile of block 0 (the next
+// block's 1024 int32 further), sw the 16 rows' scales (block b at sw + 16 b), sx the token's
+// scales; y of the nf valid rows from r0 stored as qstore does
+inline void amx_rows_out(const qgemv_args& a, const std::int32_t* c, const float* sw,
+                         const float* sx, std::size_t nb, std::size_t r0, std::size_t nf,
+                         std::size_t t) {
+  Q512 acc[8];
+  for (Q512& v : acc) v = LLMK_Q5(setzero_ps)();
+  auto step = [&](std::size_t b, Q512& lane) {  // block b into its lane
+    const Q512 d = LLMK_Q5(mul_ps)(LLMK_Q5(loadu_ps)(sw + 16 * b), LLMK_Q5(set1_ps)(sx[b]));
+    lane = LLMK_Q5(fmadd_ps)(cvt16(c + 1024 * b), d, lane);
+  };
+  std::size_t b = 0;
+  for (; b + 8 <= nb; b += 8) {  // whole chunks: the lanes stay in registers
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) step(b + l, acc[l]);
+  }
+  for (int l = 0; b < nb; ++b, ++l) step(b, acc[l]);
+  // qhsum's order: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+  const Q512 e =
+      LLMK_Q5(add_ps)(LLMK_Q5(add_ps)(acc[0], acc[4]), LLMK_Q5(add_ps)(acc[2], acc[6]));
+  const Q512 o =
+      LLMK_Q5(add_ps)(LLMK_Q5(add_ps)(acc[1], acc[5]), LLMK_Q5(add_ps)(acc[3], acc[7]));
+  alignas(64) float sum[16];
+  LLMK_Q5(storeu_ps)(sum, LLMK_Q5(add_ps)(e, o));
+  for (std::size_t f = 0; f < nf; ++f) qstore(a, r0 + f, t, sum[f]);
+}
+
+template <int Bits>
+inline void amx_gemm(const qgemv_args& a, std::uint8_t* pack) {
+  const std::size_t k = a.w.k, nb = k / kQBlock, nch = dot::vnni_chunks(k);
+  const auto* sw = reinterpret_cast<const float*>(pack + dot::kVnniRowBlock * k);
+  auto* cbuf = reinterpret_cast<std::int32_t*>(pack + dot::kVnniRowBlock * k + 256 * nb);
+  const std::uint8_t* xa = a.act.xi;  // [16-token tile][block][16][32]
+  amx::configure(amx::kInt8Tiles);
+  for (std::size_t r0 = 0; r0 < a.w.rows; r0 += kVnniRowBlock) {
+    const std::size_t nr = std::min(a.w.rows - r0, kVnniRowBlock);
+    qweights w = a.w;
+    w.q += r0 * (k * Bits / 8);
+    w.scales += r0 * (k / w.group);
+    amx_pack<Bits>(w, nr, pack);
+    for (std::size_t t0 = 0; t0 < a.m; t0 += 32) {  // the tiles of tokens past m are zero
+      const std::uint8_t* a0 = xa + (t0 / 16) * nb * 512;
+      const std::uint8_t* a1 = a0 + nb * 512;
+      for (std::size_t g = 0; 16 * g < nr; g += 2) {  // rows 16g ... 16g + 31
+        const std::uint8_t* b0 = pack + g * nb * 512;
+        const std::uint8_t* b1 = b0 + nb * 512;
+        for (std::size_t b = 0; b < nb; ++b) {
+          LLMK_TILE_ZERO(0);
+          LLMK_TILE_ZERO(1);
+          LLMK_TILE_ZERO(2);
+          LLMK_TILE_ZERO(3);
+          LLMK_TILE_LOAD(4, a0 + 512 * b, 32);
+          LLMK_TILE_LOAD(6, b0 + 512 * b, 64);
+          LLMK_TILE_DPBSSD(0, 4, 6);
+          LLMK_TILE_LOAD(7, b1 + 512 * b, 64);
+          LLMK_TILE_DPBSSD(1, 4, 7);
+          LLMK_TILE_LOAD(5, a1 + 512 * b, 32);
+          LLMK_TILE_DPBSSD(2, 5, 6);
+          LLMK_TILE_DPBSSD(3, 5, 7);
+          std::int32_t* c = cbuf + 1024 * b;  // [token half][row half][16][16]
+          LLMK_TILE_STORE(0, c, 64);
+          LLMK_TILE_STORE(1, c + 256, 64);
+          LLMK_TILE_STORE(2, c + 512, 64);
+          LLMK_TILE_STORE(3, c + 768, 64);
+        }
+        for (std::size_t i = 0; i < 2; ++i)
+          for (std::size_t t = 0; t < 16 && t0 + 16 * i + t < a.m; ++t) {
+            const std::size_t tok = t0 + 16 * i + t;
+            const float* sx = a.act.sx8 + tok * nch * 8;
+            for (std::size_t j = 0; j < 2 && 16 * (g + j) < nr; ++j)
+              amx_rows_out(a, cbuf + 512 * i + 256 * j + 16 * t, sw + (g + j) * nb * 16, sx, nb,
+                           r0 + 16 * (g + j), std::min<std::size_t>(16, nr - 16 * (g + j)),
+                           tok);
+          }
+      }
+    }
+  }
+  amx::release();
+}
+
+// the AMX entry point: as qgemm_int8_acts, pack of dot::amx_int8_pack_bytes(k) bytes
+inline void qgemm_int8_acts_amx(const qgemv_args& a, int bits, std::uint8_t* pack) {
+  if (bits == 8)
+    amx_gemm<8>(a, pack);
+  else
+    amx_gemm<4>(a, pack);
 }
 
 }  // namespace

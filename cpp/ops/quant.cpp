@@ -319,14 +319,16 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
     // the VNNI prefill: the activations one block per lane (act.xi, act.sx8)
     // and a repacking buffer per thread (common/dot.hpp)
     const bool vnni = dot != Int8Dot::none;
+    const bool amx = dot == Int8Dot::amx || dot == Int8Dot::amx_emu;
     const std::size_t nch = dot::vnni_chunks(w.k);
+    const std::size_t mp = amx ? (m + 31) / 32 * 32 : m;  // AMX: whole pairs of 16-token tiles
     const std::size_t chunks = vnni ? std::min<std::size_t>(
                                            (w.rows + dot::kVnniRowBlock - 1) / dot::kVnniRowBlock,
                                            static_cast<std::size_t>(std::max(1, get_num_threads())))
                                      : 0;
     const std::size_t vnni_bytes =
-        vnni ? m * nch * (dot::kVnniChunkBytes + 8 * sizeof(float)) +
-                    chunks * dot::vnni_pack_bytes(w.k) + 64
+        vnni ? mp * nch * (dot::kVnniChunkBytes + 8 * sizeof(float)) +
+                    chunks * dot::int8_pack_bytes(dot, w.k) + 64
               : 0;
     const std::size_t act_bytes =
         int8_acts ? m * w.k * 4 + m * nb * sizeof(float) + m * nch * 32 + 256 + vnni_bytes
@@ -384,9 +386,18 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       if (int8_acts && vnni) {
         // after xs8 (m * nch * 32 bytes), 64-byte aligned
         const std::size_t at = (m * w.k * 4 + m * nb * sizeof(float) + m * nch * 32 + 63) / 64 * 64;
-        auto* xi = base + at;                                                   // (m, nch, 256)
-        auto* sx8 = reinterpret_cast<float*>(xi + m * nch * dot::kVnniChunkBytes);  // (m, nch, 8)
-        vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + m * nch * 8);
+        auto* xi = base + at;                                                 // (mp, nch, 256)
+        auto* sx8 = reinterpret_cast<float*>(xi + mp * nch * dot::kVnniChunkBytes);  // (m, nch, 8)
+        vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + mp * nch * 8);
+        if (amx)  // the codes in 16-token tiles: [tile][block][16][32], tokens past m 0
+          for (std::size_t t = 0; t < mp; ++t)
+            for (std::size_t b = 0; b < nb; ++b) {
+              std::uint8_t* dst = xi + (((t / 16) * nb + b) * 16 + t % 16) * kQBlock;
+              if (t < m)
+                std::memcpy(dst, xq + t * w.k + b * kQBlock, kQBlock);
+              else
+                std::memset(dst, 0, kQBlock);
+            }
         for (std::size_t t = 0; t < m; ++t)
           for (std::size_t c = 0; c < nch; ++c) {
             std::uint8_t* dst = xi + (t * nch + c) * dot::kVnniChunkBytes;
@@ -394,6 +405,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
             for (std::size_t l = 0; l < 8; ++l) {
               const std::size_t b = 8 * c + l;
               sd[l] = b < nb ? sc[t * nb + b] : 0.f;
+              if (amx) continue;  // (xi holds the tiles)
               for (std::size_t j = 0; j < 8; ++j) {
                 std::uint32_t v = 0;
                 if (b < nb) {
@@ -419,7 +431,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       const std::size_t vblocks = (w.rows + dot::kVnniRowBlock - 1) / dot::kVnniRowBlock;
       parallel_chunks(static_cast<int>(chunks), [&](int c, int nc) {
         ExactSubnormals exact;
-        std::uint8_t* pack = vnni_pack + static_cast<std::size_t>(c) * dot::vnni_pack_bytes(w.k);
+        std::uint8_t* pack =
+            vnni_pack + static_cast<std::size_t>(c) * dot::int8_pack_bytes(dot, w.k);
         for (std::size_t blk = c; blk < vblocks; blk += nc) {
           const std::size_t r0 = blk * dot::kVnniRowBlock;
           qgemv_args part = a;
@@ -428,10 +441,19 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
           part.w.scales = w.scales + r0 * (w.k / group);
           part.w.rows = std::min(w.rows - r0, dot::kVnniRowBlock);
           part.bias = a.bias ? a.bias + r0 : nullptr;
-          if (dot == Int8Dot::vnni)
-            dot::qgemm_int8_acts_vnni(part, bits, pack);
-          else
-            dot::qgemm_int8_acts_vnni_simde(part, bits, pack);
+          switch (dot) {
+            case Int8Dot::vnni:
+              dot::qgemm_int8_acts_vnni(part, bits, pack);
+              break;
+            case Int8Dot::amx:
+              dot::qgemm_int8_acts_amx(part, bits, pack);
+              break;
+            case Int8Dot::amx_emu:
+              dot::qgemm_int8_acts_amx_emu(part, bits, pack);
+              break;
+            default:
+              dot::qgemm_int8_acts_vnni_simde(part, bits, pack);
+          }
         }
       });
       return;

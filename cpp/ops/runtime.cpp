@@ -115,14 +115,16 @@ double probe_read_gbs(int threads, std::size_t n, int repeats) {
 }
 
 // Peak of a dot-product instruction, G operations/s (a multiply-add counts 2): "vpdpbusd"
-// (AVX512_VNNI, int8) or "vdpbf16ps" (AVX512_BF16); the CPU must have it.
+// (AVX512_VNNI, int8), "vdpbf16ps" (AVX512_BF16), or AMX's "tdpbssd" (int8) / "tdpbf16ps"; the
+// CPU must have it.
 double probe_dot_gops(const std::string& instruction, int threads, std::size_t iterations) {
   check_probe_threads(threads);
-  const bool int8 = instruction == "vpdpbusd";
-  if (!int8 && instruction != "vdpbf16ps")
-    fail("_probe_dot_gops", "instruction must be 'vpdpbusd' or 'vdpbf16ps', got '" +
-                                instruction + "'");
-  if (int8 ? !cpu_has_avx512_vnni() : !cpu_has_avx512_bf16())
+  const bool int8 = instruction == "vpdpbusd" || instruction == "tdpbssd";
+  const bool tiles = instruction == "tdpbssd" || instruction == "tdpbf16ps";
+  if (!int8 && !tiles && instruction != "vdpbf16ps")
+    fail("_probe_dot_gops", "instruction must be 'vpdpbusd', 'vdpbf16ps', 'tdpbssd' or "
+                            "'tdpbf16ps', got '" + instruction + "'");
+  if (tiles ? !cpu_has_amx() : int8 ? !cpu_has_avx512_vnni() : !cpu_has_avx512_bf16())
     fail("_probe_dot_gops", "this CPU has no " + instruction);
   py::gil_scoped_release nogil;
   std::vector<double> ops(threads, 0.0);
@@ -130,8 +132,9 @@ double probe_dot_gops(const std::string& instruction, int threads, std::size_t i
   std::vector<float> fsink(threads, 0.f);
   auto t0 = clock_type::now();
   parallel_for_threads(threads, [&](int k, int) {
-    ops[k] = int8 ? dot::probe_vpdpbusd(iterations, &isink[k])
-                  : dot::probe_vdpbf16ps(iterations, &fsink[k]);
+    ops[k] = tiles  ? dot::probe_amx(int8, iterations, &fsink[k])
+             : int8 ? dot::probe_vpdpbusd(iterations, &isink[k])
+                    : dot::probe_vdpbf16ps(iterations, &fsink[k]);
   });
   double secs = std::chrono::duration<double>(clock_type::now() - t0).count();
   double total = 0;

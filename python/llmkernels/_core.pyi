@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'bf16_dot', 'compiler', 'cpu_has_avx512_bf16', 'cpu_has_avx512_vnni', 'cpu_splits_512', 'dequantize', 'family_simd_archs', 'get_num_threads', 'int8_dot', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'simd_arch_automatic', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'bf16_dot', 'bf16_dot_names', 'compiler', 'cpu_has_amx', 'cpu_has_avx512_bf16', 'cpu_has_avx512_vnni', 'cpu_splits_512', 'dequantize', 'family_simd_archs', 'get_num_threads', 'int8_dot', 'int8_dot_names', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'simd_arch_automatic', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -300,7 +300,7 @@ def best_simd_arch() -> str:
     """
 def bf16_dot() -> str:
     """
-    The bf16 dot-product path of the prefill: 'none', 'bf16_simde' or (on a CPU with AVX512_BF16) 'avx512bf16'.
+    The bf16 dot-product path of the prefill: 'none', 'avx512bf16', 'bf16_simde', 'amx', 'amx_emu' (the native ones on a CPU with AVX512_BF16 or AMX).
     """
 def dequantize(q: numpy.ndarray, scales: numpy.ndarray, bits: typing.SupportsInt | typing.SupportsIndex, group_size: typing.SupportsInt | typing.SupportsIndex) -> numpy.ndarray:
     """
@@ -316,7 +316,7 @@ def get_num_threads() -> int:
     """
 def int8_dot() -> str:
     """
-    The int8 dot-product path of the prefill: 'none', 'vnni_simde' or (on a CPU with AVX512_VNNI) 'vnni'.
+    The int8 dot-product path of the prefill: 'none', 'vnni', 'vnni_simde', 'amx', 'amx_emu' (the native ones on a CPU with AVX512_VNNI or AMX).
     """
 def layer_norm(x: numpy.ndarray, weight: numpy.ndarray | None, bias: numpy.ndarray | None, eps: typing.SupportsFloat | typing.SupportsIndex, out: numpy.ndarray) -> None:
     """
@@ -373,10 +373,13 @@ def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_d
     SwiGLU feed-forward of x (..., in), weights (in, out), checked (see llmkernels.swiglu_ffn).
     """
 __version__: str = '0.1.0'
+bf16_dot_names: tuple = ('none', 'avx512bf16', 'bf16_simde', 'amx', 'amx_emu')
 compiler: str = 'GNU 12.2.0'
+cpu_has_amx: bool = True
 cpu_has_avx512_bf16: bool = True
 cpu_has_avx512_vnni: bool = True
-cpu_splits_512: bool = True
+cpu_splits_512: bool = False
+int8_dot_names: tuple = ('none', 'vnni', 'vnni_simde', 'amx', 'amx_emu')
 isa_names: tuple = ('sse2', 'avx2', 'avx512')
 max_threads: int = 1024
 xsimd_version: str = '8.1.0'

@@ -1,5 +1,6 @@
-"""The int8-activation prefill on VNNI's vpdpbusd (kernel cpp/kernels/quant_vnni.hpp, built
-natively for AVX512_VNNI and against SIMDe for every host; selection common/dot.hpp).
+"""The int8-activation prefill on VNNI's vpdpbusd and on AMX's tdpbssd (kernels
+cpp/kernels/quant_vnni.hpp, built natively for AVX512_VNNI / AMX and against SIMDe / emulated
+tiles for every host; selection common/dot.hpp).
 
 Integer dot products are exact whatever the instruction, and the kernel keeps the AVX2
 int8-activation GEMV's float arithmetic per (row, token) -- the same lanes, products
@@ -19,7 +20,12 @@ import pytest
 from conftest import run_python
 from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used, ref_quantized_linear
 
-PATHS = ["vnni_simde"] + (["vnni"] if lk._core.cpu_has_avx512_vnni else [])
+# the portable twins everywhere, the native paths where the CPU has them
+PATHS = (
+    ["vnni_simde", "amx_emu"]
+    + (["vnni"] if lk._core.cpu_has_avx512_vnni else [])
+    + (["amx"] if lk._core.cpu_has_amx else [])
+)
 HAS_AVX2 = "avx2" in lk._core.isa_names[: lk._core.isa_names.index(lk._core.best_simd_arch()) + 1]
 pytestmark = pytest.mark.skipif(not HAS_AVX2, reason="the VNNI kernels run on AVX2 hosts and up")
 
@@ -61,7 +67,7 @@ GROUP_K = [(32, 32), (32, 96), (32, 256), (32, 320), (64, 128), (64, 320), (128,
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize(("g", "k"), GROUP_K)
 @pytest.mark.parametrize("rows", [1, 7, 69])  # the 4-row tiles' tails, a 64-row block + 5
-@pytest.mark.parametrize("m", [17, 23])  # 4-token tiles and a tail of 1 and 3
+@pytest.mark.parametrize("m", [17, 23])  # 3-token tiles (AMX: 16) and their tails
 def test_prefill_equals_avx2_gemv_per_token(bits, g, k, rows, m, dot, rng):
     w = weights(rng, rows, k)
     q, s = lk.quantize(w, bits=bits, group_size=g)
@@ -79,7 +85,7 @@ def test_real_size_and_threads(bits, dot, rng, threads):
     """A TinyLlama-sized k with 2 threads (rows split in blocks of 256) and 1 thread agree."""
     w = weights(rng, 300, 2048)
     q, s = lk.quantize(w, bits=bits, group_size=32)
-    x = rng.standard_normal((40, 2048)).astype(np.float32)
+    x = rng.standard_normal((40, 2048)).astype(np.float32)  # (AMX: two 16-token tiles + 8)
     lk.set_num_threads(1)
     one = lk.quantized_linear(x, q, s, bits, 32)
     lk.set_num_threads(2)
@@ -124,9 +130,12 @@ def test_out_of_range_scales_fall_back_to_float(dot, rng):
 
 
 def test_selection():
-    assert lk._core.int8_dot() in ("none", "vnni")  # never SIMDe unless forced
-    if lk._core.cpu_has_avx512_vnni and lk.simd_arch() == "avx512":
-        assert lk._core.int8_dot() == "vnni"
+    assert lk._core.int8_dot() in ("none", "vnni", "amx")  # never a twin unless forced
+    if lk.simd_arch() == "avx512":
+        if lk._core.cpu_has_amx:
+            assert lk._core.int8_dot() == "amx"
+        elif lk._core.cpu_has_avx512_vnni:
+            assert lk._core.int8_dot() == "vnni"
     assert int8_activations_used(INT8_ACTIVATION_TOKENS)
     assert int8_activations_used(INT8_ACTIVATION_TOKENS + 1) == (lk._core.int8_dot() != "none")
     previous = lk.simd_arch()
@@ -139,7 +148,10 @@ def test_selection():
         lk._core._set_int8_dot("vpdpbusd")
 
 
-@pytest.mark.parametrize(("value", "want"), [("none", "none"), ("vnni_simde", "vnni_simde")])
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [("none", "none"), ("vnni_simde", "vnni_simde"), ("amx_emu", "amx_emu")],
+)
 def test_environment_forces_the_path(value, want):
     r = run_python(
         "import llmkernels as lk; print(lk._core.int8_dot(), lk._core.bf16_dot())",
