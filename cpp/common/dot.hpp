@@ -82,7 +82,7 @@ void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack);
 // tiles instead, [ceil(m / 32) * 2 tiles][block][16 tokens][32] (tokens past m zero)
 inline std::size_t amx_int8_pack_bytes(std::size_t k) {
   const std::size_t nb = k / kQBlock;
-  return kVnniRowBlock * k + 256 * nb + 4096 * nb;  // codes, scales, C sums
+  return kVnniRowBlock * k + 256 * nb + 256 * (16 * nb + 16);  // codes, scales, C sums
 }
 inline std::size_t int8_pack_bytes(Int8Dot dot, std::size_t k) {
   return dot == Int8Dot::amx || dot == Int8Dot::amx_emu ? amx_int8_pack_bytes(k)

@@ -216,7 +216,8 @@ inline void qgemm_int8_acts(const qgemv_args& a, int bits, std::uint8_t* pack) {
 //     no offset) of two A tiles -- 16 tokens' 32 codes of the block each, laid out once per
 //     call by the driver as 512 contiguous bytes (act.xi: [16-token tile][block][16][32], the
 //     tokens past m zero) -- by two B tiles -- 16 rows' codes of the block in 8 quadruple rows,
-//     repacked here -- into four C tiles, stored to a buffer (blocks x 4 x 16 x 16 int32, L2);
+//     repacked here -- into four C tiles, stored to a buffer (4 tiles x 16 tokens x blocks x
+//     16 int32, in L2);
 //  2. per (token, row) the GEMV's float arithmetic in 16-row vectors: block b's sum converted,
 //     times d = s_w * s_x, FMA'd into lane b % 8 of 8 accumulators, which are summed in
 //     qhsum's order -- so the result is the AVX2 GEMV's, bit for bit.
@@ -261,8 +262,8 @@ inline Q512 cvt16(const std::int32_t* p) {
 #endif
 }
 
-// phase 2 for one token and 16 rows: c = that token's row of the C tile of block 0 (the next
-// block's 1024 int32 further), sw the 16 rows' scales (block b at sw + 16 b), sx the token's
+// phase 2 for one token and 16 rows: c = that token's sums of the 16 rows, block b at c + 16 b
+// (consecutive: one stream), sw the 16 rows' scales (block b at sw + 16 b), sx the token's
 // scales; y of the nf valid rows from r0 stored as qstore does
 inline void amx_rows_out(const qgemv_args& a, const std::int32_t* c, const float* sw,
                          const float* sx, std::size_t nb, std::size_t r0, std::size_t nf,
@@ -271,7 +272,7 @@ inline void amx_rows_out(const qgemv_args& a, const std::int32_t* c, const float
   for (Q512& v : acc) v = LLMK_Q5(setzero_ps)();
   auto step = [&](std::size_t b, Q512& lane) {  // block b into its lane
     const Q512 d = LLMK_Q5(mul_ps)(LLMK_Q5(loadu_ps)(sw + 16 * b), LLMK_Q5(set1_ps)(sx[b]));
-    lane = LLMK_Q5(fmadd_ps)(cvt16(c + 1024 * b), d, lane);
+    lane = LLMK_Q5(fmadd_ps)(cvt16(c + 16 * b), d, lane);
   };
   std::size_t b = 0;
   for (; b + 8 <= nb; b += 8) {  // whole chunks: the lanes stay in registers
@@ -293,7 +294,10 @@ template <int Bits>
 inline void amx_gemm(const qgemv_args& a, std::uint8_t* pack) {
   const std::size_t k = a.w.k, nb = k / kQBlock, nch = dot::vnni_chunks(k);
   const auto* sw = reinterpret_cast<const float*>(pack + dot::kVnniRowBlock * k);
+  // the C sums: per C tile, per token, the blocks one after the other (ldc int32 a token: one
+  // 64-byte line more than the blocks, so the 16 rows of a tile store fall in different sets)
   auto* cbuf = reinterpret_cast<std::int32_t*>(pack + dot::kVnniRowBlock * k + 256 * nb);
+  const std::size_t ldc = 16 * nb + 16;
   const std::uint8_t* xa = a.act.xi;  // [16-token tile][block][16][32]
   amx::configure(amx::kInt8Tiles);
   for (std::size_t r0 = 0; r0 < a.w.rows; r0 += kVnniRowBlock) {
@@ -321,18 +325,18 @@ inline void amx_gemm(const qgemv_args& a, std::uint8_t* pack) {
           LLMK_TILE_LOAD(5, a1 + 512 * b, 32);
           LLMK_TILE_DPBSSD(2, 5, 6);
           LLMK_TILE_DPBSSD(3, 5, 7);
-          std::int32_t* c = cbuf + 1024 * b;  // [token half][row half][16][16]
-          LLMK_TILE_STORE(0, c, 64);
-          LLMK_TILE_STORE(1, c + 256, 64);
-          LLMK_TILE_STORE(2, c + 512, 64);
-          LLMK_TILE_STORE(3, c + 768, 64);
+          std::int32_t* c = cbuf + 16 * b;  // tile q = 2 * token half + row half
+          LLMK_TILE_STORE(0, c, ldc * 4);
+          LLMK_TILE_STORE(1, c + 16 * ldc, ldc * 4);
+          LLMK_TILE_STORE(2, c + 32 * ldc, ldc * 4);
+          LLMK_TILE_STORE(3, c + 48 * ldc, ldc * 4);
         }
         for (std::size_t i = 0; i < 2; ++i)
           for (std::size_t t = 0; t < 16 && t0 + 16 * i + t < a.m; ++t) {
             const std::size_t tok = t0 + 16 * i + t;
             const float* sx = a.act.sx8 + tok * nch * 8;
             for (std::size_t j = 0; j < 2 && 16 * (g + j) < nr; ++j)
-              amx_rows_out(a, cbuf + 512 * i + 256 * j + 16 * t, sw + (g + j) * nb * 16, sx, nb,
+              amx_rows_out(a, cbuf + (16 * (2 * i + j) + t) * ldc, sw + (g + j) * nb * 16, sx, nb,
                            r0 + 16 * (g + j), std::min<std::size_t>(16, nr - 16 * (g + j)),
                            tok);
           }
