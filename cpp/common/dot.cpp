@@ -104,14 +104,12 @@ struct DotChoice {
     if (active_isa() != Isa::avx512) return 0;
     return automatic_value();
   }
+  // (per choice: each has its own list; the CPU checks are cached by their functions)
   int automatic_value() const {
-    static const int best = [this] {
-      int v = 0;
-      for (std::size_t i = 0; i < values.size(); ++i)
-        if (values[i].native && values[i].runs()) v = static_cast<int>(i);
-      return v;
-    }();
-    return best;
+    int v = 0;
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (values[i].native && values[i].runs()) v = static_cast<int>(i);
+    return v;
   }
   void force(int v) { forced.store(available(v) ? v : 0, std::memory_order_relaxed); }
   void automatic() { forced.store(-1, std::memory_order_relaxed); }
