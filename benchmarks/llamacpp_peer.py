@@ -10,6 +10,13 @@ Set-up, once, outside the repository (llama.cpp takes ~25 min to build on 2 core
     pip install /opt/peers/wheels/llama_cpp_python-*.whl sentencepiece    # extra `peers`
     export LLAMA_CPP_SRC=/opt/peers/llama_cpp_python-0.3.36/vendor/llama.cpp
 
+On a CPU with AMX (Intel Sapphire Rapids and later) this build runs Q8_0 / Q4_0 matrix products
+on AMX tiles, and llama-cpp-python 0.3.36 built with GCC dies there with SIGILL at the first
+prefill: its ``ggml_tile_config_init`` builds the tile configuration on the stack and GCC drops
+the stores ``ldtilecfg`` reads (llama.cpp pull request 26954, open). To measure its AMX path,
+build it with that configuration made ``static`` in ``ggml/src/ggml-cpu/amx/mmq.cpp`` (an
+``asm volatile("" : : "r"(&tc) : "memory")`` before ``_tile_loadconfig`` keeps the stores).
+
 ``LLAMA_CPP_SRC`` is the llama.cpp source tree (its ``convert_hf_to_gguf.py`` and
 ``gguf-py``, the converter's own version of the GGUF writer). Without llama-cpp-python or the
 source tree :func:`unavailable` says what is missing and the benchmarks skip this peer.
