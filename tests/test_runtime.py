@@ -461,7 +461,6 @@ def test_roofline_probes() -> None:
 
 FAMILIES = ["other", "norm", "rope", "attention", "quant", "packed"]
 # on AMD Zen 4 (512-bit instructions split in two) these run their avx2 code in the automatic mode
-# (and "quant" on every AVX-512 CPU)
 ZEN4_AVX2 = {"norm", "rope", "attention", "quant", "packed"}
 
 FAMILY_SCRIPT = """
@@ -484,8 +483,7 @@ def test_family_paths_at_start(value):
         return
     assert report["auto"] and report["arch"] == BEST
     for family, arch in report["families"].items():
-        zen4 = lk._core.cpu_splits_512 and family in ZEN4_AVX2
-        want = "avx2" if zen4 or (family == "quant" and BEST == "avx512") else BEST
+        want = "avx2" if lk._core.cpu_splits_512 and family in ZEN4_AVX2 else BEST
         assert arch == want, (family, report)
 
 

@@ -68,10 +68,6 @@ const FamilyCaps& family_caps() {
   static const FamilyCaps caps = [] {
     FamilyCaps c{};
     for (Isa& isa : c.cap) isa = best_supported_isa();
-    // the quantized float-activation GEMV / GEMM: avx2 as fast or faster on every AVX-512 CPU
-    // measured (Zen 4; Intel Emerald Rapids: the float-activation cases 1.03-1.15x, the int8-
-    // activation GEMV equal)
-    c.cap[static_cast<int>(Family::quant)] = std::min(best_supported_isa(), Isa::avx2);
     if (cpu_splits_512())
       for (Family f : {Family::norm, Family::rope, Family::attention, Family::quant,
                        Family::packed})

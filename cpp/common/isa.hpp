@@ -32,8 +32,10 @@ void set_active_isa(Isa isa);  // clamped to best_supported_isa(); forces it for
 // attention up to 1.10x, float-activation quantized GEMV up to 1.37x and prefill 1.35-1.43x
 // through the packed route), while the element-wise activations and the float32 / bfloat16
 // projections run faster on avx512. On Intel Emerald Rapids (full-width 512-bit units) every
-// family but the quantized one ran fastest on avx512; the quantized float-activation kernels
-// run their avx2 code on every AVX-512 CPU. Every other kernel ("other") runs on the active ISA.
+// family runs avx512: there the quantized float-activation kernels measured up to 1.15x faster
+// on avx2, but gemm_q (quant) serves the packed family's avx512 route, so the two families move
+// together (see benchmarks/results/emerald_rapids/dispatch.md). Every other kernel ("other")
+// runs on the active ISA.
 // Forcing an ISA (LLMKERNELS_ARCH, set_simd_arch) forces it for every family. Results depend
 // only on the host, the mode and the thread count. (The timing loop shuffles the paths every
 // round: alternating calls that allocate their outputs otherwise gave each path the same
