@@ -5,7 +5,7 @@ Usage::
 
     python benchmarks/bench_ops.py [--quick] [--out benchmarks/results]
 
-What it does (DESIGN.md §5; the protocol is in ``harness.py``):
+What it does (the protocol is in ``harness.py``):
 
 1. A roofline probe: fp32 FMA peak (GFLOP/s) and STREAM-triad bandwidth (GB/s) at 1 and 2
    threads, medians of a few repeats, measured by the extension itself.

@@ -213,7 +213,7 @@ def _cos_sin(ops: Ops, dtype: DTypeLike, p: int) -> Values:
 
 
 # --------------------------------------------------------------------------------------
-# seed 000: RMSNorm, LayerNorm, scalar SwiGLU, 2-D RoPE
+# worked example 1 of the LLaMA notes: RMSNorm, LayerNorm, scalar SwiGLU, 2-D RoPE
 # --------------------------------------------------------------------------------------
 
 X000 = [2.0, -1.0, 3.0, 0.0]
@@ -272,7 +272,7 @@ def _c000_rope(ops: Ops, dtype: DTypeLike) -> Values:
 
 
 # --------------------------------------------------------------------------------------
-# seed 001: a token through RMSNorm, residual, RMSNorm, SwiGLU FFN; 2-D RoPE on 2 tokens
+# worked example 2: a token through RMSNorm, residual, RMSNorm, SwiGLU FFN; 2-D RoPE on 2 tokens
 # --------------------------------------------------------------------------------------
 
 X001 = [0.5, -1.2, 0.8, 0.3]
@@ -343,7 +343,7 @@ def _c001_rope(ops: Ops, dtype: DTypeLike) -> Values:
 
 
 # --------------------------------------------------------------------------------------
-# seed 002: microgpt's rmsnorm (eps = 1e-5)
+# worked example 3: microgpt's rmsnorm (eps = 1e-5)
 # --------------------------------------------------------------------------------------
 
 
@@ -535,7 +535,7 @@ EXAMPLES: tuple[Example, ...] = (
     #   e^-0.12288 = 0.88437, sigma = 1/1.88437 = 0.53068, Swish = 0.12288 x 0.53068 = 0.06521,
     #   z2[0] = 0.25163 + 0.15441 + 0.30882 - 0.08007 = 0.63480,
     #   out[0] = 0.06521 x 0.63480 = 0.04139 -> 0.041 (the seed's 0.404).
-    #   Even for the seed's z = 0.895: e^-0.895 = 0.4086 (seed 0.407), sigma = 0.7099 (0.711).
+    #   Even for the example's z = 0.895: e^-0.895 = 0.4086 (printed 0.407), sigma = 0.7099 (0.711).
     Example(
         "001",
         "ffn",

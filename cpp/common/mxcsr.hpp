@@ -1,4 +1,4 @@
-// Subnormal operands are numbers like any other (DESIGN.md §4: no DAZ on operands): code whose
+// Subnormal operands are numbers like any other (no DAZ on operands): code whose
 // result must follow the float64 reference for subnormal inputs (the kernels, and the parts of
 // the attention driver that run outside them) runs with MXCSR's DAZ (denormals are zero) and
 // FTZ (flush to zero) bits clear, whatever the calling thread set (torch.set_flush_denormal(True),

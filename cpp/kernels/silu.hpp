@@ -9,7 +9,7 @@ namespace llmk {
 // silu(x) = x / (1 + exp(-x)); for x -> -inf, exp(-x) overflows to +inf and the quotient is
 // -0, never NaN (x = -inf itself gives NaN, as IEEE inf/inf and torch do).
 //
-// Subnormals without DAZ/FTZ (DESIGN.md §4) and without slowing normal data down. The bare
+// Subnormals without DAZ/FTZ (the numerical rules: subnormals are numbers) and without slowing normal data down. The bare
 // formula is exact to rounding except in two ranges of g, where it underflows although
 // silu(g) * up can be a normal number (swiglu(1e-40, 1e30) = 5e-11; swiglu(-100, 1e38)):
 //   tiny |g| (< 2^-30 in float32, a subnormal g included): sigmoid(g) = 1/2 to far below
