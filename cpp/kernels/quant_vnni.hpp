@@ -96,7 +96,7 @@ inline void transpose8x32(const __m256i (&v)[8], __m256i (&out)[8]) {
 template <int Bits>
 inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::uint8_t* pack) {
   const std::size_t k = w.k, nb = k / kQBlock, nch = dot::vnni_chunks(k), ng = k / w.group;
-  const std::size_t bpg = w.group / kQBlock;
+  const unsigned gsh = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // blocks per group 1 << gsh
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), zero = _mm256_setzero_si256();
   for (std::size_t r = 0; r < nr; ++r) {
     const std::uint8_t* row = w.q + (r0 + r) * (k * Bits / 8);
@@ -116,7 +116,7 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kVnniChunkBytes),
                           _mm256_sub_epi32(zero, sum));
       alignas(32) float sw[8] = {};
-      for (std::size_t l = 0; l < n; ++l) sw[l] = half_to_float(rsc[(b0 + l) / bpg]);
+      for (std::size_t l = 0; l < n; ++l) sw[l] = half_to_float(rsc[(b0 + l) >> gsh]);
       std::memcpy(dst + kVnniChunkBytes + 32, sw, sizeof sw);
     }
   }
@@ -229,7 +229,10 @@ inline void qgemm_int8_acts(const qgemv_args& a, int bits, std::uint8_t* pack) {
 // [16], and the C buffer. Tiles (amx::kInt8Tiles): 0-3 C, 4-5 A (16 x 32 bytes), 6-7 B (8 x 64).
 template <int Bits>
 inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack) {
-  const std::size_t k = w.k, nb = k / kQBlock, ng = k / w.group, bpg = w.group / kQBlock;
+  const std::size_t k = w.k, nb = k / kQBlock, ng = k / w.group;
+  // blocks per group 1 << gsh (groups of 32, 64, 128): a shift, where a division by the
+  // runtime group size was 3% of an int8 prefill
+  const unsigned gsh = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;
   const std::size_t row_bytes = k * Bits / 8;
   auto* scales = reinterpret_cast<float*>(pack + dot::kVnniRowBlock * k);
   const __m256i zero = _mm256_setzero_si256();
@@ -242,7 +245,7 @@ inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack) {
         for (std::size_t l = 0; l < 8; ++l) {
           const std::size_t r = 16 * g + 8 * h + l;
           v[l] = r < nr ? qblock_avx2<Bits>(w.q + r * row_bytes, b) : zero;
-          sd[8 * h + l] = r < nr ? half_to_float(w.scales[r * ng + b / bpg]) : 0.f;
+          sd[8 * h + l] = r < nr ? half_to_float(w.scales[r * ng + (b >> gsh)]) : 0.f;
         }
         transpose8x32(v, out);  // out[j] lane l = codes 4j .. 4j + 3 of row l
         for (int j = 0; j < 8; ++j)
@@ -285,9 +288,17 @@ inline void amx_rows_out(const qgemv_args& a, const std::int32_t* c, const float
       LLMK_Q5(add_ps)(LLMK_Q5(add_ps)(acc[0], acc[4]), LLMK_Q5(add_ps)(acc[2], acc[6]));
   const Q512 o =
       LLMK_Q5(add_ps)(LLMK_Q5(add_ps)(acc[1], acc[5]), LLMK_Q5(add_ps)(acc[3], acc[7]));
-  alignas(64) float sum[16];
-  LLMK_Q5(storeu_ps)(sum, LLMK_Q5(add_ps)(e, o));
-  for (std::size_t f = 0; f < nf; ++f) qstore(a, r0 + f, t, sum[f]);
+  const Q512 sum = LLMK_Q5(add_ps)(e, o);
+  if (nf == 16) {  // qstore on 16 rows at once (a scalar loop here became a memcpy per token)
+    float* dst = a.y + t * a.ldy + r0;
+    Q512 v = a.accumulate ? LLMK_Q5(add_ps)(LLMK_Q5(loadu_ps)(dst), sum) : sum;
+    if (a.bias) v = LLMK_Q5(add_ps)(v, LLMK_Q5(loadu_ps)(a.bias + r0));
+    LLMK_Q5(storeu_ps)(dst, v);
+    return;
+  }
+  alignas(64) float sf[16];
+  LLMK_Q5(storeu_ps)(sf, sum);
+  for (std::size_t f = 0; f < nf; ++f) qstore(a, r0 + f, t, sf[f]);
 }
 
 template <int Bits>
@@ -310,6 +321,15 @@ inline void amx_gemm(const qgemv_args& a, std::uint8_t* pack) {
       const std::uint8_t* a0 = xa + (t0 / 16) * nb * 512;
       const std::uint8_t* a1 = a0 + nb * 512;
       for (std::size_t g = 0; 16 * g < nr; g += 2) {  // rows 16g ... 16g + 31
+        // y of these 32 tokens x 32 rows, fetched while the tiles run: its lines lie a row of y
+        // apart (beyond the hardware prefetchers' reach), and the projections that add into
+        // the residual stream read them -- their misses were a tenth of an int8 prefill
+        for (std::size_t t = t0; t < std::min(t0 + 32, a.m); ++t)
+          for (std::size_t j = 0; j < 2 && 16 * (g + j) < nr; ++j) {
+            const float* p = a.y + t * a.ldy + r0 + 16 * (g + j);
+            __builtin_prefetch(p, 1, 3);
+            __builtin_prefetch(p + 15, 1, 3);  // (y need not be 64-byte aligned)
+          }
         const std::uint8_t* b0 = pack + g * nb * 512;
         const std::uint8_t* b1 = b0 + nb * 512;
         for (std::size_t b = 0; b < nb; ++b) {

@@ -5,6 +5,7 @@
 #include <emmintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -162,7 +163,8 @@ constexpr float kActScaleMin = 0x1p-100f, kActScaleMax = 0x1p100f;
 // Per token, per block of 32: s = max|x| / 127 (float32), q = rint(x / s) (0 when s == 0);
 // a block holding NaN or Inf gets s = NaN (its products are NaN, as in float arithmetic).
 // Returns whether every s is 0, NaN or within [kActScaleMin, kActScaleMax].
-// q (m, k) int8, q16 (m, k) the same codes as int16, s (m, k / kQBlock). SSE2, 4 floats at a
+// q (m, k) int8, q16 (m, k) the same codes as int16 (or null: not written), s (m, k / kQBlock).
+// Each token on its own (the caller splits the tokens across threads). SSE2, 4 floats at a
 // time (this file is built for the baseline ISA): the same values as the scalar formula --
 // max of |x| is exact, the division is IEEE, cvtps2dq rounds half to even as nearbyint does
 // (round-to-nearest, the mode ExactSubnormals leaves), and the clamp to [-127, 127] is kept.
@@ -190,10 +192,10 @@ bool quantize_acts(const float* x, std::size_t m, std::size_t k, std::int8_t* q,
       s[t * nb + b] = finite ? d : std::numeric_limits<float>::quiet_NaN();
       if (finite && d != 0.f && !(d >= kActScaleMin && d <= kActScaleMax)) in_range = false;
       std::int8_t* qb = q + t * k + b * kQBlock;
-      std::int16_t* q16b = q16 + t * k + b * kQBlock;
+      std::int16_t* q16b = q16 ? q16 + t * k + b * kQBlock : nullptr;
       if (!finite || d == 0.f) {
         std::memset(qb, 0, kQBlock);
-        std::memset(q16b, 0, kQBlock * sizeof(std::int16_t));
+        if (q16) std::memset(q16b, 0, kQBlock * sizeof(std::int16_t));
         continue;
       }
       const __m128 dv = _mm_set1_ps(d);
@@ -203,7 +205,7 @@ bool quantize_acts(const float* x, std::size_t m, std::size_t k, std::int8_t* q,
           const __m128i c0 = _mm_cvtps_epi32(_mm_div_ps(_mm_loadu_ps(xb + i + 8 * j), dv));
           const __m128i c1 = _mm_cvtps_epi32(_mm_div_ps(_mm_loadu_ps(xb + i + 8 * j + 4), dv));
           h[j] = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(c0, c1), lim_hi), lim_lo);
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(q16b + i + 8 * j), h[j]);
+          if (q16) _mm_storeu_si128(reinterpret_cast<__m128i*>(q16b + i + 8 * j), h[j]);
         }
         _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + i), _mm_packs_epi16(h[0], h[1]));
       }
@@ -344,9 +346,18 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       auto* xq = reinterpret_cast<std::int8_t*>(sc + m * nb);   // (m, k)
       auto* q4 = xq + m * w.k;                                  // (m, k)
       {
-        ExactSubnormals exact;
-        // scales out of the int8 kernels' range (kActScaleMin): float activations, a.act null
-        int8_acts = quantize_acts(a.x, m, w.k, xq, q16, sc);
+        // scales out of the int8 kernels' range (kActScaleMin): float activations, a.act null.
+        // The tokens split across the threads (a prefill of 512 tokens at k = 2048 took ~1 ms on
+        // one thread, ~10% of the product itself at two); q16 only for the SSE2 GEMV.
+        std::atomic<bool> in_range{true};
+        std::int16_t* q16w = vnni ? nullptr : q16;
+        parallel_for(m, 1, 16.0 * static_cast<double>(w.k), [&](std::size_t t0, std::size_t t1) {
+          ExactSubnormals exact;
+          if (!quantize_acts(a.x + t0 * w.k, t1 - t0, w.k, xq + t0 * w.k,
+                             q16w ? q16w + t0 * w.k : nullptr, sc + t0 * nb))
+            in_range.store(false, std::memory_order_relaxed);
+        });
+        int8_acts = in_range.load();
       }
       if (!int8_acts && dot != Int8Dot::none) {
         // a scale out of the kernels' range: the float-activation prefill
@@ -357,7 +368,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       auto* xs8 = reinterpret_cast<std::int32_t*>(q4 + m * w.k);  // (m, nch, 8)
       if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr};
       if (int8_acts && bits == 4 && !vnni) {  // the pair order of the AVX2 int4 kernel
-        for (std::size_t t = 0; t < m; ++t) {
+        parallel_for(m, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t t0, std::size_t t1) {
+        for (std::size_t t = t0; t < t1; ++t) {
           const std::int8_t* src = xq + t * w.k;
           std::int8_t* dst = q4 + t * w.k;
           for (std::size_t p = 0; p < np; ++p) {
@@ -380,6 +392,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
               xs8[(t * nch + c) * 8 + l] = 8 * sum;
             }
         }
+        });
         a.act.q4 = q4;
         a.act.xs8 = xs8;
       }
@@ -389,8 +402,10 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         auto* xi = base + at;                                                 // (mp, nch, 256)
         auto* sx8 = reinterpret_cast<float*>(xi + mp * nch * dot::kVnniChunkBytes);  // (m, nch, 8)
         vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + mp * nch * 8);
+        // per token, split across the threads: tokens [t0, t1) of mp (those past m: zero codes)
+        parallel_for(mp, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t t0, std::size_t t1) {
         if (amx)  // the codes in 16-token tiles: [tile][block][16][32], tokens past m 0
-          for (std::size_t t = 0; t < mp; ++t)
+          for (std::size_t t = t0; t < t1; ++t)
             for (std::size_t b = 0; b < nb; ++b) {
               std::uint8_t* dst = xi + (((t / 16) * nb + b) * 16 + t % 16) * kQBlock;
               if (t < m)
@@ -398,7 +413,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
               else
                 std::memset(dst, 0, kQBlock);
             }
-        for (std::size_t t = 0; t < m; ++t)
+        for (std::size_t t = t0; t < std::min(t1, m); ++t)
           for (std::size_t c = 0; c < nch; ++c) {
             std::uint8_t* dst = xi + (t * nch + c) * dot::kVnniChunkBytes;
             float* sd = sx8 + (t * nch + c) * 8;
@@ -416,6 +431,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
               }
             }
           }
+        });
         a.act.xi = xi;
         a.act.sx8 = sx8;
       }
