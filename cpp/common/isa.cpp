@@ -126,6 +126,15 @@ bool cpu_splits_512() {
   return splits;
 }
 
+bool cpu_is_intel() {
+  static const bool intel = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // GenuineIntel
+  }();
+  return intel;
+}
+
 const char* isa_name(Isa isa) { return kIsas[static_cast<int>(isa)].name; }
 
 bool parse_isa(const std::string& name, Isa* isa) {

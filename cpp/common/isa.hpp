@@ -51,6 +51,7 @@ const char* family_name(Family family);
 bool isa_automatic();
 void set_isa_automatic();  // the best ISA with the per-family choice (as at start without env)
 bool cpu_splits_512();     // AMD family 19h with AVX-512 (Zen 4)
+bool cpu_is_intel();       // GenuineIntel
 const char* isa_name(Isa isa);
 bool parse_isa(const std::string& name, Isa* isa);
 std::vector<std::string> isa_names();  // every ISA of the list, lowest first

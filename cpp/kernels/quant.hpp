@@ -252,6 +252,8 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
     const auto chunk = [&](auto full) {
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * kQBlock;
+        if (a.prefetch)  // the chunk's 256 bytes, a.prefetch further on (qgemv_args)
+          for (int l = 0; l < 4; ++l) prefetch_ahead(wp + 64 * l, a.prefetch);
         for (int t = 0; t < M; ++t) {
           const std::int8_t* xp = xq0 + t * k + b0 * kQBlock;
           __m256i p[8];
@@ -316,6 +318,8 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::si
     const auto chunk = [&](auto full) {
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * 16;
+        if (a.prefetch)  // the chunk's 128 bytes
+          for (int l = 0; l < 2; ++l) prefetch_ahead(wp + 64 * l, a.prefetch);
         for (int t = 0; t < M; ++t) {
           const std::int8_t* xp = q4 + t * k + b0 * kQBlock;
           __m256i pv[4];
@@ -575,6 +579,8 @@ constexpr std::size_t kQGemvShortRowBytes = 2048;
 // 2048 x 5632 20.1-20.4 against 18.1-19.0; int4 (compute-bound at 1 thread) 4096 x 5632
 // 16.1-16.8 against 14.3-14.7, 32000 x 2048 17.3-17.7 against 16.6; with the software prefetch
 // kept on each stripe, slower than either (int8 16.0-16.4, int4 14.0).
+// On Intel each stripe keeps a software prefetch 2 KiB ahead (a.prefetch; the figures are in
+// ops/quant.cpp).
 template <int Bits, bool Int8Acts, int M>
 inline void qgemv_tokens(const qgemv_args& a) {
 #if defined(__AVX2__)

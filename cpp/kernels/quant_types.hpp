@@ -56,6 +56,8 @@ struct qgemv_args {
   bool accumulate;
   const float* bias;  // (rows,) or null, added in the final store
   int stripes;        // the AVX2 int8-activation GEMV's row stripes for int4 weights: 2 or 4
+  // the AVX2 int8-activation GEMV's software prefetch: bytes ahead on each row it reads, or 0
+  std::size_t prefetch;
 };
 
 namespace {  // internal linkage: compiled into each per-ISA unit with its own flags
