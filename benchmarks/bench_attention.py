@@ -5,7 +5,7 @@ Usage::
 
     python benchmarks/bench_attention.py [--quick] [--out benchmarks/results]
 
-What it does (DESIGN.md §5; the protocol is in ``harness.py``):
+What it does (the protocol is in ``harness.py``):
 
 1. The roofline probe, as ``bench_ops.py`` runs it.
 2. Prefill (non-causal and causal; GFLOP/s against the FMA peak) and one decode step against a
@@ -70,7 +70,7 @@ FULL, QUICK = h.full_and_quick(
 
 
 def attention_flops(nh: int, tq: int, tk: int, d: int, dv: int, causal: bool) -> float:
-    """DESIGN.md §5: ``2·H·Tq·Tk·(D + Dv)`` (Q·K^T and P·V), halved when causal."""
+    """FLOPs: ``2·H·Tq·Tk·(D + Dv)`` (Q·K^T and P·V), halved when causal."""
     flops = 2.0 * nh * tq * tk * (d + dv)
     return flops / 2 if causal else flops
 

@@ -9,7 +9,7 @@ or, from Python, ``bench_blocks.run(quick=True)`` (returns the results dict; its
 ``"markdown"`` entry is the printed report).
 
 What it measures (float32, every peer in this process and run, 1 and 2 threads, medians of
-repeated ``time.perf_counter`` timings after warm-up; DESIGN.md §5):
+repeated ``time.perf_counter`` timings after warm-up):
 
 1. One LLaMA decoder block at a TinyLlama-like shape (dim 2048, 32 query heads, 4 KV heads,
    head_dim 64, hidden 5632), the same random weights in ``lk.TransformerBlock`` and HF's

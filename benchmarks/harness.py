@@ -4,7 +4,7 @@
   ``bench``) into :data:`peers`; without them only the NumPy peers run.
 * **Threads**: :func:`set_threads` sets llmkernels (and its OpenBLAS), torch and NumPy's
   bundled OpenBLAS (through ctypes, what threadpoolctl does) to the same count.
-* **Timing** (DESIGN.md §5): :func:`measure` interleaves the peers -- ``rounds`` rounds, in
+* **Timing**: :func:`measure` interleaves the peers -- ``rounds`` rounds, in
   each every peer runs its warm-up calls and then its timed calls in turn -- so that the slow
   drift of a shared machine falls on all peers alike; medians are reported.
   :func:`measure_quietly` first waits for other processes to go idle and measures once more

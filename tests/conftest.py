@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ISA_ORDER = list(lk._core.isa_names)
 SUPPORTED_ISAS = ISA_ORDER[: ISA_ORDER.index(lk._core.best_simd_arch()) + 1]
 
-# DESIGN.md §4: float32 results against the float64 reference. float64 results are held to
+# The tolerances: float32 results against the float64 reference. float64 results are held to
 # a tolerance that only accumulation-order differences can explain.
 TOL = {
     np.dtype(np.float32): {"rtol": 2e-5, "atol": 1e-6},

@@ -1,6 +1,6 @@
 """Operands that share memory with ``out=``: every operand of every op that takes ``out``.
 
-The rule (DESIGN.md §3, issue 12 item 6): the result written to ``out`` equals the result the op
+The rule: the result written to ``out`` equals the result the op
 gives on private copies of its operands, whatever the overlap -- identical views, shifted views,
 strided or reversed views of the same buffer -- and nothing outside ``out`` is written. The ops
 copy an operand that may overlap ``out`` (``np.may_share_memory``, a superset of exact

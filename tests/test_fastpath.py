@@ -4,7 +4,7 @@ Each op offers its arguments to ``_core._fast_<op>`` first; the common case (pla
 native float32/float64 ndarrays of one dtype, ``out`` not overlapping an input except as the
 exact array where allowed, valid shapes and scalars) is computed there, everything else returns
 None and takes the conversion path of ``_ops.py``. Here: which case takes which path, and that
-every guarantee holds on both -- results bitwise equal, the dtype rules of DESIGN.md §3, ``out``
+every guarantee holds on both -- results bitwise equal, the dtype rules (README, API), ``out``
 aliasing, dtypes equal to float32 by NumPy, byte-swapped and strided inputs, and the errors.
 """
 
@@ -88,7 +88,7 @@ def test_unusual_inputs_take_the_conversion_path(make) -> None:  # type: ignore[
     assert _core._fast_rms_norm(y, None, 1e-6, None) is None
     # and the public op still gives the conversion path's answer
     yd = np.asarray(y).dtype
-    # (float16 is computed in float32 and returned as float16: DESIGN.md, low-precision arrays)
+    # (float16 is computed in float32 and returned as float16)
     expected = yd.newbyteorder("=") if yd.kind == "f" and yd.itemsize <= 4 else np.float64
     r = lk.silu(y)
     assert type(r) is np.ndarray and r.dtype == expected

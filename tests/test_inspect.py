@@ -296,9 +296,9 @@ def test_stats_match_numpy(name: str) -> None:
 
 
 def test_stats_pre_norm_grows_post_norm_stays_normalised() -> None:
-    """Seed 004's comparison: with the same weights, the pre-norm residual stream is never
-    normalised (its RMS drifts with depth), the post-norm one is the norm's output (RMS 1 for
-    unit norm weights)."""
+    """The LLaMA notes' comparison (section 3.1.1): with the same weights, the pre-norm residual
+    stream is never normalised (its RMS drifts with depth), the post-norm one is the norm's output
+    (RMS 1 for unit norm weights)."""
     cfg = config(n_layers=4, norm_eps=1e-10)  # RMS of a normed row: 1 up to eps / mean(x**2)
     pre = lk.Transformer(cfg, seed=3)
     post = lk.Transformer(cfg | {"norm_position": "post"}, seed=3)

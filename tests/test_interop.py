@@ -104,7 +104,7 @@ def test_torch_dtypes_follow_numpy_rules() -> None:
     assert lk.silu(torch.randn(5, dtype=torch.float64)).dtype == np.float64
     assert lk.silu(torch.arange(5)).dtype == np.float64  # integers compute in float64
     assert lk.swiglu(torch.randn(5), torch.randn(5, dtype=torch.float64)).dtype == np.float64
-    # float16 computes in float32 and returns float16 (DESIGN.md: low-precision arrays)
+    # float16 computes in float32 and returns float16
     assert lk.silu(torch.randn(5).half()).dtype == np.float16
 
 

@@ -4,7 +4,7 @@ twins (``llmkernels.reference``) and against Hugging Face ``transformers`` (``Ll
 ``LlamaForCausalLM`` saved with ``save_pretrained`` and read back with
 ``Transformer.from_pretrained``, ``generate``).
 
-Tolerances (DESIGN.md §4): the modules compute in float32 and are compared with the float64
+Tolerances (conftest.py): the modules compute in float32 and are compared with the float64
 reference fed the same float32 weights at ``rtol=2e-5, atol=1e-6`` (norms) and
 ``rtol=1e-4, atol=1e-5`` (attention, feed-forward and block outputs). Logits are compared with
 an absolute tolerance relative to the logit scale (``max |logit|``), greedy tokens must be equal.

@@ -2,7 +2,7 @@
 (LlamaRMSNorm, LlamaRotaryEmbedding + apply_rotary_pos_emb, LlamaMLP) and Meta's complex-number
 RoPE.
 
-Tolerances are DESIGN.md §4 (``TOL``) wherever the peer computes in the tested dtype. Where a
+Tolerances are conftest.py's (``TOL``) wherever the peer computes in the tested dtype. Where a
 peer rounds internally to float32 (LlamaRMSNorm on float64 input, HF's float32 RoPE angles) its
 own error is measured against the float64 reference first, the bound is derived from that
 rounding, and llmkernels is held to the DESIGN tolerance against the reference on top.

@@ -4,7 +4,7 @@ Each property draws shapes (including 0- and 1-sized axes), dtypes (float32/floa
 and integer/bool inputs where the API converts them), layouts (C/Fortran order, slices with
 positive and negative steps, transposes), ``out=`` (fresh, aliasing the input) and the
 op-specific parameters, then compares with the float64 reference within the per-dtype
-tolerances of DESIGN.md §4 (``conftest.TOL`` for norms/RoPE/SwiGLU, ``ATTN_TOL`` for attention
+tolerances of conftest.py (``conftest.TOL`` for norms/RoPE/SwiGLU, ``ATTN_TOL`` for attention
 and modules).
 
 The tolerances are stated for unit-scale data. Where float32 arithmetic is *not* elementwise
@@ -122,7 +122,7 @@ def lead_shapes(max_dims: int = 2, max_side: int = 4) -> st.SearchStrategy:
 
 
 def result_dtype(*arrays_: np.ndarray | None) -> np.dtype:
-    """DESIGN.md §3: float32 stays float32, float16 stays float16 (computed in float32),
+    """The dtype rules: float32 stays float32, float16 stays float16 (computed in float32),
     float64 stays float64, integers/bools become float64, mixed floats promote."""
     dts = []
     for a in arrays_:
@@ -1049,7 +1049,7 @@ def given_block(max_t: int) -> Callable[..., Any]:
 
 
 def module_tol(x: np.ndarray) -> dict:
-    """ATTN_TOL (DESIGN.md §4: block outputs), atol scaled with the input magnitude."""
+    """ATTN_TOL (block outputs), atol scaled with the input magnitude."""
     s = max(1.0, float(np.abs(x).max()) if x.size else 1.0)
     return {F32: {"rtol": ATTN_TOL[F32]["rtol"], "atol": ATTN_TOL[F32]["atol"] * s}}
 

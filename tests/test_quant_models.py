@@ -4,7 +4,7 @@ What "right" means here:
 
 * accuracy -- the quantized model against the float32 model it was made from, on 64 prompts:
   mean KL divergence of the next-token distributions ``KL(p_f32 || p_q)`` and top-1 agreement
-  (formulas beside the tests). Asserted at int8: KL <= 1e-3 and top-1 >= 98% (DESIGN.md §4),
+  (formulas beside the tests). Asserted at int8: KL <= 1e-3 and top-1 >= 98% (docs/quantization.md),
   for the prefill path (float activations) and the decode path (int8 activations). int4 is held
   to the looser bound of docs/quantization.md (KL <= 1e-2, top-1 >= 90%).
 * the storage -- a quantized matrix holds exactly ``lk.quantize``'s bits of the float matrix,

@@ -571,7 +571,7 @@ PATTERN = np.array([1.0, -0.5, 0.25, -1.0, 0.75, 0.1, -0.9] * 5)
 @pytest.mark.parametrize("scale", [1e30, -1e30, 1e20, 1e-30, 1e-37])
 @pytest.mark.parametrize("d", [1, 7, 35, 1000])
 def test_norms_float32_overflow_safe_range(scale, d):
-    """DESIGN.md §4: float32 rows with |x| up to 1e30 normalise correctly (and the tiny side,
+    """float32 rows with |x| up to 1e30 normalise correctly (and the tiny side,
     where squares underflow)."""
     x = (np.resize(PATTERN, (3, d)) * scale).astype(np.float32)
     x[1] *= 0.5
@@ -890,7 +890,7 @@ def test_attention_fully_masked_rows_are_zero(dtype):
     ],
 )
 def test_denormal_operands_give_reference_results(op, value, isa):
-    """DESIGN.md §4 "no denormal slowdowns (flush or avoid)" is a speed rule, measured in
+    """No denormal slowdowns (flush or avoid) is a speed rule, measured in
     benchmarks/; what a test can hold without a clock is the result. Arrays of subnormals
     (1e-40 float32), of values whose exp(x) intermediate is subnormal (silu(-90):
     exp(-90) = 8e-40), and the same values interleaved with normal ones (every vector lane

@@ -23,7 +23,7 @@ from conftest import TOL
 from llmkernels import reference as ref
 
 F32, F64 = np.float32, np.float64
-# DESIGN.md §4: attention outputs against the float64 reference
+# The attention tolerance: outputs against the float64 reference
 ATTN_TOL = {
     np.dtype(F32): {"rtol": 1e-4, "atol": 1e-5},
     np.dtype(F64): {"rtol": 1e-9, "atol": 1e-12},
@@ -34,7 +34,8 @@ TAILS = [1, 7, 31, 33, 1025]
 @contextlib.contextmanager
 def caller_flush_denormal(on: bool) -> Iterator[None]:
     """The calling thread's MXCSR with DAZ + FTZ set (as torch.set_flush_denormal(True) does):
-    the kernels must give the reference's answer regardless (DESIGN.md §4: no DAZ on operands)."""
+    the kernels must give the reference's answer regardless (no DAZ on operands: README,
+    Numerics)."""
     if not on:
         yield
         return

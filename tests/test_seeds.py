@@ -1,7 +1,7 @@
-"""The seeds' worked examples (shared/seeds 000, 001, 002) as test vectors.
+"""The seeds' worked examples (the LLaMA notes' examples 000, 001, 002) as test vectors.
 
 (a) every stated quantity recomputed with the C++ kernels matches the float64 reference within
-    DESIGN.md §4 tolerances, for float32 and float64 inputs;
+    the tolerances of conftest.py, for float32 and float64 inputs;
 (b) every verdict (ok / rounded / wrong) is the one established by hand, and every exact
     value equals a constant derived by hand below with ``math`` only;
 (c) ``python examples/demo.py demo`` (``make demo``) runs and reports the seed errors.
@@ -32,7 +32,7 @@ from seed_examples import (  # noqa: E402  (the seed audit lives in examples/, n
     exact_values,
 )
 
-RTOL, ATOL = 2e-5, 1e-6  # DESIGN.md §4, norms / RoPE / SwiGLU
+RTOL, ATOL = 2e-5, 1e-6  # conftest.TOL: norms / RoPE / SwiGLU
 
 
 # --------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ FLT_MAX = float(F32.max)
 # exact results at or above this round to +inf in float32 (FLT_MAX + half an ulp)
 F32_OVERFLOW = float(np.ldexp(1.0, 128) * (1 - 2.0**-25))
 LN_FLT_MAX = float(np.log(FLT_MAX))  # 88.7228...
-ULP_TARGET = 4.0  # DESIGN.md §4
+ULP_TARGET = 4.0  # the exp / sigmoid error bound (README, Numerics)
 STRIDE = 2**7
 CHUNK = 1 << 22
 

@@ -24,7 +24,7 @@ from llmkernels import reference as ref
 
 DTYPES = [np.float32, np.float64]
 
-# DESIGN.md §4: attention in float32 is held to rtol=1e-4, atol=1e-5 against the float64
+# The attention tolerance: float32 is held to rtol=1e-4, atol=1e-5 against the float64
 # reference; float64 to what only accumulation order can explain.
 ATTN_TOL = {
     np.dtype(np.float32): {"rtol": 1e-4, "atol": 1e-5},
@@ -408,7 +408,7 @@ def test_large_logits(dtype, isa, rng):
 @pytest.mark.parametrize("tk", [17, 1100])  # 1100: decode shapes take the key-split path
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_nan_inf_propagate(dtype, tk, isa, rng):
-    """DESIGN.md §3: NaN/Inf in the data propagate as IEEE arithmetic would, on every path."""
+    """NaN/Inf in the data propagate as IEEE arithmetic would, on every path."""
     q, k, v = qkv(rng, 1, 4, 2, 3, tk, 8, dtype=dtype)
     q[0, 0, 1, 0] = np.nan  # one query row: its output row is NaN
     q[0, 2, 2, 3] = np.inf  # inf score - inf max -> NaN

@@ -1,4 +1,5 @@
-"""Low-precision arrays in the functional ops (issue 13 item 5, DESIGN.md "Low-precision arrays").
+"""Low-precision arrays in the functional ops (float16 / bfloat16: computed in float32, returned
+in their dtype).
 
 ``ml_dtypes.bfloat16`` and ``np.float16`` arrays, and torch bfloat16/float16 tensors, are
 accepted by silu, swiglu, rms_norm, layer_norm, rope, attention and swiglu_ffn: computed in

@@ -44,8 +44,8 @@ def test_swiglu_ffn(n, dtype, isa, rng):
 def check_matmul(actual: np.ndarray, expected: np.ndarray, dtype: type) -> None:
     """Outputs of float32 matmuls: a dot product of K terms carries a rounding error of about
     eps * sqrt(K) * (scale of its terms), so entries that cancel to small values cannot meet an
-    elementwise atol of 1e-6; DESIGN.md §4's block-output tolerance, relative to the output's
-    scale, is the honest bound (float64: the same reasoning at float64 epsilon)."""
+    elementwise atol of 1e-6; the block-output tolerance (conftest.ATTN_TOL), relative to the
+    output's scale, is the honest bound (float64: the same reasoning at float64 epsilon)."""
     assert actual.dtype == np.dtype(dtype) and actual.shape == expected.shape
     if np.dtype(dtype) == np.float32:
         scale = float(np.max(np.abs(expected))) if expected.size else 1.0
