@@ -383,6 +383,7 @@ def test_build_info():
         "automatic": lk._core.simd_arch_automatic(),
         **{f"family_{k}": v for k, v in lk._core.family_simd_archs().items()},
         "int8_prefill_dot": lk._core.int8_dot(),
+        "int8_decode_dot": lk._int8_decode_dot(),
         "bf16_prefill_dot": lk._core.bf16_dot(),
     }
     assert info["version"] == lk.__version__ and isinstance(info["version"], str)

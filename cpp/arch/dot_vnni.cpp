@@ -11,6 +11,7 @@ void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack) {
 void qgemm_int8_acts_amx(const qgemv_args& a, int bits, std::uint8_t* pack) {
   vnni_native::qgemm_int8_acts_amx(a, bits, pack);
 }
+void qgemv_int8_vnni(const qgemv_args& a) { vnni_native::qgemv_int8_vnni(a); }
 }  // namespace llmk::dot
 
 namespace llmk::dot {

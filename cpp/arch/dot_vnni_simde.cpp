@@ -15,4 +15,5 @@ void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pac
 void qgemm_int8_acts_amx_emu(const qgemv_args& a, int bits, std::uint8_t* pack) {
   vnni_simde::qgemm_int8_acts_amx(a, bits, pack);
 }
+void qgemv_int8_vnni_simde(const qgemv_args& a) { vnni_simde::qgemv_int8_vnni(a); }
 }  // namespace llmk::dot

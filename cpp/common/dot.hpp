@@ -96,6 +96,10 @@ double probe_vpdpbusd(std::size_t iterations, int* sink);
 double probe_vdpbf16ps(std::size_t iterations, float* sink);
 double probe_amx(bool int8, std::size_t iterations, float* sink);  // tdpbssd / tdpbf16ps
 void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pack);
+// decode: the int8-weight GEMV (m <= 16) with each block's sum on vpdpbusd, natively / against
+// SIMDe -- bit for bit the AVX2 GEMV; act.xs128 as qacts says
+void qgemv_int8_vnni(const qgemv_args& a);
+void qgemv_int8_vnni_simde(const qgemv_args& a);
 
 // kernels/gemm_bf16.hpp: xb (m, kp) = x rounded to bfloat16 (kp = k rounded up to
 // bf16_k_multiple(dot), the pad 0; the AMX kernel also reads (zero) rows up to m rounded up to

@@ -41,6 +41,9 @@ struct qacts {
   // (m, chunks, 8), 0 past the last block
   const std::uint8_t* xi;
   const float* sx8;
+  // int8 weights on the VNNI GEMV (kernels/quant_vnni.hpp; else null): (m, chunks of 8 blocks,
+  // 8) int32, 128 * the sum of each block's codes (0 past the last block)
+  const std::int32_t* xs128;
 };
 
 // One call of gemv_q8_kernel / gemv_q4_kernel / gemm_q_kernel:

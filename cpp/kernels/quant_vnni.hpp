@@ -210,6 +210,109 @@ inline void qgemm_int8_acts(const qgemv_args& a, int bits, std::uint8_t* pack) {
     vnni_gemm<4>(a, pack);
 }
 
+// ---- decode: the int8-weight GEMV with each block's sum on vpdpbusd ----
+// qgemv_rows_w8_g (kernels/quant.hpp) with the integer side on VNNI, for the natural (unpacked)
+// layout: per block, the codes w made unsigned (w ^ 0x80 = w + 128) and one vpdpbusd against the
+// activation codes x gives sum(w * x) + 128 * sum(x) in 8 lanes, where AVX2 spent abs, sign,
+// maddubs and madd; block_sums8 joins the 8 blocks of a chunk as there, and the 128 * sum(x) of
+// each block (qacts::xs128, formed once per call: shared by every row) comes off once per chunk.
+// The sums are exact integers, so the float side -- the same conversion, d = s_w * s_x, FMA
+// into lane l and qhsum -- gives the AVX2 kernel's result bit for bit. The weight codes may be
+// any int8 (-128: w + 128 = 0, the correction restores -128 * x). Rows as qgemv_tokens reads
+// them (2 stripes of 2 rows, software prefetch per a.prefetch).
+template <int R, int M, bool Group32>
+inline void vnni_gemv_rows_w8(const qgemv_args& a, std::size_t r0, std::size_t rs) {
+  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k, ng = k / a.w.group;
+  const std::size_t nch = dot::vnni_chunks(k);
+  const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), zero = _mm256_setzero_si256();
+  __m256 acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+  const std::uint8_t* w0 = a.w.q + r0 * row_bytes;
+  const std::uint16_t* s0 = a.w.scales + r0 * ng;
+  for (std::size_t b0 = 0, c = 0; b0 < nb; b0 += 8, ++c) {
+    const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
+    __m256 sw[R], sxv[M];
+    chunk_scales<R, M, Group32>(s0, rs * ng, sh, a.act.s, nb, b0, n, sw, sxv);
+    for (int r = 0; r < R; ++r) {
+      const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * kQBlock;
+      if (a.prefetch)
+        for (int l = 0; l < 4; ++l) prefetch_ahead(wp + 64 * l, a.prefetch);
+      __m256i wu[8];  // the chunk's codes + 128 (0 past the last block: no products)
+      for (std::size_t l = 0; l < 8; ++l)
+        wu[l] = l < n ? _mm256_xor_si256(_mm256_loadu_si256(
+                                             reinterpret_cast<const __m256i*>(wp + l * kQBlock)),
+                                         flip)
+                      : zero;
+      for (int t = 0; t < M; ++t) {
+        const std::int8_t* xp = a.act.q + t * k + b0 * kQBlock;
+        __m256i p[8];
+        for (std::size_t l = 0; l < 8; ++l)
+          p[l] = l < n ? LLMK_DPBUSD256(zero, wu[l],
+                                        _mm256_loadu_si256(
+                                            reinterpret_cast<const __m256i*>(xp + l * kQBlock)))
+                       : zero;
+        const __m256i sums = _mm256_sub_epi32(
+            block_sums8(p),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.act.xs128 + (t * nch + c) * 8)));
+        const __m256 d = _mm256_mul_ps(sw[r], sxv[t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[r][t]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
+}
+
+template <int R, int M>
+inline void vnni_gemv_rows(const qgemv_args& a, std::size_t r0, std::size_t rs) {
+  if (a.w.group == kQBlock)
+    vnni_gemv_rows_w8<R, M, true>(a, r0, rs);
+  else
+    vnni_gemv_rows_w8<R, M, false>(a, r0, rs);
+}
+
+// every row against M tokens: qgemv_tokens' int8 order (2 stripes, 2 rows of each per step)
+template <int M>
+inline void vnni_gemv_tokens(const qgemv_args& a) {
+  const std::size_t part = a.w.rows / 2;
+  std::size_t r = 0;
+  for (; r + 2 <= part; r += 2) {
+    vnni_gemv_rows<2, M>(a, r, part);
+    vnni_gemv_rows<2, M>(a, r + 1, part);
+  }
+  for (; r < part; ++r) vnni_gemv_rows<2, M>(a, r, part);
+  for (r = 2 * part; r < a.w.rows; ++r) vnni_gemv_rows<1, M>(a, r, 1);
+}
+
+// the int8-weight GEMV entry: tokens in passes of 4, as qgemv_run
+inline void qgemv_int8_vnni(const qgemv_args& args) {
+  constexpr std::size_t P = 4;
+  qgemv_args a = args;
+  const std::size_t nb = a.w.k / kQBlock, nch = dot::vnni_chunks(a.w.k);
+  for (std::size_t t = 0; t < args.m; t += P) {
+    a.y = args.y + t * args.ldy;
+    a.act.q = args.act.q + t * a.w.k;
+    a.act.s = args.act.s + t * nb;
+    a.act.xs128 = args.act.xs128 + t * nch * 8;
+    switch (std::min(P, args.m - t)) {
+      case 1:
+        vnni_gemv_tokens<1>(a);
+        break;
+      case 2:
+        vnni_gemv_tokens<2>(a);
+        break;
+      case 3:
+        vnni_gemv_tokens<3>(a);
+        break;
+      default:
+        vnni_gemv_tokens<4>(a);
+        break;
+    }
+  }
+}
+
 // ---- AMX (kernels/amx.hpp): the same sums, 16 tokens x 16 rows x one block per tdpbssd ----
 // Per block of kVnniRowBlock rows, per 32 tokens and per 32 rows (2 x 2 C tiles), two phases:
 //  1. the exact integer dot product of every block: per block four tdpbssd (signed x signed:

@@ -321,6 +321,15 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   a.prefetch = cpu_is_intel() ? kQGemvIntelPrefetch : 0;
   const bool gemv = m <= kGemvMaxTokens || int8_gemv || dot != Int8Dot::none;
   int8_acts = gemv && int8_acts;
+  // decode with int8 weights on a dot-product extension: the GEMV on vpdpbusd, bit for bit the
+  // AVX2 one (kernels/quant_vnni.hpp) -- natively where the quantized family runs its AVX-512
+  // path, the SIMDe twin wherever it is forced
+  Int8Dot gemv_dot = Int8Dot::none;
+  if (int8_gemv && bits == 8) {
+    const Int8Dot d = int8_dot();
+    const bool twin = d == Int8Dot::vnni_simde || d == Int8Dot::amx_emu;
+    if (twin || (d != Int8Dot::none && family_isa(Family::quant) >= Isa::avx512)) gemv_dot = d;
+  }
   {
     // scratch before the parallel region (kernels never allocate): int8 activations, or the
     // packed tokens of the GEMM
@@ -374,7 +383,19 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         return;
       }
       auto* xs8 = reinterpret_cast<std::int32_t*>(q4 + m * w.k);  // (m, nch, 8)
-      if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr};
+      if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr, nullptr};
+      if (int8_acts && gemv_dot != Int8Dot::none) {  // 128 * each block's sum, in xs8's place
+        for (std::size_t t = 0; t < m; ++t)
+          for (std::size_t c = 0; c < nch; ++c)
+            for (std::size_t l = 0; l < 8; ++l) {
+              const std::size_t b = 8 * c + l;
+              std::int32_t sum = 0;
+              if (b < nb)
+                for (std::size_t i = 0; i < kQBlock; ++i) sum += xq[t * w.k + b * kQBlock + i];
+              xs8[(t * nch + c) * 8 + l] = 128 * sum;
+            }
+        a.act.xs128 = xs8;
+      }
       if (int8_acts && bits == 4 && !vnni) {  // the pair order of the AVX2 int4 kernel
         parallel_for(m, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t t0, std::size_t t1) {
         for (std::size_t t = t0; t < t1; ++t) {
@@ -495,6 +516,10 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                    part.bias = a.bias ? a.bias + r0 : nullptr;
                    if (!gemv)
                      dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
+                   else if (bits == 8 && int8_acts && gemv_dot != Int8Dot::none)
+                     (gemv_dot == Int8Dot::vnni_simde || gemv_dot == Int8Dot::amx_emu
+                          ? dot::qgemv_int8_vnni_simde
+                          : dot::qgemv_int8_vnni)(part);
                    else if (bits == 8)
                      dispatch(gemv_q8_kernel{}, static_cast<const qgemv_args&>(part));
                    else

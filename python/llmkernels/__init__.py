@@ -209,6 +209,18 @@ def build_info() -> dict[str, Any]:
             "automatic": _core.simd_arch_automatic(),
             **{f"family_{name}": isa for name, isa in _core.family_simd_archs().items()},
             "int8_prefill_dot": _core.int8_dot(),
+            "int8_decode_dot": _int8_decode_dot(),
             "bf16_prefill_dot": _core.bf16_dot(),
         },
     }
+
+
+def _int8_decode_dot() -> str:
+    """The int8-weight GEMV's integer side: vpdpbusd ("vnni") where the CPU has a dot-product
+    extension and the quantized family runs its AVX-512 path, the SIMDe twin where one is forced,
+    else the AVX2 / SSE2 code ("none"). Every choice gives the same bits."""
+    dot = _core.int8_dot()
+    if dot in ("vnni_simde", "amx_emu"):
+        return "vnni_simde"
+    fam = _core.family_simd_archs()["quant"]
+    return "vnni" if dot in ("vnni", "amx") and fam == "avx512" else "none"

@@ -13,6 +13,7 @@ and both must be within the int8-activation error of the float64 formula
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import llmkernels as lk
 import numpy as np
@@ -46,17 +47,26 @@ def weights(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
     return w
 
 
+@contextmanager
+def avx2_gemv() -> Iterator[None]:
+    """The AVX2 path with no dot-product extension (not even a forced twin)."""
+    previous, dot = lk.simd_arch(), lk._core.int8_dot()
+    lk.set_simd_arch("avx2")
+    lk._core._set_int8_dot("none")
+    try:
+        yield
+    finally:
+        lk.set_simd_arch(previous)
+        lk._core._set_int8_dot(dot)
+
+
 def per_token_avx2(x, q, s, bits, g, bias=None):
     """The AVX2 int8-activation GEMV, one token at a time (its per-token arithmetic does not
     depend on how many tokens share a call)."""
-    previous = lk.simd_arch()
-    lk.set_simd_arch("avx2")
-    try:
+    with avx2_gemv():
         return np.concatenate(
             [lk.quantized_linear(x[i : i + 1], q, s, bits, g, bias) for i in range(len(x))]
         )
-    finally:
-        lk.set_simd_arch(previous)
 
 
 # (group, k): int4 with k = 96 has an odd last block (stored in natural order)
@@ -104,14 +114,42 @@ def test_accumulate_into_y(bits, dot, rng):
     y0 = rng.standard_normal((21, 37)).astype(np.float32)
     dtype = f"int{bits}"
     got = lk._core._linear(x, q, dtype, None, y0.copy(), s, 32)
-    previous = lk.simd_arch()
-    lk.set_simd_arch("avx2")
-    try:
+    with avx2_gemv():
         rows = [lk._core._linear(x[i : i + 1], q, dtype, None, y0[i : i + 1].copy(), s, 32)
                 for i in range(len(x))]  # fmt: skip
-    finally:
-        lk.set_simd_arch(previous)
     np.testing.assert_array_equal(got, np.concatenate(rows))
+
+
+# The decode GEMV on vpdpbusd (int8 weights, up to INT8_ACTIVATION_TOKENS tokens): the same
+# arithmetic per (row, token) as the AVX2 GEMV, so equal to it bit for bit. Natively where the
+# quantized family runs AVX-512 (and the CPU has VNNI), as the SIMDe twin wherever forced.
+@pytest.mark.parametrize(("g", "k"), GROUP_K)
+@pytest.mark.parametrize("rows", [1, 3, 69])  # 2 stripes of 2 rows, and the rows left over
+@pytest.mark.parametrize("m", [1, 2, 3, 5, INT8_ACTIVATION_TOKENS])  # passes of 4 tokens
+def test_gemv_equals_avx2_gemv(g, k, rows, m, dot, rng):
+    w = weights(rng, rows, k)
+    q, s = lk.quantize(w, bits=8, group_size=g)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(rows).astype(np.float32)
+    got = lk.quantized_linear(x, q, s, 8, g, bias)
+    with avx2_gemv():
+        want = lk.quantized_linear(x, q, s, 8, g, bias)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_gemv_any_int8_code(dot, rng):
+    """Codes of -128 (not made by quantize, but an int8 checkpoint may hold them: w + 128 = 0
+    on vpdpbusd's unsigned side) and a NaN activation block."""
+    q = rng.integers(-128, 128, (40, 256)).astype(np.int8)
+    q[:, :40] = -128
+    s = rng.uniform(1e-3, 0.1, (40, 8)).astype(np.float16)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[1, 5] = np.nan
+    got = lk.quantized_linear(x, q, s, 8, 32)
+    with avx2_gemv():
+        want = lk.quantized_linear(x, q, s, 8, 32)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[1]).all() and not np.isnan(got[[0, 2]]).any()
 
 
 def test_out_of_range_scales_fall_back_to_float(dot, rng):
