@@ -120,6 +120,13 @@ def test_accumulate_into_y(bits, dot, rng):
     np.testing.assert_array_equal(got, np.concatenate(rows))
 
 
+def skip_unless_vnni_gemv() -> None:
+    """The native VNNI GEMV runs only where the quantized family runs AVX-512 (else the family's
+    own GEMV runs: SSE2's arithmetic is not AVX2's); the SIMDe twin wherever it is forced."""
+    if lk._int8_decode_dot() == "none":
+        pytest.skip(f"the quantized family runs {lk._core.family_simd_archs()['quant']} here")
+
+
 # The decode GEMV on vpdpbusd (int8 weights, up to INT8_ACTIVATION_TOKENS tokens): the same
 # arithmetic per (row, token) as the AVX2 GEMV, so equal to it bit for bit. Natively where the
 # quantized family runs AVX-512 (and the CPU has VNNI), as the SIMDe twin wherever forced.
@@ -127,6 +134,7 @@ def test_accumulate_into_y(bits, dot, rng):
 @pytest.mark.parametrize("rows", [1, 3, 69])  # 2 stripes of 2 rows, and the rows left over
 @pytest.mark.parametrize("m", [1, 2, 3, 5, INT8_ACTIVATION_TOKENS])  # passes of 4 tokens
 def test_gemv_equals_avx2_gemv(g, k, rows, m, dot, rng):
+    skip_unless_vnni_gemv()
     w = weights(rng, rows, k)
     q, s = lk.quantize(w, bits=8, group_size=g)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -140,6 +148,7 @@ def test_gemv_equals_avx2_gemv(g, k, rows, m, dot, rng):
 def test_gemv_any_int8_code(dot, rng):
     """Codes of -128 (not made by quantize, but an int8 checkpoint may hold them: w + 128 = 0
     on vpdpbusd's unsigned side) and a NaN activation block."""
+    skip_unless_vnni_gemv()
     q = rng.integers(-128, 128, (40, 256)).astype(np.int8)
     q[:, :40] = -128
     s = rng.uniform(1e-3, 0.1, (40, 8)).astype(np.float16)
