@@ -460,9 +460,11 @@ def test_roofline_probes() -> None:
 
 # --- per-family paths (common/isa.hpp: dispatch by measured speed) ---------------------------
 
-FAMILIES = ["other", "norm", "rope", "attention", "quant", "packed"]
+FAMILIES = ["other", "norm", "rope", "attention", "quant", "qgemv", "packed"]
 # on AMD Zen 4 (512-bit instructions split in two) these run their avx2 code in the automatic mode
 ZEN4_AVX2 = {"norm", "rope", "attention", "quant", "packed"}
+# and these on every CPU (no 512-bit code of their own)
+ALWAYS_AVX2 = {"qgemv"}
 
 FAMILY_SCRIPT = """
 import json, llmkernels as lk
@@ -484,7 +486,8 @@ def test_family_paths_at_start(value):
         return
     assert report["auto"] and report["arch"] == BEST
     for family, arch in report["families"].items():
-        want = "avx2" if lk._core.cpu_splits_512 and family in ZEN4_AVX2 else BEST
+        lower = family in ALWAYS_AVX2 or (lk._core.cpu_splits_512 and family in ZEN4_AVX2)
+        want = expected_arch("avx2") if lower else BEST
         assert arch == want, (family, report)
 
 

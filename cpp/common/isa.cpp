@@ -68,10 +68,14 @@ const FamilyCaps& family_caps() {
   static const FamilyCaps caps = [] {
     FamilyCaps c{};
     for (Isa& isa : c.cap) isa = best_supported_isa();
+    const auto cap_avx2 = [&](Family f) {
+      c.cap[static_cast<int>(f)] = std::min(best_supported_isa(), Isa::avx2);
+    };
+    cap_avx2(Family::qgemv);  // no 512-bit code (isa.hpp)
     if (cpu_splits_512())
       for (Family f : {Family::norm, Family::rope, Family::attention, Family::quant,
                        Family::packed})
-        c.cap[static_cast<int>(f)] = std::min(best_supported_isa(), Isa::avx2);
+        cap_avx2(f);
     return c;
   }();
   return caps;

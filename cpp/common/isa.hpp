@@ -31,16 +31,19 @@ void set_active_isa(Isa isa);  // clamped to best_supported_isa(); forces it for
 // and 2 threads: rms_norm up to 1.15x, rope up to 1.14x, causal attention up to 1.15x, decode
 // attention up to 1.10x, float-activation quantized GEMV up to 1.37x and prefill 1.35-1.43x
 // through the packed route), while the element-wise activations and the float32 / bfloat16
-// projections run faster on avx512. On Intel Emerald Rapids (full-width 512-bit units) every
-// family runs avx512: there the quantized float-activation kernels measured up to 1.15x faster
-// on avx2, but gemm_q (quant) serves the packed family's avx512 route, so the two families move
-// together (see benchmarks/results/emerald_rapids/dispatch.md). Every other kernel ("other")
-// runs on the active ISA.
+// projections run faster on avx512. The quantized GEMVs (qgemv: gemv_q8 / gemv_q4, decode) have
+// no 512-bit code: their avx512 instantiation is the AVX2 source compiled with AVX-512 enabled,
+// and it measured as fast or slower on every CPU with AVX-512 -- on Intel Emerald Rapids (full-
+// width 512-bit units) up to 1.12x slower with int4 weights or float activations at 1 / 2
+// threads (benchmarks/results/emerald_rapids/dispatch.md) -- so they run avx2 on both. On
+// Emerald Rapids every other family runs avx512 (gemm_q, quant, serves the packed family's
+// avx512 route and decides the VNNI decode GEMV). Every other kernel ("other") runs on the
+// active ISA.
 // Forcing an ISA (LLMKERNELS_ARCH, set_simd_arch) forces it for every family. Results depend
 // only on the host, the mode and the thread count. (The timing loop shuffles the paths every
 // round: alternating calls that allocate their outputs otherwise gave each path the same
 // addresses every round, and a 10-15% bias either way on the norms.)
-#define LLMK_FAMILY_LIST(X) X(other) X(norm) X(rope) X(attention) X(quant) X(packed)
+#define LLMK_FAMILY_LIST(X) X(other) X(norm) X(rope) X(attention) X(quant) X(qgemv) X(packed)
 #define LLMK_FAMILY_ENUM(name) name,
 enum class Family : int { LLMK_FAMILY_LIST(LLMK_FAMILY_ENUM) count };
 #undef LLMK_FAMILY_ENUM

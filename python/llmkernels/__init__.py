@@ -184,7 +184,8 @@ def build_info() -> dict[str, Any]:
     """Version, compiler, SIMD paths, threads and BLAS of this build, and the path each kernel
     family runs on this CPU: ``kernel_paths`` -- the xsimd path of the float kernels, whether
     it is the automatic choice, the path of each kernel family (``family_norm``, ``family_rope``,
-    ``family_attention``, ``family_quant``, ``family_packed``; ``family_other``: the rest), the int8
+    ``family_attention``, ``family_quant`` (the quantized GEMM), ``family_qgemv`` (the quantized
+    GEMVs of decode), ``family_packed``; ``family_other``: the rest), the int8
     dot product of the quantized prefill (``"vnni"``: AVX512_VNNI's vpdpbusd, else ``"none"``:
     the float-activation GEMM) and the bf16 one of the bfloat16-weight prefill
     (``"amx"``: AMX tiles' tdpbf16ps, ``"avx512bf16"``: vdpbf16ps, both with the activations
