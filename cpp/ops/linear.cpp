@@ -194,10 +194,13 @@ Path choose_path_w(std::size_t m, bool quantized) {
   //            int8 695 vs gemm_q 434, int4 743 vs 368
   //   m = 2048: bf16 786 vs 819 widened + BLAS, f16 856 vs 786 (level within the noise)
   // -- so the widen + BLAS path of 16-bit weights is kept only for AVX-512 (and the forced route).
-  // (quantized weights: the packed family's path, avx2 on Zen 4 in the automatic mode, where
-  // it is 1.35-1.43x faster than gemm_q on avx512: common/isa.hpp)
-  const Isa isa = quantized ? family_isa(Family::packed) : active_isa();
-  if (isa != Isa::avx512 && m > kGemvMaxRows) return Path::packed;
+  // Quantized weights take the packed kernel on every ISA: on AVX-512 too its converting pack
+  // beats gemm_q's tile conversion at every m. Intel Emerald Rapids, avx512, 2048 -> 5632, float
+  // activations, gemm_q time / packed time at 1 thread (2 threads): m = 10 1.97 / 1.96 (m = 12
+  // 1.72 / 1.60), 16 1.27 / 1.26, 24 1.65 / 1.63, 64 1.22 / 1.25 (1.24 / 1.28), 512 1.75 / 1.74
+  // (1.80 / 1.77) for int8 / int4. There 16-bit weights keep gemm_xt_w16 below 512 tokens (the
+  // packed kernel 1.06-1.72x its time).
+  if ((quantized || active_isa() != Isa::avx512) && m > kGemvMaxRows) return Path::packed;
   if (!quantized && m >= 2 * kRowBlock) return Path::blas_rows;
   return m > kGemvMaxRows ? Path::tokens : Path::gemv;
 }
