@@ -49,7 +49,7 @@ demo: $(VENV)/.installed-compare
 	$(PY) examples/demo.py demo
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PAR)
 
 # Host independence, shown on one host: the suite with the references' transcendental functions
 # perturbed by up to 4 ulp (tests/perturb_libm.py) -- what a host whose NumPy or libm rounds

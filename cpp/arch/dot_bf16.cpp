@@ -31,33 +31,34 @@ double probe_vdpbf16ps(std::size_t iterations, float* sink) {
 // Call where cpu_has_amx() (the tile state granted).
 double probe_amx(bool int8, std::size_t iterations, float* sink) {
   namespace amx = bf16_native::amx;
-  amx::configure(amx::kWholeTiles);
-  alignas(64) std::uint16_t ones[16 * 32];
-  for (std::uint16_t& v : ones) v = 0x3f80;  // bf16 1.0 (as int8: 0x80, 0x3f)
   alignas(64) float out[16 * 16];
-  LLMK_TILE_LOAD(4, ones, 64);
-  LLMK_TILE_LOAD(5, ones, 64);
-  LLMK_TILE_LOAD(6, ones, 64);
-  LLMK_TILE_LOAD(7, ones, 64);
-  LLMK_TILE_ZERO(0);
-  LLMK_TILE_ZERO(1);
-  LLMK_TILE_ZERO(2);
-  LLMK_TILE_ZERO(3);
-  for (std::size_t it = 0; it < iterations; ++it) {
-    if (int8) {
-      LLMK_TILE_DPBSSD(0, 4, 6);
-      LLMK_TILE_DPBSSD(1, 4, 7);
-      LLMK_TILE_DPBSSD(2, 5, 6);
-      LLMK_TILE_DPBSSD(3, 5, 7);
-    } else {
-      LLMK_TILE_DPBF16PS(0, 4, 6);
-      LLMK_TILE_DPBF16PS(1, 4, 7);
-      LLMK_TILE_DPBF16PS(2, 5, 6);
-      LLMK_TILE_DPBF16PS(3, 5, 7);
+  {
+    const amx::Session session(amx::kWholeTiles);
+    alignas(64) std::uint16_t ones[16 * 32];
+    for (std::uint16_t& v : ones) v = 0x3f80;  // bf16 1.0 (as int8: 0x80, 0x3f)
+    LLMK_TILE_LOAD(4, ones, 64);
+    LLMK_TILE_LOAD(5, ones, 64);
+    LLMK_TILE_LOAD(6, ones, 64);
+    LLMK_TILE_LOAD(7, ones, 64);
+    LLMK_TILE_ZERO(0);
+    LLMK_TILE_ZERO(1);
+    LLMK_TILE_ZERO(2);
+    LLMK_TILE_ZERO(3);
+    for (std::size_t it = 0; it < iterations; ++it) {
+      if (int8) {
+        LLMK_TILE_DPBSSD(0, 4, 6);
+        LLMK_TILE_DPBSSD(1, 4, 7);
+        LLMK_TILE_DPBSSD(2, 5, 6);
+        LLMK_TILE_DPBSSD(3, 5, 7);
+      } else {
+        LLMK_TILE_DPBF16PS(0, 4, 6);
+        LLMK_TILE_DPBF16PS(1, 4, 7);
+        LLMK_TILE_DPBF16PS(2, 5, 6);
+        LLMK_TILE_DPBF16PS(3, 5, 7);
+      }
     }
-  }
-  LLMK_TILE_STORE(0, out, 64);
-  amx::release();
+    LLMK_TILE_STORE(0, out, 64);
+  }  // (the tiles left as they were found)
   *sink = out[0];
   return (int8 ? 32768.0 : 16384.0) * 4 * static_cast<double>(iterations);
 }

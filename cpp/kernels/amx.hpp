@@ -20,8 +20,11 @@
 //
 // Linux hands out the tile state per process on request (arch_prctl ARCH_REQ_XCOMP_PERM):
 // common/dot.cpp asks once before the first native use, and chooses the AMX paths only where
-// it was granted. Each call of a kernel configures the tiles of its thread and releases them at
-// the end (tilerelease: the thread's context switches stop saving 8 KiB of tiles).
+// it was granted. Each call of a kernel configures the tiles of its thread (amx::Session) and
+// leaves them as it found them: released (tilerelease: the thread's context switches stop saving
+// 8 KiB of tiles), or -- when another library in the process had configured them -- that
+// library's configuration loaded again. (llama.cpp configures a thread's tiles once and remembers
+// it: released under it, its next tile instruction faulted with SIGILL in the same process.)
 #pragma once
 
 #include <cstddef>
@@ -70,8 +73,31 @@ inline constexpr TileConfig kInt8Tiles =
     TileConfig{}.shaped(4, 16, 32).shaped(5, 16, 32).shaped(6, 8, 64).shaped(7, 8, 64);
 
 #if !defined(LLMK_AMX_EMU)
-inline void configure(const TileConfig& config) { _tile_loadconfig(&config); }
-inline void release() { _tile_release(); }
+// The tiles configured for one kernel call on this thread; the thread's previous configuration
+// (sttilecfg: all zero when none) restored at the end, or the tiles released.
+class Session {
+ public:
+  explicit Session(const TileConfig& config) {
+    _tile_storeconfig(&saved_);
+    asm volatile("" ::: "memory");  // (the compiler does not see sttilecfg write saved_)
+    had_ = saved_.palette != 0;
+    _tile_loadconfig(&config);
+  }
+  ~Session() {
+    if (had_) {
+      asm volatile("" ::: "memory");
+      _tile_loadconfig(&saved_);
+    } else {
+      _tile_release();
+    }
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+ private:
+  TileConfig saved_;
+  bool had_;
+};
 #define LLMK_TILE_ZERO(t) _tile_zero(t)
 #define LLMK_TILE_LOAD(t, p, stride) _tile_loadd(t, p, static_cast<long>(stride))
 #define LLMK_TILE_STORE(t, p, stride) _tile_stored(t, p, static_cast<long>(stride))
@@ -87,11 +113,15 @@ inline Tiles& tiles() {
   thread_local Tiles state;
   return state;
 }
-inline void configure(const TileConfig& config) {
-  std::memset(tiles().t, 0, sizeof tiles().t);
-  tiles().config = config;
-}
-inline void release() {}
+class Session {
+ public:
+  explicit Session(const TileConfig& config) {
+    std::memset(tiles().t, 0, sizeof tiles().t);
+    tiles().config = config;
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+};
 inline void zero(int t) { std::memset(tiles().t[t], 0, sizeof tiles().t[t]); }
 inline void load(int t, const void* p, std::size_t stride) {
   const TileConfig& c = tiles().config;

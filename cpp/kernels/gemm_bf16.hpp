@@ -305,7 +305,7 @@ inline void gemm_bf16_block_amx(float* y, std::size_t ldy, const std::uint16_t* 
                                 std::size_t k, std::size_t nc, bool accumulate,
                                 const float* bias, std::uint32_t* wpack) {
   alignas(64) float tile[32][kBf16Nr] = {};
-  amx::configure(amx::kWholeTiles);
+  const amx::Session session(amx::kWholeTiles);
   for (std::size_t k0 = 0; k0 < kp; k0 += kBf16Kc) {
     const std::size_t kcp = std::min(kBf16Kc, kp - k0) / 2;
     pack_w_bf16(wpack, w, k, nc, k0, kcp);
@@ -333,7 +333,6 @@ inline void gemm_bf16_block_amx(float* y, std::size_t ldy, const std::uint16_t* 
       }
     }
   }
-  amx::release();
 }
 
 }  // namespace

@@ -413,7 +413,7 @@ inline void amx_gemm(const qgemv_args& a, std::uint8_t* pack) {
   auto* cbuf = reinterpret_cast<std::int32_t*>(pack + dot::kVnniRowBlock * k + 256 * nb);
   const std::size_t ldc = 16 * nb + 16;
   const std::uint8_t* xa = a.act.xi;  // [16-token tile][block][16][32]
-  amx::configure(amx::kInt8Tiles);
+  const amx::Session session(amx::kInt8Tiles);
   for (std::size_t r0 = 0; r0 < a.w.rows; r0 += kVnniRowBlock) {
     const std::size_t nr = std::min(a.w.rows - r0, kVnniRowBlock);
     qweights w = a.w;
@@ -466,7 +466,6 @@ inline void amx_gemm(const qgemv_args& a, std::uint8_t* pack) {
       }
     }
   }
-  amx::release();
 }
 
 // the AMX entry point: as qgemm_int8_acts, pack of dot::amx_int8_pack_bytes(k) bytes
