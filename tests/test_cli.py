@@ -153,3 +153,57 @@ def test_user_errors_print_no_traceback(model_dir: Path, tmp_path: Path) -> None
     p = run("chat", "--model", str(d), "--system", "be brief", "-n", "4", stdin="hi\n")
     assert p.returncode == 2 and "error: System role not supported" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_version_and_the_name_in_the_usage(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from llmkernels.__main__ import main
+
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"llmkernels {lk.__version__}"
+    for argv0, prog in (
+        ("/venv/bin/llmkernels", "llmkernels"),
+        ("x/__main__.py", "python -m llmkernels"),
+    ):
+        monkeypatch.setattr("sys.argv", [argv0])
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        assert capsys.readouterr().out.startswith(f"usage: {prog} ")
+
+
+def test_missing_text_extra_is_one_line(model_dir: Path) -> None:
+    """Without the tokenizers package (the [text] extra) the command says what to install."""
+    code = (
+        "import sys; sys.modules['tokenizers'] = None\n"
+        "from llmkernels.__main__ import main\n"
+        f"sys.exit(main(['generate', '--model', {str(model_dir)!r}, '--prompt', 'x']))\n"
+    )
+    p = run_interpreter("-c", code, timeout=TIMEOUT)
+    assert p.returncode == 2, p.stderr
+    assert "pip install 'llmkernels[text]'" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_ctrl_c_stops_the_reply_not_the_chat(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Ctrl-C during a reply ends that reply; the partial reply stays in the conversation and
+    the next turn goes on from it."""
+    from llmkernels.__main__ import main
+
+    send = lk.ChatSession.send
+    seen: list[list[dict]] = []
+
+    def interrupted_send(self, content, *args, **kw):
+        seen.append([dict(m) for m in self.messages])
+        for i, r in enumerate(send(self, content, *args, **kw)):
+            if i == 2 and len(seen) == 1:
+                raise KeyboardInterrupt
+            yield r
+
+    monkeypatch.setattr(lk.ChatSession, "send", interrupted_send)
+    lines = iter(["Hi there", "And then?", "q"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert main(["chat", "--model", str(model_dir), "-n", "8"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("[interrupted]") == 1
+    assert len(seen) == 2 and seen[1][-1]["role"] == "assistant"  # the partial reply joined
+    assert seen[1][-1]["content"]

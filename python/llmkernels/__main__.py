@@ -147,7 +147,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 def _text_command(lk: Any, args: argparse.Namespace) -> int:
     try:
         model, tokenizer = lk.load(args.model, dtype=args.dtype)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ImportError) as exc:  # (ImportError: names the [text] extra)
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.command == "generate":
@@ -201,19 +201,39 @@ def _text_command(lk: Any, args: argparse.Namespace) -> int:
             continue
         if not line.strip():
             continue
-        ok, last = _echo(partial(session.send, line, args.max_tokens, **_sampling_args(args)))
+        try:
+            ok, last = _echo(partial(session.send, line, args.max_tokens, **_sampling_args(args)))
+        except KeyboardInterrupt:
+            # Ctrl-C during a reply stops the reply, not the chat: the reply so far joins the
+            # conversation (ChatSession), a turn interrupted before its reply leaves it as it was
+            print("\n[interrupted]", file=sys.stderr, flush=True)
+            continue
         if not ok:
             return 2
         if last is not None:
             print(_stats(last, session.prefilled), file=sys.stderr, flush=True)
 
 
+def _prog() -> str:
+    """The name the usage shows: how the command was run (the ``llmkernels`` script, or
+    ``python -m llmkernels``)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m llmkernels" if name in ("", "__main__.py", "-c") else name
+
+
+def _version() -> str:
+    import llmkernels
+
+    return llmkernels.__version__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m llmkernels",
+        prog=_prog(),
         description="llmkernels: build info, text generation and chat with an HF model directory.",
     )
+    parser.add_argument("--version", action="version", version=f"llmkernels {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     info_p = sub.add_parser("info", help="version, SIMD path, threads, BLAS (build_info())")
     info_p.add_argument("--json", action="store_true", help="print as JSON")
