@@ -36,6 +36,19 @@ constexpr std::size_t kGemvMaxTokens = 8;  // above: the tile GEMM
 // 18.2); int4 10.1 / 14.1 without, 11.6 / 16.1 at 2 KiB. On AMD Zen 4 the stripes alone were the
 // faster (a prefetch on each stripe: int8 16.0-16.4 against 22 GB/s on one core).
 constexpr std::size_t kQGemvIntelPrefetch = 2048;
+
+// out[c * 8 + l] = factor * the sum of block 8 c + l's codes of one token (nb blocks of kQBlock
+// codes at x), 0 past the last block, for nch chunks of 8 blocks: the offset an unsigned operand
+// (code + 128 on VNNI, nibble + 8 in the AVX2 int4 kernel) adds to each block's dot product
+void scaled_block_sums(std::int32_t* out, const std::int8_t* x, std::size_t nb, std::size_t nch,
+                       std::int32_t factor) {
+  for (std::size_t b = 0; b < 8 * nch; ++b) {
+    std::int32_t sum = 0;
+    if (b < nb)
+      for (std::size_t i = 0; i < kQBlock; ++i) sum += x[b * kQBlock + i];
+    out[b] = factor * sum;
+  }
+}
 // With int8 activations the GEMV runs up to 16 tokens (4 passes of 4 over the codes): its
 // integer products outrun the packed GEMM's float ones, whose weight pack (dequantize +
 // transpose of the whole matrix) 9-16 tokens do not pay back. Tokens/s of a 2048 -> 5632
@@ -386,14 +399,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr, nullptr};
       if (int8_acts && gemv_dot != Int8Dot::none) {  // 128 * each block's sum, in xs8's place
         for (std::size_t t = 0; t < m; ++t)
-          for (std::size_t c = 0; c < nch; ++c)
-            for (std::size_t l = 0; l < 8; ++l) {
-              const std::size_t b = 8 * c + l;
-              std::int32_t sum = 0;
-              if (b < nb)
-                for (std::size_t i = 0; i < kQBlock; ++i) sum += xq[t * w.k + b * kQBlock + i];
-              xs8[(t * nch + c) * 8 + l] = 128 * sum;
-            }
+          scaled_block_sums(xs8 + t * nch * 8, xq + t * w.k, nb, nch, 128);
         a.act.xs128 = xs8;
       }
       if (int8_acts && bits == 4 && !vnni) {  // the pair order of the AVX2 int4 kernel
@@ -410,16 +416,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
             std::memcpy(d + 48, b0 + kQBlock + 16, 16);
           }
           if (nb % 2) std::memcpy(dst + (nb - 1) * kQBlock, src + (nb - 1) * kQBlock, kQBlock);
-          // 8 * the sum of each block's codes (0 past the last block): the offset the
-          // unsigned nibbles (code + 8) add to each block's dot product
-          for (std::size_t c = 0; c < nch; ++c)
-            for (std::size_t l = 0; l < 8; ++l) {
-              const std::size_t b = 8 * c + l;
-              std::int32_t sum = 0;
-              if (b < nb)
-                for (std::size_t i = 0; i < kQBlock; ++i) sum += src[b * kQBlock + i];
-              xs8[(t * nch + c) * 8 + l] = 8 * sum;
-            }
+          // the offset the unsigned nibbles (code + 8) add to each block's dot product
+          scaled_block_sums(xs8 + t * nch * 8, src, nb, nch, 8);
         }
         });
         a.act.q4 = q4;
