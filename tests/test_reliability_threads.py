@@ -615,9 +615,12 @@ def test_fork_while_another_thread_writes_a_cache() -> None:
     written) instead of hanging; fresh caches work."""
     out = run_ok(
         """
-        import os, threading, time
+        import faulthandler, os, threading, time
         import numpy as np
         import llmkernels as lk
+        # a hang prints where the parent was (stderr) before the test's timeout kills it (not
+        # re-armed in the child: that would wait for the watchdog thread the fork left behind)
+        faulthandler.dump_traceback_later(150, exit=True)
         cfg = {"dim": 256, "n_layers": 4, "n_heads": 4, "hidden_dim": 512, "vocab_size": 64}
         model = lk.Transformer(cfg, seed=0)
         ids = np.arange(1024)[None] % 64
@@ -630,8 +633,12 @@ def test_fork_while_another_thread_writes_a_cache() -> None:
             cache = model.new_cache(1, 4096)
             go = threading.Thread(target=lambda: [model(ids, cache=cache) for _ in range(3)])
             go.start()
-            while not cache._lock.locked():
+            # (a thread descheduled long enough may miss all three forwards: then try again)
+            while not cache._lock.locked() and go.is_alive():
                 time.sleep(0.0005)
+            if not go.is_alive():
+                go.join()
+                continue
             held.clear()
             pid = os.fork()
             if pid == 0 and not held[-1]:
@@ -659,5 +666,36 @@ def test_fork_while_another_thread_writes_a_cache() -> None:
             os._exit(code)
         print("child", os.waitstatus_to_exitcode(status))
         """
+    )
+    assert "child 0" in out, out
+
+
+def test_fork_while_another_thread_holds_a_python_lock() -> None:
+    """The package's own locks (the RoPE table LRU, a dynamic RoPE schedule) held by a thread of
+    the parent at the fork are new in the child: its calls do not wait for a thread that does
+    not exist there."""
+    out = run_ok(
+        """
+        import os
+        import numpy as np
+        from llmkernels import _ops, modules
+        pos, freqs = np.arange(5), np.array([1.0, 0.1])
+        sched = modules._RopeSchedule(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0,
+                                                   "original_max_position_embeddings": 4})
+        want = sched.frequencies(np.arange(9))
+        sched.current, sched.cached_len = None, 4  # (back to the start)
+        # as if another thread were inside them at the fork
+        _ops._TABLE_CACHE_LOCK.acquire()
+        sched._lock.acquire()
+        pid = os.fork()
+        if pid == 0:
+            cos, sin = _ops._rope_tables(pos, freqs, 1.0, np.dtype(np.float32))
+            ok = np.allclose(cos[1], np.cos(freqs)) and np.allclose(
+                sched.frequencies(np.arange(9)), want)
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        """,
+        timeout=60,
     )
     assert "child 0" in out, out

@@ -22,6 +22,7 @@ float64 they promote as NumPy promotes.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -403,6 +404,19 @@ _TABLE_CACHE: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 _TABLE_CACHE_BYTES = 24 << 20
 _TABLE_CACHE_LOCK = threading.Lock()
 _table_cache_used = 0
+
+
+def _table_cache_after_fork_in_child() -> None:
+    # another thread of the parent may have held the lock at the fork: it would never be
+    # released in the child (where that thread does not exist). A new, empty cache.
+    global _TABLE_CACHE_LOCK, _table_cache_used
+    _TABLE_CACHE_LOCK = threading.Lock()
+    _TABLE_CACHE.clear()
+    _table_cache_used = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_table_cache_after_fork_in_child)
 
 
 def _rope_tables(

@@ -744,7 +744,16 @@ def _holding(cache: KVCache | ModelCache | None, cls: str) -> Any:
 _LIVE_CACHES: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+# RoPE schedules with state (dynamic NTK), whose lock another thread of the parent may hold at
+# the fork: in the child a new lock and the state it guarded (perhaps half updated) reset
+_LIVE_SCHEDULES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def _after_fork_in_child() -> None:
+    for schedule in list(_LIVE_SCHEDULES):
+        if schedule._lock.locked():
+            schedule._lock = threading.Lock()
+            schedule.cached_len, schedule.current = schedule.original, None
     for cache in list(_LIVE_CACHES):
         if cache._lock.locked():
             cache._lock = threading.Lock()
@@ -855,6 +864,7 @@ class _RopeSchedule:
             self.cached_len = self.original
             self.current: np.ndarray | None = None
             self._lock = threading.Lock()
+            _LIVE_SCHEDULES.add(self)
 
     def frequencies(self, positions: np.ndarray) -> np.ndarray | None:
         if self.kind == "static" or positions.size == 0:
