@@ -6,7 +6,7 @@ Usage::
     python benchmarks/bench_attention_peers.py [--quick] [--out benchmarks/results]
                                                [--paths avx2,best] [--quiet-wait S]
 
-The cases (issue 14 items 3 and 8), float32, shapes ``(B, H, T, head_dim)`` as
+The cases, float32, shapes ``(B, H, T, head_dim)`` as
 ``lk.attention`` takes them:
 
 * non-causal prefill ``(1, 32, 2048, 128)``, causal prefill (same shape);

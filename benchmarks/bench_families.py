@@ -5,7 +5,7 @@ Usage::
 
     python benchmarks/bench_families.py [--quick] [--out benchmarks/results] [--families a,b]
 
-What it does (issue 14 item 6; the protocol is ``harness.py``'s: interleaved rounds, medians):
+What it does (the protocol is ``harness.py``'s: interleaved rounds, medians):
 
 1. For each family (llama, mistral, qwen2, qwen3, phi3, gemma, gemma2) a random-weight model
    at a small shape (dim 512, 8 layers, 8 query / 4 KV heads, hidden 1408, vocab 32000 -- the
@@ -307,7 +307,7 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# issue 14 item 6: prefill >= 1.5x and decode >= 2x transformers eager, at 1 and 2 threads
+# the targets: prefill >= 1.5x and decode >= 2x transformers eager, at 1 and 2 threads
 TARGETS = (("prefill", 1.5, "prefill_fraction_of_fma_peak", "FMA peak"),
            ("decode", 2.0, "decode_fraction_of_triad", "triad"))  # fmt: skip
 

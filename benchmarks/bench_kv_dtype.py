@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Decode at a long context with a float32, bfloat16 and float16 KV cache (issue 13 item 4).
+"""Decode at a long context with a float32, bfloat16 and float16 KV cache.
 
 Usage::
 

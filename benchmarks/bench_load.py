@@ -1,4 +1,4 @@
-"""Checkpoint loading: peak memory and time of ``Transformer.from_pretrained`` (issue 15 item 4).
+"""Checkpoint loading: peak memory and time of ``Transformer.from_pretrained``.
 
 Targets: peak RSS while loading <= 1.3x the loaded model's size, and load time <= 2x the time
 to read the checkpoint files once with the page cache warm. The load is
@@ -177,7 +177,7 @@ def main() -> None:
         "--dtypes",
         default="",
         help="also load the bf16 checkpoint converted to these dtypes (comma-separated, e.g. "
-        "int8,int4,float32): issue 13's memory targets, RSS after loading <= 1.15x the "
+        "int8,int4,float32): the memory targets, RSS after loading <= 1.15x the "
         "weights + 100 MiB and peak <= 1.5x that",
     )
     args = p.parse_args()
@@ -200,7 +200,7 @@ def main() -> None:
                 r = measure(d, mode, args.repeats)
                 m = r["model_bytes"]
                 alloc = f"{measure(d, 'alloc', 1)['seconds']:.3f}" if mode == "new" else "-"
-                budget = 1.15 * m + 100 * mib  # issue 13 item 9
+                budget = 1.15 * m + 100 * mib
                 name = d.name if mode in ("new", "old") else f"{d.name} -> {mode[4:]}"
                 path = "old" if mode == "old" else "new"
                 print(

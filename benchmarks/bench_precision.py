@@ -1,5 +1,5 @@
 """Weight precision: decode and prefill tokens/s with float32, bfloat16 and float16 weights
-(issue 13 item 9, the bf16 / f16 rows), and the weight-read bandwidth of decode as a fraction of
+(the bf16 / f16 rows beside llama.cpp's), and the weight-read bandwidth of decode as a fraction of
 the STREAM-triad bandwidth measured in the same run.
 
 One random model at TinyLlama's layer shape (dim 2048, 32 / 4 heads, hidden 5632, vocab 32000,
@@ -13,9 +13,9 @@ threads, interleaved round by round (medians):
 * prefill: 512 tokens, last position's logits (as a generation needs); tokens/s = 512 / time.
 
 int8 and int4 (group size 32, :meth:`Transformer.quantize`) join when the package has them.
-Targets (issue 13): decode bf16 >= 1.8x, int8 >= 3x, int4 >= 4.5x our float32.
+Targets: decode bf16 >= 1.8x, int8 >= 3x, int4 >= 4.5x our float32.
 
-llama.cpp (issue 13 items 8-9), when installed (:mod:`llamacpp_peer` says how; otherwise the
+llama.cpp, when installed (:mod:`llamacpp_peer` says how; otherwise the
 report says why it was skipped): the float32 model is saved in HF layout, converted to GGUF by
 llama.cpp's own converter (F32, F16, Q8_0; Q4_0 quantized from F32), its F32 logits validated
 against ours (an F32 KV cache, a 64-token prompt) before any timing, then the same decode and
@@ -517,7 +517,7 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# issue 13's targets: decode against our float32 and against llama.cpp, prefill against
+# the precision targets: decode against our float32 and against llama.cpp, prefill against
 # llama.cpp (every precision)
 F32_TARGETS = {"bfloat16": 1.8, "int8": 3.0, "int4": 4.5}
 PEER_TARGETS = {"bfloat16": 1.15, "int8": 1.3, "int4": 1.0}
@@ -580,7 +580,7 @@ def target_lines(report: dict[str, Any]) -> list[str]:
     if not out:
         return []
     return [
-        "## The targets (issue 13), and what an unmet one needs of this machine",
+        "## The targets, and what an unmet one needs of this machine",
         "",
         "Needs: the rate the target asks for, as weight bytes read per second (decode) or "
         "arithmetic (prefill; float32 FMA peak of the probe), beside the highest fraction any "

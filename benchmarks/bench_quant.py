@@ -14,7 +14,7 @@ thread count (1, 2), interleaved rounds (``harness.measure_quietly``), medians:
   two activation strategies (float32 activations dequantized in registers; activations
   quantized per token to int8 blocks and integer dot products);
 * ``int4 float-acts`` / ``int4 int8-acts``: the same with int4 (Q4_0-layout) weights;
-* ``llama.cpp``: not timed here (the model-level comparison is issue 13's bench); this script
+* ``llama.cpp``: not timed here (the model-level comparison is bench_precision.py); this script
   says whether ``llama_cpp`` is importable.
 
 Bytes per call = the weight bytes (codes + float16 scales; 4 bytes per weight for float32);
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import llama_cpp  # noqa: F401
 
-        report["llama_cpp"] = "installed (model-level comparison: issue 13's benchmark)"
+        report["llama_cpp"] = "installed (model-level comparison: bench_precision.py)"
     except ImportError:
         report["llama_cpp"] = "not installed: skipped"
     probe = run.probe(cfg)

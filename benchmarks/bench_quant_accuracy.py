@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Accuracy of int8 / int4 Transformers against the float32 model they were quantized from
-(issue 13 item 7), per group size, and (``--speed``) their decode speed.
+"""Accuracy of int8 / int4 Transformers against the float32 model they were quantized from,
+per group size, and (``--speed``) their decode speed.
 
 Usage::
 

@@ -15,7 +15,7 @@ What it does (the protocol is ``harness.py``'s: interleaved rounds, medians, 1 a
    for a fair comparison), so the medians are per call. Rows are ``(n / d, d)`` with
    ``d = min(n, 4096)`` for the norms; RoPE is ``(n / 1024, 16, 64)`` (from 1,024 elements) with
    the peers given precomputed cos/sin (llmkernels computes or reuses its own).
-2. The per-call overhead table of issue 11 (1 thread): the four elementwise/row ops on 1,024
+2. The per-call overhead table (1 thread): the four elementwise/row ops on 1,024
    float32, ``rope`` on (8, 16, 64), ``attention`` on (1, 8, 16, 64) causal, and each module's
    ``__call__`` next to its C++ forward (``module._impl.forward``) on prepared arguments: the
    difference is what the Python layer adds.
@@ -166,12 +166,12 @@ def sweep(cfg: Config, run: h.Run, rng: np.random.Generator, probe: dict[str, An
 
 
 # --------------------------------------------------------------------------------------
-# per-call overhead (issue 11 item 2)
+# per-call overhead
 # --------------------------------------------------------------------------------------
 
 
 def overhead(cfg: Config, rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Median µs per call at 1 thread of the issue's list, and each module's __call__ next to
+    """Median µs per call at 1 thread of this list, and each module's __call__ next to
     its C++ forward."""
     h.set_threads(1)
     x = rng_f32(rng, 1024)

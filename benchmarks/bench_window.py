@@ -5,7 +5,7 @@ Usage::
 
     python benchmarks/bench_window.py [--quick] [--out benchmarks/results]
 
-What it does (issue 14 item 7; the protocol is ``harness.py``'s: interleaved rounds, medians,
+What it does (the protocol is ``harness.py``'s: interleaved rounds, medians,
 1 and 2 threads):
 
 * ``lk.attention(q, k, v, causal=True, window=w)`` at (B, H, T, D) = (1, 8, 16384, 64),

@@ -1,4 +1,4 @@
-"""llama.cpp as a peer (issue 13 item 8): the same safetensors checkpoint converted to GGUF with
+"""llama.cpp as a peer: the same safetensors checkpoint converted to GGUF with
 llama.cpp's own converter, loaded by llama-cpp-python, its logits validated, then timed.
 
 Set-up, once, outside the repository (llama.cpp takes ~25 min to build on 2 cores)::

@@ -1,4 +1,4 @@
-"""benchmarks/bench_families.py: every family against transformers eager (issue 14 item 6)."""
+"""benchmarks/bench_families.py: every family against transformers eager."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_load.py: load time and peak memory of from_pretrained (issue 15 item 4)."""
+"""benchmarks/bench_load.py: load time and peak memory of from_pretrained."""
 
 from __future__ import annotations
 

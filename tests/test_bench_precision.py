@@ -1,4 +1,4 @@
-"""benchmarks/bench_precision.py: float32 vs bf16 vs f16 weights, decode and prefill (issue 13)."""
+"""benchmarks/bench_precision.py: float32 vs bf16 vs f16 weights, decode and prefill."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_sizes.py: the size sweep and per-call overhead table (issue 11 item 2)."""
+"""benchmarks/bench_sizes.py: the size sweep and per-call overhead table."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``llmkernels generate`` and ``llmkernels chat`` end to end, in a subprocess (issue 15 item 8).
+"""``llmkernels generate`` and ``llmkernels chat`` end to end, in a subprocess.
 
 The model directory is :func:`llmkernels.text.write_tiny_model`'s (random weights, byte-level
 tokenizer, chat template); the reference is the in-process text API on the same directory.

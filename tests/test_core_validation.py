@@ -1,4 +1,4 @@
-"""Validation once, in C++ (issue 11 item 1) for rope and attention: their ``_core`` entries
+"""Validation once, in C++ for rope and attention: their ``_core`` entries
 check every argument themselves, with the public messages, so ``_ops.py`` only converts.
 
 The public ops' messages are checked in test_errors.py, tests/ops/test_rope.py and

@@ -1,4 +1,4 @@
-"""The LLaMA family beyond ``model_type: llama`` (issue 14 item 1): Mistral (sliding-window
+"""The LLaMA family beyond ``model_type: llama``: Mistral (sliding-window
 attention), Qwen2 (biases on q/k/v only), Qwen3 (per-head q/k RMSNorm) and Phi-3 (fused
 qkv_proj / gate_up_proj, longrope) and Gemma (GeGLU, 1 + weight norms, sqrt(dim) embedding
 scale, tied head) and Gemma 2 (sandwich norms, attention and final soft-capping, alternating

@@ -1,4 +1,4 @@
-"""The fast path / conversion path split of the public ops (issue 11 items 1-2).
+"""The fast path / conversion path split of the public ops.
 
 Each op offers its arguments to ``_core._fast_<op>`` first; the common case (plain C-contiguous
 native float32/float64 ndarrays of one dtype, ``out`` not overlapping an input except as the

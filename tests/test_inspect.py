@@ -76,7 +76,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "attn_scale": 0.2,
     },
     # (no partial_rotary_factor: the C++ attention module rotates head_dim / 2 pairs whatever
-    # the length of its frequencies, see the report of issue 15)
+    # the length of its frequencies)
 }
 
 

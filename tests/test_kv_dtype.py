@@ -1,4 +1,4 @@
-"""KV caches stored in bfloat16 / float16 (issue 13 item 4).
+"""KV caches stored in bfloat16 / float16.
 
 Contract: keys and values are rounded to nearest even as they are written (``ml_dtypes`` /
 NumPy ``astype``), and attention reads them widened to float32 inside the kernel. So:

@@ -1,4 +1,4 @@
-"""Hostile model directories, round two (issue 12 items 4, 7, 13, 15 and 19's hostile files).
+"""Hostile model directories, round two.
 
 Policy under test (see llmkernels/_files.py):
 
@@ -280,7 +280,7 @@ def test_absurd_config_refused_before_allocating(tmp_path: Path, narrow: Path, k
     "terabytes of address space); this runs in make test",
 )
 def test_139_byte_config_with_2_24_layers(tmp_path: Path, narrow: Path) -> None:
-    """The issue's case: a minimal config.json beside real weights, in a subprocess whose
+    """The reported case: a minimal config.json beside real weights, in a subprocess whose
     memory is limited (it used to run for minutes and fill memory)."""
     d = clone(narrow, tmp_path / "m")
     small = {

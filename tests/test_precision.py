@@ -1,4 +1,4 @@
-"""Weights stored in bfloat16 / float16 (issue 13 item 6 and the dtype=None loading of item 1).
+"""Weights stored in bfloat16 / float16.
 
 What "right" means here: a model whose projection and embedding matrices are stored in 16 bits
 computes exactly what the float32 model built from the same *rounded* weights computes (the

@@ -1,4 +1,4 @@
-"""int8 / int4 weights inside the modules and the Transformer (issue 13 items 1 and 7).
+"""int8 / int4 weights inside the modules and the Transformer.
 
 What "right" means here:
 

@@ -1,4 +1,4 @@
-"""Inputs at the edges of what the contract allows (issue 12 items 11-14, 17):
+"""Inputs at the edges of what the contract allows:
 
 * dtypes NumPy considers equal to float32/float64 (pickled, with metadata) are accepted by the
   ops, the modules and ``_core`` itself; non-native byte order is converted;

@@ -1,4 +1,4 @@
-"""Numerical reliability at the edges (issue 12, items 5, 8, 9, 10), on every SIMD path.
+"""Numerical reliability at the edges, on every SIMD path.
 
 * Index limits are integers: causal limits past 2**24 keys (float32 would round them).
 * Subnormal operands follow the float64 reference (no DAZ/FTZ), also when the calling thread
@@ -364,7 +364,7 @@ def test_attention_finite_where_reference_is(isa, kind, dtype, tq, tk, causal):
 
 
 def test_attention_issue_example_scale_1e20(isa):
-    """The issue's example: scale = 1e20 with q = 1e20 gave NaN; the reference is finite."""
+    """The reported example: scale = 1e20 with q = 1e20 gave NaN; the reference is finite."""
     q = np.full((1, 1, 2), 1e20, F32)
     k = np.array([[[1.0, 0.0], [0.0, 2.0], [0.5, 0.5]]], F32)
     v = np.array([[[1.0], [2.0], [3.0]]], F32)
@@ -398,7 +398,7 @@ def test_attention_nan_and_inf_still_propagate(isa):
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_layer_norm_long_row_around_1e8(isa, spread, dtype):
     """reference: (x - mean) / sqrt(var + eps) * w + b with var = mean((x - mean)**2), float64;
-    2**18 values around 1e8 (the issue's case was 1,400x over the tolerance)."""
+    2**18 values around 1e8 (the reported case was 1,400x over the tolerance)."""
     rng = np.random.default_rng(int(spread))
     n = 1 << 18
     x = (1e8 + spread * rng.standard_normal(n)).astype(dtype)[None]
@@ -415,7 +415,7 @@ def test_layer_norm_long_row_around_1e8(isa, spread, dtype):
 @pytest.mark.parametrize("dist", ["uniform", "normal", "offset"])
 def test_norms_rows_of_2_24_values(isa, dist):
     """reference: rms_norm = x / sqrt(mean(x**2) + eps) * w and layer_norm as above, float64,
-    on one float32 row of 2**24 values (the issue's plain rows were 4x over the tolerance)."""
+    on one float32 row of 2**24 values (the reported plain rows were 4x over the tolerance)."""
     rng = np.random.default_rng(24)
     n = 1 << 24
     if dist == "uniform":

@@ -1,4 +1,4 @@
-"""Reliability under threads, allocation failure and thread limits (issue 12, items 1-3, 16, 17).
+"""Reliability under threads, allocation failure and thread limits.
 
 * Shared caches: Python threads calling modules with the **same** KV cache (through the Python
   classes and straight through ``_core``) are serialised: the cache never grows past
@@ -223,7 +223,7 @@ def expect_memory_error(name, call, headroom=64 * MiB):
     raise AssertionError(f"{name}: no MemoryError")
 
 # 1. attention with a huge head dimension: the tile workspaces (64 x D per thread, 4 GiB here)
-#    cannot be allocated (issue 12: std::terminate when a pool worker allocated them)
+#    cannot be allocated (formerly: std::terminate when a pool worker allocated them)
 d = 1 << 24
 q = np.ones((1, 2, 1, d), np.float32)
 out = np.full((1, 2, 1, d), 7.0, np.float32)
@@ -421,7 +421,7 @@ def test_thread_start_failure(mode):
     """The system refuses threads part-way (address-space limit: no room for more stacks).
     set_num_threads(1024) raises a clear RuntimeError and keeps the previous count; a count
     from LLMKERNELS_NUM_THREADS runs on the threads that started. Either way the next kernels
-    return the right answers; a hang (issue 12: a condition variable destroyed under waiting
+    return the right answers; a hang (formerly: a condition variable destroyed under waiting
     workers) is killed by the timeout and fails the test."""
     env = {"LLMKERNELS_NUM_THREADS": "1024"} if mode == "env" else {}
     assert run_ok(
@@ -470,7 +470,7 @@ print("ok")
 def test_steady_state_starts_no_threads():
     """With 4 threads configured, decode steps, GQA attention with 2 KV heads and small ops
     (jobs of 1-2 chunks) run on the existing pool: the thread ids in /proc/self/task are the
-    same before and after (issue 12: the pool was rebuilt whenever a call used fewer threads
+    same before and after (formerly: the pool was rebuilt whenever a call used fewer threads
     than configured)."""
     assert run_ok(STEADY_STATE_SCRIPT).endswith("ok\n")
 
@@ -493,7 +493,7 @@ def settled_rss():
     return rss()
 
 # decode attention over 2**19 keys, 8 KV heads of 64 query heads each: the key-split partial
-# states are ~38 MiB (issue 12: kept for the life of the process)
+# states are ~38 MiB (formerly: kept for the life of the process)
 q = rng.standard_normal((1, 512, 1, 8)).astype(np.float32)
 k = rng.standard_normal((1, 8, 1 << 19, 8)).astype(np.float32)
 out = np.empty((1, 512, 1, 8), np.float32)
@@ -503,7 +503,7 @@ lk.attention(q, k, k, out=out)
 kept = settled_rss() - base
 assert kept < 8 * MiB, f"decode attention kept {kept / MiB:.1f} MiB"
 
-# a long FeedForward forward: 256 MiB of gate/up/hidden scratch (issue 12: kept)
+# a long FeedForward forward: 256 MiB of gate/up/hidden scratch (formerly: kept)
 ffn = lk.FeedForward(64, 4096, seed=0)
 x = rng.standard_normal((1, 8192, 64)).astype(np.float32)
 ffn(x[:, :4])

@@ -1,4 +1,4 @@
-"""Rolling KV caches of sliding-window layers (issue 14 item 2): memory O(window) for any
+"""Rolling KV caches of sliding-window layers: memory O(window) for any
 length, and prefill in chunks / token-by-token decode past the window equal to the full forward.
 
 Reference: the same layer without a cache (its attention masks keys j with

@@ -1,4 +1,4 @@
-"""Text in, text out (issue 15): the tokenizer, chat template, lk.generate / lk.stream_generate.
+"""Text in, text out: the tokenizer, chat template, lk.generate / lk.stream_generate.
 
 Peers: transformers on the same directory. A byte-level BPE is trained locally with the
 ``tokenizers`` library on tests/data/tokenizer_corpus.txt (English, accents, Cyrillic, Greek,

@@ -100,7 +100,7 @@ inline const T* cptr_or_null(const std::optional<py::array>& a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fast path (issue 11 item 2). Each public op's `_fast_<op>` entry takes the Python
+// The fast path. Each public op's `_fast_<op>` entry takes the Python
 // arguments as they came and handles the common case entirely in C++: plain ndarrays of native
 // float32/float64, C-contiguous, one dtype, `out` absent or not overlapping an input (other than
 // an exact alias where the op allows it), valid shapes and scalars. For anything else it returns

@@ -1,4 +1,4 @@
-"""Attention features of the LLaMA family (issue 14 item 2): sliding ``window``, score
+"""Attention features of the LLaMA family: sliding ``window``, score
 ``softcap``, attention ``sinks`` and ``return_lse`` — the float64 reference and the pure-Python
 twin against transformers' own implementations (Mistral/Gemma 2 masks, Gemma 2's soft-capping,
 gpt-oss's sinks) and against each other.

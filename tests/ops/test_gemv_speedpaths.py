@@ -1,4 +1,4 @@
-"""The decode (GEMV) kernels' fast paths (issue 13 item 9): int8 / int4 weights with int8
+"""The decode (GEMV) kernels' fast paths: int8 / int4 weights with int8
 activations, the combined scales d = s_w * s_x formed in registers per block (int8) or pair of
 blocks (int4), specialized for groups of 32 and for larger groups (kernels/quant.hpp:
 qgemv_rows_w8_g, qgemv_rows_int4_pairs_g), the int4 nibble offset taken off in int16 per block;

@@ -8,7 +8,7 @@ uniformly (logit std 0.23 over the vocabulary, top probability ~1%): its top-1 t
 under any perturbation of a few 1e-3, so "top-1 agreement" measures noise there (98% at int8,
 71% at int4 in our runs, with KL divergences of 3e-6 / 8e-4). A trained model's next-token
 distributions are peaked like a real LM's (here mean top probability 0.55, logit std 1.5), which
-is what the issue's top-1 criterion is about.
+is what the top-1 criterion is about.
 
 The language: a Markov chain over 512 tokens, each token followed by one of 8 successors drawn
 with Dirichlet(0.3) probabilities (numpy seed 0). transformers' LlamaForCausalLM (torch seed 0)
