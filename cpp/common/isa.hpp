@@ -34,10 +34,10 @@ void set_active_isa(Isa isa);  // clamped to best_supported_isa(); forces it for
 // projections run faster on avx512. The quantized GEMVs (qgemv: gemv_q8 / gemv_q4, decode) have
 // no 512-bit code: their avx512 instantiation is the AVX2 source compiled with AVX-512 enabled,
 // and it measured as fast or slower on every CPU with AVX-512 -- on Intel Emerald Rapids (full-
-// width 512-bit units) up to 1.12x slower with int4 weights or float activations at 1 / 2
+// width 512-bit units) up to 1.19x slower with int4 weights or float activations at 1 / 2
 // threads (benchmarks/results/emerald_rapids/dispatch.md) -- so they run avx2 on both. On
-// Emerald Rapids every other family runs avx512 (gemm_q, quant, serves the packed family's
-// avx512 route and decides the VNNI decode GEMV). Every other kernel ("other") runs on the
+// Emerald Rapids every other family runs avx512 (quant, i.e. gemm_q, also decides whether the
+// decode GEMV of int8 weights runs on VNNI). Every other kernel ("other") runs on the
 // active ISA.
 // Forcing an ISA (LLMKERNELS_ARCH, set_simd_arch) forces it for every family. Results depend
 // only on the host, the mode and the thread count. (The timing loop shuffles the paths every

@@ -180,7 +180,7 @@ Path choose_path_w(std::size_t m, bool quantized) {
     case GemmRoute::automatic:
       break;
   }
-  // The packed kernel from 9 tokens on (AVX-512: not measured yet, as choose_path), for every m:
+  // The packed kernel from 9 tokens on (on AVX-512 for quantized weights only: below), for every m:
   // its converting pack reads each weight once per call, at 2 (16-bit) or 1-1.1 bytes
   // (quantized) instead of float32's 4, so it catches up with gemm_xt_w16 / gemm_q earlier than
   // float32 does with gemm_xt. Measured on the AVX2 EPYC (the TinyLlama layer's projections,
