@@ -336,14 +336,17 @@ def trace(
 
     Args:
         model: a :class:`~llmkernels.Transformer`.
-        ids, positions, mask, last_only: as for ``model(ids, ...)`` (no KV cache: the trace
-            looks at one prompt from its start).
+        ids: token ids, as for ``model(ids)`` (no KV cache: the trace looks at one prompt
+            from its start).
+        positions: as for ``model(ids, positions=...)``.
+        mask: as for ``model(ids, mask=...)``.
+        last_only: as for ``model(ids, last_only=...)``.
 
     Returns:
         A :class:`Trace`; ``trace.logits`` equals ``model(ids, ...)`` within the block
         contract.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> model = lk.Transformer({"dim": 16, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
         ...                         "hidden_dim": 32, "vocab_size": 50}, seed=0)
@@ -573,12 +576,12 @@ def classify_heads(weights: Any, mask: Any = None) -> list[list[str]] | list[str
        threshold (``FIRST_THRESHOLD``, ``SELF_THRESHOLD`` — the analysis' "strong self-focus",
        0.6 — and ``PREVIOUS_THRESHOLD``, all 0.6);
     2. ``"uniform"``: mean normalised entropy of the rows >= ``UNIFORM_THRESHOLD`` (0.9;
-       the seed's "generalist" heads);
+       the notes' "generalist" heads);
     3. ``"local"``: mean mass on the query's token and the ``LOCAL_WINDOW - 1`` = 3 before it
-       >= ``LOCAL_THRESHOLD`` (0.7, the seed's "local context specialist");
-    4. ``"mixed"`` otherwise (the seed's "Mixed/specialized attention").
+       >= ``LOCAL_THRESHOLD`` (0.7, the notes' "local context specialist");
+    4. ``"mixed"`` otherwise (the notes' "Mixed/specialized attention").
 
-    (The seed's forward/backward-looking test is always "backward" under a causal mask.)
+    (The notes' forward/backward-looking test is always "backward" under a causal mask.)
 
     Args:
         weights: a list of per-layer ``(B, H, Tq, Tk)`` / ``(H, Tq, Tk)`` arrays, or one array.
@@ -588,7 +591,7 @@ def classify_heads(weights: Any, mask: Any = None) -> list[list[str]] | list[str
         ``labels[layer][head]`` (a list of ``labels[head]`` for one array), from
         ``HEAD_CLASSES``.
 
-    Example:
+    Examples:
         >>> import numpy as np
         >>> from llmkernels.inspect import classify_heads
         >>> t = 6

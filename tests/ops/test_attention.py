@@ -1,7 +1,7 @@
 """llmkernels.attention (tile kernel cpp/kernels/attention.hpp, driver and entries
 cpp/ops/attention.cpp, binding cpp/bindings/attention.cpp, wrapper llmkernels._ops.attention)
 against its formula (ref_attention below, which is llmkernels.reference.attention), PyTorch's
-scaled_dot_product_attention and the seeds' RoPE attention numbers; streaming memory,
+scaled_dot_product_attention and the LLaMA notes' RoPE attention numbers; streaming memory,
 determinism across threads / runs, bad input and empty shapes.
 
 The reference sweep goes one parameter at a time from the defaults (B=1, Hq=Hkv=4,
@@ -683,9 +683,9 @@ def test_decode_step_equals_last_row(dtype, rng):
     np.testing.assert_allclose(chunk, full[:, :, 20:], **tol)
 
 
-# --- 3. the seeds' RoPE attention numbers --------------------------------------------------------
+# --- 3. the LLaMA notes' RoPE attention numbers ---------------------------------------------
 
-THETA = 0.1  # rad/position, the seeds' single frequency
+THETA = 0.1  # rad/position, the notes' single frequency
 
 
 def rot(x: tuple[float, float], pos: int) -> tuple[float, float]:
@@ -705,7 +705,7 @@ def roped(vectors, positions, dtype) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_seed_001_rope_scores(dtype):
+def test_worked_example_rope_scores(dtype):
     tol = {"rtol": 1e-12, "atol": 1e-14} if dtype == np.float64 else {"rtol": 2e-6, "atol": 1e-7}
     qs, ks = [(1.0, 0.5), (0.9, 0.7)], [(0.8, 0.6), (0.7, 0.5)]  # tokens at positions 1 and 2
     scores = [
@@ -715,7 +715,7 @@ def test_seed_001_rope_scores(dtype):
         ]
         for i in range(2)
     ]
-    # the seed's q2'·k1' = 1.133 (from rounded intermediates); exactly 1.1323
+    # the notes' q2'·k1' = 1.133 (from rounded intermediates); exactly 1.1323
     assert abs(scores[1][0] - 1.1323) < 5e-5
     assert abs(scores[1][0] - 1.133) < 1e-3
     q, k = roped(qs, [1, 2], dtype), roped(ks, [1, 2], dtype)
@@ -737,14 +737,14 @@ def test_seed_001_rope_scores(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_seed_000_relative_position(dtype):
+def test_math_notes_relative_position(dtype):
     """q1'·k3' = 1.25 cos(0.2) = 1.2251: with q = k = [1, 0.5] the score is |v|^2 cos(Δ θ), so
     the weights depend only on position differences."""
     tol = {"rtol": 1e-12, "atol": 1e-14} if dtype == np.float64 else {"rtol": 2e-6, "atol": 1e-7}
     vec = (1.0, 0.5)
     score13 = sum(a * b for a, b in zip(rot(vec, 1), rot(vec, 3), strict=True))
     assert abs(score13 - 1.25 * math.cos(0.2)) < 1e-12
-    assert abs(score13 - 1.2251) < 5e-5  # the seed's 1.225
+    assert abs(score13 - 1.2251) < 5e-5  # the notes' 1.225
     v = np.eye(3, dtype=dtype)[None]
     # query at position 1, keys at positions 1, 2, 3: scores 1.25 cos(0), cos(0.1), cos(0.2)
     want = softmax([1.25 * math.cos(THETA * dist) for dist in (0, 1, 2)])

@@ -1,9 +1,11 @@
-"""The seeds' worked numerical examples, as data and code.
+"""The worked numerical examples of the LLaMA notes, as data and code.
 
-Seeds ``000``, ``001`` and ``002`` (``shared/seeds``) compute RMSNorm, LayerNorm, SwiGLU and
-RoPE by hand. Every number they state is listed here as a :class:`Stated` item: the string
-exactly as the seed wrote it (its digits fix the precision the seed claims), plus, where the
-seed derived it from its own earlier rounded numbers, that derivation (``chain``).
+Three notes this project was built from compute RMSNorm, LayerNorm, SwiGLU and RoPE by hand:
+"The Math: RMSNorm, SwiGLU, and RoPE", "Worked Example: Computing RMSNorm, SwiGLU, and RoPE" and
+an RMSNorm tutorial (see :data:`NOTES`). Every number they state is listed here as a
+:class:`Stated` item: the string exactly as the notes write it (its digits fix the precision the
+notes claim), plus, where the notes derive it from their own earlier rounded numbers, that
+derivation (``chain``).
 
 Each :class:`Example` has a ``compute(ops, dtype)`` function that recomputes all its stated
 quantities with an ``ops`` namespace: :mod:`llmkernels` (the C++ kernels) or
@@ -11,22 +13,22 @@ quantities with an ``ops`` namespace: :mod:`llmkernels` (the C++ kernels) or
 the "exact" value of a quantity is ``compute(llmkernels.reference, np.float64)``. Quantities
 that no kernel returns are recovered from a kernel's output (the RMS of ``x`` is
 ``x·x / x·y`` for ``y = rms_norm(x)``; ``σ(z) = silu(z) / z``; ``cos, sin`` of an angle are
-``rope([1, 0])``); plain arithmetic on the seed's given numbers (sums, ``z = x·W + b``) is
+``rope([1, 0])``); plain arithmetic on the notes' given numbers (sums, ``z = x·W + b``) is
 done in float64 NumPy.
 
-Verdicts (:func:`classify`), with ``u`` one unit in the last digit the seed wrote:
+Verdicts (:func:`classify`), with ``u`` one unit in the last digit the notes wrote:
 
-* ``"ok"``: ``|stated - exact| <= u/2``: the seed's number is the exact value rounded.
-* ``"rounded"``: ``|stated - exact| <= 2u``; or ``<= 5u`` when the seed's own step on its own
+* ``"ok"``: ``|stated - exact| <= u/2``: the notes' number is the exact value rounded.
+* ``"rounded"``: ``|stated - exact| <= 2u``; or ``<= 5u`` when the notes' own step on their own
   rounded numbers (``chain``) reproduces the stated value (e.g. ``0.7 · 0.199 = 0.1393`` where
   ``0.7 · sin 0.2 = 0.1391``): the deviation comes from rounding intermediate values.
-* ``"wrong"``: anything else: the seed's arithmetic is wrong. Each such item carries a one-line
+* ``"wrong"``: anything else: an error in the notes' arithmetic. Each such item carries a one-line
   reason (``why``), and a comment in :data:`EXAMPLES` re-derives the correct value by hand.
 
 Usage::
 
     import llmkernels
-    from seed_examples import evaluate
+    from worked_examples import evaluate
     for row in evaluate(llmkernels, np.float32):
         print(row.item.label, row.item.stated, row.value, row.exact, row.verdict)
 """
@@ -43,6 +45,7 @@ from numpy.typing import DTypeLike
 
 __all__ = [
     "EXAMPLES",
+    "NOTES",
     "OK",
     "ROUNDED",
     "WRONG",
@@ -61,13 +64,19 @@ WRONG = "wrong"
 
 #: A deviation of at most this many units in the last stated digit counts as rounding.
 ROUNDED_UNITS = 2.0
-#: ... and up to this many when the seed's own chain of rounded numbers reproduces the value.
+#: ... and up to this many when the notes' own chain of rounded numbers reproduces the value.
 CHAIN_UNITS = 5.0
 
 #: The ``ops`` namespace: ``llmkernels`` or ``llmkernels.reference`` (anything with the
 #: public functions ``rms_norm``, ``layer_norm``, ``silu``, ``swiglu``, ``swiglu_ffn``, ``rope``).
 Ops = Any
 Values = dict[str, float]
+
+MATH = "The Math: RMSNorm, SwiGLU, and RoPE"
+WORKED = "Worked Example: Computing RMSNorm, SwiGLU, and RoPE"
+TUTORIAL = "RMSNorm tutorial"
+#: The notes' titles, each with the short name that prefixes its examples' keys.
+NOTES: dict[str, str] = {MATH: "math", WORKED: "worked", TUTORIAL: "tutorial"}
 
 
 # --------------------------------------------------------------------------------------
@@ -77,13 +86,13 @@ Values = dict[str, float]
 
 @dataclass(frozen=True)
 class Stated:
-    """One number a seed states.
+    """One number the notes state.
 
     Attributes:
         key: name of the quantity in its example's ``compute`` result.
-        label: what the quantity is, as the seed describes it.
-        stated: the number exactly as the seed wrote it (its digits set the precision).
-        chain: the seed's own step evaluated on the seed's own rounded numbers, if any.
+        label: what the quantity is, as the notes describe it.
+        stated: the number exactly as the notes write it (its digits set the precision).
+        chain: the notes' own step evaluated on their own rounded numbers, if any.
         why: for a wrong value, the one-line reason; for a rounded one, an optional note.
     """
 
@@ -96,9 +105,12 @@ class Stated:
 
 @dataclass(frozen=True)
 class Example:
-    """A worked example of one seed: its inputs (in ``compute``) and its stated numbers."""
+    """A worked example of one note: its inputs (in ``compute``) and its stated numbers.
 
-    seed: str
+    ``source`` is the note's title (a key of :data:`NOTES`).
+    """
+
+    source: str
     name: str
     title: str
     compute: Callable[[Ops, DTypeLike], Values]
@@ -106,8 +118,8 @@ class Example:
 
     @property
     def id(self) -> str:
-        """``"<seed>.<name>"``, the prefix of every item's global key."""
-        return f"{self.seed}.{self.name}"
+        """``"<note>.<name>"`` (``note`` from :data:`NOTES`), the prefix of every item's key."""
+        return f"{NOTES[self.source]}.{self.name}"
 
 
 @dataclass(frozen=True)
@@ -122,12 +134,12 @@ class Row:
 
     @property
     def key(self) -> str:
-        """Global key, ``"<seed>.<example>.<quantity>"``."""
+        """Global key, ``"<note>.<example>.<quantity>"``."""
         return f"{self.example.id}.{self.item.key}"
 
     @property
     def correct(self) -> str:
-        """The exact value written with as many decimals as the seed used."""
+        """The exact value written with as many decimals as the notes used."""
         return f"{self.exact:.{decimals(self.item.stated)}f}"
 
 
@@ -176,14 +188,14 @@ def _mean_std_from_output(x: np.ndarray, y: Any) -> tuple[float, float]:
 
 
 def _rotate(ops: Ops, dtype: DTypeLike, v: Sequence[float], position: int) -> np.ndarray:
-    """The seeds' 2-D RoPE: rotate ``v`` by ``position · 0.1`` rad (one frequency, 0.1)."""
+    """The notes' 2-D RoPE: rotate ``v`` by ``position · 0.1`` rad (one frequency, 0.1)."""
     x = np.asarray([v], dtype=dtype)  # (T=1, D=2)
     out = ops.rope(x, np.asarray([position]), inv_freq=np.asarray([0.1]))
     return _f64(out)[0]
 
 
 def _rotate_seq(ops: Ops, dtype: DTypeLike, vs: Sequence[Sequence[float]]) -> np.ndarray:
-    """RoPE of a (T, 2) sequence at positions 1..T (the seed numbers tokens from 1)."""
+    """RoPE of a (T, 2) sequence at positions 1..T (the notes number tokens from 1)."""
     x = np.asarray(vs, dtype=dtype)
     return _f64(ops.rope(x, np.arange(1, len(vs) + 1), inv_freq=np.asarray([0.1])))
 
@@ -194,9 +206,9 @@ def _spread(prefix: str, values: Any) -> Values:
 
 
 def _rotation_terms(ops: Ops, dtype: DTypeLike, name: str, v: Sequence[float], p: int) -> Values:
-    """The four products of the seed's matrix-vector product ``R(p·0.1) · v``, and the result.
+    """The four products of the notes' matrix-vector product ``R(p·0.1) · v``, and the result.
 
-    ``R v = [v0 cos - v1 sin, v0 sin + v1 cos]``; the seed writes each product separately:
+    ``R v = [v0 cos - v1 sin, v0 sin + v1 cos]``; the notes write each product separately:
     ``<name>_c0 = v0 cos``, ``<name>_s1 = v1 sin`` (subtracted), ``<name>_s0 = v0 sin``,
     ``<name>_c1 = v1 cos``. Rotating ``[v0, 0]`` and ``[0, v1]`` gives them as kernel outputs.
     """
@@ -213,14 +225,14 @@ def _cos_sin(ops: Ops, dtype: DTypeLike, p: int) -> Values:
 
 
 # --------------------------------------------------------------------------------------
-# worked example 1 of the LLaMA notes: RMSNorm, LayerNorm, scalar SwiGLU, 2-D RoPE
+# "The Math: RMSNorm, SwiGLU, and RoPE": RMSNorm, LayerNorm, scalar SwiGLU, 2-D RoPE
 # --------------------------------------------------------------------------------------
 
-X000 = [2.0, -1.0, 3.0, 0.0]
+X_MATH = [2.0, -1.0, 3.0, 0.0]
 
 
-def _c000_rms(ops: Ops, dtype: DTypeLike) -> Values:
-    x = np.asarray(X000, dtype=dtype)
+def _math_rms(ops: Ops, dtype: DTypeLike) -> Values:
+    x = np.asarray(X_MATH, dtype=dtype)
     y = _f64(ops.rms_norm(x, eps=0.0))
     rms = _rms_from_output(x, y)
     ms_out = float(y @ y) / y.size
@@ -234,14 +246,14 @@ def _c000_rms(ops: Ops, dtype: DTypeLike) -> Values:
     }
 
 
-def _c000_ln(ops: Ops, dtype: DTypeLike) -> Values:
-    x = np.asarray(X000, dtype=dtype)
+def _math_ln(ops: Ops, dtype: DTypeLike) -> Values:
+    x = np.asarray(X_MATH, dtype=dtype)
     y = ops.layer_norm(x, eps=0.0)
     mean, std = _mean_std_from_output(x, y)
     return {"mean": mean, "var": std**2, "std": std, **_spread("y", y)}
 
 
-def _c000_swiglu(ops: Ops, dtype: DTypeLike) -> Values:
+def _math_swiglu(ops: Ops, dtype: DTypeLike) -> Values:
     x = np.asarray([[1.5]], dtype=dtype)
     w1, b1 = np.asarray([[2.0]], dtype=dtype), np.asarray([0.5], dtype=dtype)
     w2, b2 = np.asarray([[3.0]], dtype=dtype), np.asarray([0.0], dtype=dtype)
@@ -261,7 +273,7 @@ def _c000_swiglu(ops: Ops, dtype: DTypeLike) -> Values:
     }
 
 
-def _c000_rope(ops: Ops, dtype: DTypeLike) -> Values:
+def _math_rope(ops: Ops, dtype: DTypeLike) -> Values:
     out = {**_cos_sin(ops, dtype, 1), **_cos_sin(ops, dtype, 3)}
     out.update(_rotation_terms(ops, dtype, "q1", [1.0, 0.5], 1))
     out.update(_rotation_terms(ops, dtype, "k3", [1.0, 0.5], 3))
@@ -272,16 +284,16 @@ def _c000_rope(ops: Ops, dtype: DTypeLike) -> Values:
 
 
 # --------------------------------------------------------------------------------------
-# worked example 2: a token through RMSNorm, residual, RMSNorm, SwiGLU FFN; 2-D RoPE on 2 tokens
+# "Worked Example": a token through RMSNorm, residual, RMSNorm, SwiGLU FFN; RoPE on 2 tokens
 # --------------------------------------------------------------------------------------
 
-X001 = [0.5, -1.2, 0.8, 0.3]
-ATTN001 = [0.6, -1.5, 1.0, 0.4]
-# (in, out) weights, the seed's "[a, b; c, d; ...]" rows
-W1_001 = [[0.5, -0.3], [0.2, 0.4], [-0.1, 0.6], [0.3, -0.2]]
-B1_001 = [0.1, -0.1]
-W2_001 = [[0.4, 0.2], [-0.1, 0.5], [0.3, -0.2], [-0.2, 0.4]]
-B2_001 = [0.0, 0.05]
+X_WORKED = [0.5, -1.2, 0.8, 0.3]
+ATTN_WORKED = [0.6, -1.5, 1.0, 0.4]
+# (in, out) weights, the notes' "[a, b; c, d; ...]" rows
+W1_WORKED = [[0.5, -0.3], [0.2, 0.4], [-0.1, 0.6], [0.3, -0.2]]
+B1_WORKED = [0.1, -0.1]
+W2_WORKED = [[0.4, 0.2], [-0.1, 0.5], [0.3, -0.2], [-0.2, 0.4]]
+B2_WORKED = [0.0, 0.05]
 
 
 def _rms_block(ops: Ops, x: np.ndarray) -> tuple[np.ndarray, Values]:
@@ -291,22 +303,22 @@ def _rms_block(ops: Ops, x: np.ndarray) -> tuple[np.ndarray, Values]:
     return np.asarray(y), vals
 
 
-def _c001_rms(ops: Ops, dtype: DTypeLike) -> Values:
-    return _rms_block(ops, np.asarray(X001, dtype=dtype))[1]
+def _worked_rms(ops: Ops, dtype: DTypeLike) -> Values:
+    return _rms_block(ops, np.asarray(X_WORKED, dtype=dtype))[1]
 
 
-def _c001_residual(ops: Ops, dtype: DTypeLike) -> Values:
-    h = np.asarray(X001, dtype=dtype) + np.asarray(ATTN001, dtype=dtype)
+def _worked_residual(ops: Ops, dtype: DTypeLike) -> Values:
+    h = np.asarray(X_WORKED, dtype=dtype) + np.asarray(ATTN_WORKED, dtype=dtype)
     return {**_spread("h", h), **_rms_block(ops, h)[1]}
 
 
-def _c001_ffn(ops: Ops, dtype: DTypeLike) -> Values:
-    h = np.asarray(X001, dtype=dtype) + np.asarray(ATTN001, dtype=dtype)
+def _worked_ffn(ops: Ops, dtype: DTypeLike) -> Values:
+    h = np.asarray(X_WORKED, dtype=dtype) + np.asarray(ATTN_WORKED, dtype=dtype)
     y, _ = _rms_block(ops, h)  # the exact RMSNorm output feeds the FFN, not the rounded one
-    w1, b1 = np.asarray(W1_001, dtype=dtype), np.asarray(B1_001, dtype=dtype)
-    w2, b2 = np.asarray(W2_001, dtype=dtype), np.asarray(B2_001, dtype=dtype)
+    w1, b1 = np.asarray(W1_WORKED, dtype=dtype), np.asarray(B1_WORKED, dtype=dtype)
+    w2, b2 = np.asarray(W2_WORKED, dtype=dtype), np.asarray(B2_WORKED, dtype=dtype)
     y64 = _f64(y)
-    t1, t2 = y64[:, None] * _f64(w1), y64[:, None] * _f64(w2)  # the seed's products y_i·W_ij
+    t1, t2 = y64[:, None] * _f64(w1), y64[:, None] * _f64(w2)  # the notes' products y_i·W_ij
     z1, z2 = t1.sum(0) + _f64(b1), t2.sum(0) + _f64(b2)
     swish = _f64(ops.silu(z1.astype(dtype)))
     sigma = swish / z1
@@ -323,12 +335,12 @@ def _c001_ffn(ops: Ops, dtype: DTypeLike) -> Values:
     return vals
 
 
-def _c001_rope(ops: Ops, dtype: DTypeLike) -> Values:
+def _worked_rope(ops: Ops, dtype: DTypeLike) -> Values:
     # Without RoPE: learned absolute embeddings added (plain arithmetic).
     q2a = _f64(np.asarray([0.9, 0.7], dtype=dtype) + np.asarray([0.15, 0.08], dtype=dtype))
     k1a = _f64(np.asarray([0.8, 0.6], dtype=dtype) + np.asarray([0.1, 0.05], dtype=dtype))
     out = {**_spread("abs_t", q2a * k1a), "abs_score": float(q2a @ k1a)}
-    # With RoPE: positions 1 and 2 as the seed numbers them, one frequency 0.1 rad/position.
+    # With RoPE: positions 1 and 2 as the notes number them, one frequency 0.1 rad/position.
     out.update({**_cos_sin(ops, dtype, 1), **_cos_sin(ops, dtype, 2)})
     out.update(_rotation_terms(ops, dtype, "q1", [1.0, 0.5], 1))
     out.update(_rotation_terms(ops, dtype, "k1", [0.8, 0.6], 1))
@@ -343,18 +355,18 @@ def _c001_rope(ops: Ops, dtype: DTypeLike) -> Values:
 
 
 # --------------------------------------------------------------------------------------
-# worked example 3: microgpt's rmsnorm (eps = 1e-5)
+# the RMSNorm tutorial: microgpt's rmsnorm (eps = 1e-5)
 # --------------------------------------------------------------------------------------
 
 
-def _c002_small(ops: Ops, dtype: DTypeLike) -> Values:
+def _tutorial_small(ops: Ops, dtype: DTypeLike) -> Values:
     x = np.asarray([3.0, 4.0], dtype=dtype)
     y = ops.rms_norm(x, eps=1e-5)
     r = _rms_from_output(x, y)  # sqrt(ms + eps)
     return {"ms": r**2 - 1e-5, "scale": 1.0 / r, **_spread("y", y)}
 
 
-def _c002_large(ops: Ops, dtype: DTypeLike) -> Values:
+def _tutorial_large(ops: Ops, dtype: DTypeLike) -> Values:
     x = np.asarray([1000.0, 2000.0, 3000.0], dtype=dtype)
     y = _f64(ops.rms_norm(x, eps=1e-5))
     r = _rms_from_output(x, y)
@@ -366,9 +378,10 @@ def _c002_large(ops: Ops, dtype: DTypeLike) -> Values:
 # --------------------------------------------------------------------------------------
 
 S = Stated
-_W1_SLIP = "the seed multiplies by -0.3 (that is W1[0,1]) where W1[1,0] = 0.2"
+_W1_SLIP = "the notes multiply by -0.3 (that is W1[0,1]) where W1[1,0] = 0.2"
 
-# Both seeds rotate q1 = [1, 0.5] at position 1 (0.1 rad) and state the same numbers.
+# The math notes and the worked example both rotate q1 = [1, 0.5] at position 1 (0.1 rad) and
+# state the same numbers.
 _Q1_AT_1 = (
     S("cos1", "cos(0.1)", "0.995"),
     S("sin1", "sin(0.1)", "0.0998"),
@@ -380,10 +393,10 @@ _Q1_AT_1 = (
 
 EXAMPLES: tuple[Example, ...] = (
     Example(
-        "000",
+        MATH,
         "rms",
         "RMSNorm of x = [2, -1, 3, 0] (gamma = 1, eps = 0)",
-        _c000_rms,
+        _math_rms,
         (
             S("sumsq", "sum of squares", "14"),
             S("rms", "RMS(x)", "1.871"),
@@ -391,7 +404,7 @@ EXAMPLES: tuple[Example, ...] = (
             S("y1", "RMSNorm(x)[1]", "-0.535"),
             S("y2", "RMSNorm(x)[2]", "1.604"),
             S("y3", "RMSNorm(x)[3]", "0.000"),
-            # By hand: sum((x/RMS)^2) = 14/3.5 = 4 exactly; from the seed's own rounded outputs
+            # By hand: sum((x/RMS)^2) = 14/3.5 = 4 exactly; from the notes' own rounded outputs
             # 1.069^2 + 0.535^2 + 1.604^2 = 1.142761 + 0.286225 + 2.572816 = 4.0018 -> 4.00.
             # 3.50 is the *input's* mean square 14/4, so this is not a rounding effect.
             S(
@@ -402,7 +415,7 @@ EXAMPLES: tuple[Example, ...] = (
                 why="sum((x/RMS)^2) = 14/3.5 = 4 (1.069^2+0.535^2+1.604^2 = 4.002); "
                 "3.50 is the input's mean square 14/4",
             ),
-            # By hand: 4.00 / 4 = 1.000; and the seed's sqrt(0.875) is 0.9354, not ~1.0.
+            # By hand: 4.00 / 4 = 1.000; and the notes' sqrt(0.875) is 0.9354, not ~1.0.
             S(
                 "out_ms",
                 "verification: mean square of the output",
@@ -413,10 +426,10 @@ EXAMPLES: tuple[Example, ...] = (
         ),
     ),
     Example(
-        "000",
+        MATH,
         "ln",
         "LayerNorm of x = [2, -1, 3, 0] (gamma = 1, beta = 0, eps = 0)",
-        _c000_ln,
+        _math_ln,
         (
             S("mean", "mean", "1.0"),
             S("var", "variance (biased)", "2.5"),
@@ -428,16 +441,16 @@ EXAMPLES: tuple[Example, ...] = (
         ),
     ),
     Example(
-        "000",
+        MATH,
         "swiglu",
         "scalar SwiGLU: x = 1.5, W1 = 2, b1 = 0.5, W2 = 3, b2 = 0",
-        _c000_swiglu,
+        _math_swiglu,
         (
             S("z1", "z1 = x W1 + b1", "3.5"),
             S("exp", "e^-3.5", "0.0302"),
             # By hand: 1 + 0.0302 = 1.0302; 1/1.0302 = 0.970685 (1.0302 * 0.9707 = 1.00001);
             # exactly 1/(1 + e^-3.5) = 1/1.030197 = 0.970688 -> 0.9707. 0.9704 is 3 units off
-            # and not what the seed's own numbers give: a slip in the division.
+            # and not what the notes' own numbers give: a slip in the division.
             S(
                 "sigma",
                 "sigma(3.5)",
@@ -464,10 +477,10 @@ EXAMPLES: tuple[Example, ...] = (
         ),
     ),
     Example(
-        "000",
+        MATH,
         "rope",
         "2-D RoPE, theta = 0.1 rad/position: q1 = [1, 0.5] at m = 1, k3 = [1, 0.5] at n = 3",
-        _c000_rope,
+        _math_rope,
         (
             *_Q1_AT_1,
             S("cos3", "cos(0.3)", "0.955"),
@@ -488,10 +501,10 @@ EXAMPLES: tuple[Example, ...] = (
         ),
     ),
     Example(
-        "001",
+        WORKED,
         "rms",
         "RMSNorm of x = [0.5, -1.2, 0.8, 0.3] (gamma = 1, eps = 0)",
-        _c001_rms,
+        _worked_rms,
         (
             S("sumsq", "sum of squares", "2.42"),
             S("ms", "mean square", "0.605"),
@@ -503,10 +516,10 @@ EXAMPLES: tuple[Example, ...] = (
         ),
     ),
     Example(
-        "001",
+        WORKED,
         "residual",
         "residual y = x + [0.6, -1.5, 1.0, 0.4], then RMSNorm (eps = 0)",
-        _c001_residual,
+        _worked_residual,
         (
             S("h0", "y[0]", "1.1"),
             S("h1", "y[1]", "-2.7"),
@@ -530,17 +543,17 @@ EXAMPLES: tuple[Example, ...] = (
     # By hand (FFN input y_n = RMSNorm(y) = [0.62909, -1.54412, 1.02941, 0.40033], exact):
     #   column 0 of W1 is [0.5, 0.2, -0.1, 0.3], so
     #   z1[0] = 0.31454 - 0.30882 - 0.10294 + 0.12010 = 0.02288, + 0.1 -> 0.12288
-    #   (the seed's 0.463 = (-1.544)(-0.3): it used W1[0,1] = -0.3 for W1[1,0] = 0.2; with
-    #   that one slip its own sum 0.315 + 0.463 - 0.103 + 0.120 = 0.795 is consistent);
+    #   (the notes' 0.463 = (-1.544)(-0.3): they used W1[0,1] = -0.3 for W1[1,0] = 0.2; with
+    #   that one slip their own sum 0.315 + 0.463 - 0.103 + 0.120 = 0.795 is consistent);
     #   e^-0.12288 = 0.88437, sigma = 1/1.88437 = 0.53068, Swish = 0.12288 x 0.53068 = 0.06521,
     #   z2[0] = 0.25163 + 0.15441 + 0.30882 - 0.08007 = 0.63480,
-    #   out[0] = 0.06521 x 0.63480 = 0.04139 -> 0.041 (the seed's 0.404).
+    #   out[0] = 0.06521 x 0.63480 = 0.04139 -> 0.041 (the notes' 0.404).
     #   Even for the example's z = 0.895: e^-0.895 = 0.4086 (printed 0.407), sigma = 0.7099 (0.711).
     Example(
-        "001",
+        WORKED,
         "ffn",
         "SwiGLU FFN of RMSNorm(y): z1 = y_n W1 + b1, z2 = y_n W2 + b2, Swish(z1) * z2",
-        _c001_ffn,
+        _worked_ffn,
         (
             S("t1_00", "z1[0] term y_n[0] x 0.5", "0.315"),
             S(
@@ -625,11 +638,11 @@ EXAMPLES: tuple[Example, ...] = (
         ),
     ),
     Example(
-        "001",
+        WORKED,
         "rope",
         "2-D RoPE, theta = 0.1 rad/position, tokens at positions 1 and 2: "
         "q1 = [1, .5], k1 = [.8, .6], q2 = [.9, .7], k2 = [.7, .5]",
-        _c001_rope,
+        _worked_rope,
         (
             S("abs_t0", "no RoPE: 1.05 x 0.9", "0.945"),
             S("abs_t1", "no RoPE: 0.78 x 0.65", "0.507"),
@@ -673,10 +686,10 @@ EXAMPLES: tuple[Example, ...] = (
         ),
     ),
     Example(
-        "002",
+        TUTORIAL,
         "small",
         "microgpt rmsnorm of x = [3, 4] (eps = 1e-5)",
-        _c002_small,
+        _tutorial_small,
         (
             S("ms", "mean square", "12.5"),
             S("scale", "scale = (ms + 1e-5)^-0.5", "0.283"),
@@ -686,14 +699,14 @@ EXAMPLES: tuple[Example, ...] = (
     ),
     # By hand: (1000^2 + 2000^2 + 3000^2)/3 = 14e6/3 = 4666666.67; 2160^2 = 4665600 and
     # 2161^2 = 4669921, so RMS = 2160.2 (2160.25^2 = 4666680 is just above). 2015^2 = 4060225.
-    # Outputs: 1000/2160.2 = 0.4629, 2000/2160.2 = 0.9258, 3000/2160.2 = 1.3887. The seed's
+    # Outputs: 1000/2160.2 = 0.4629, 2000/2160.2 = 0.9258, 3000/2160.2 = 1.3887. The tutorial's
     # [0.37, 0.74, 1.11] don't follow from its own 2015 either (1000/2015 = 0.496), and their
     # RMS is sqrt((0.37^2 + 0.74^2 + 1.11^2)/3) = 0.80, not the 1.0 it then states.
     Example(
-        "002",
+        TUTORIAL,
         "large",
         "microgpt rmsnorm of x = [1000, 2000, 3000] (eps = 1e-5)",
-        _c002_large,
+        _tutorial_large,
         (
             S(
                 "rms",
@@ -706,7 +719,7 @@ EXAMPLES: tuple[Example, ...] = (
                 "output[0]",
                 "0.37",
                 chain=1000 / 2015,
-                why="1000/2160.2 = 0.463 (and 1000/2015 = 0.496: not even the seed's own RMS)",
+                why="1000/2160.2 = 0.463 (and 1000/2015 = 0.496: not even the tutorial's own RMS)",
             ),
             S("y1", "output[1]", "0.74", chain=2000 / 2015, why="2000/2160.2 = 0.926"),
             S("y2", "output[2]", "1.11", chain=3000 / 2015, why="3000/2160.2 = 1.389"),
@@ -748,7 +761,7 @@ def evaluate(
         reference: the float64 specification; default :mod:`llmkernels.reference`.
 
     Returns:
-        One :class:`Row` per stated number, in the seeds' order. The verdict depends only on
+        One :class:`Row` per stated number, in the notes' order. The verdict depends only on
         the exact (reference, float64) value, never on ``ops``.
     """
     if ops is None:
