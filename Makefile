@@ -42,11 +42,18 @@ SAN_SKIP := --ignore=tests/test_notebooks.py --ignore-glob='tests/test_bench*.py
 	--deselect tests/test_reliability.py::test_no_leak_modules_and_model \
 	--deselect tests/ops/test_attention.py::test_memory_is_streaming
 
-.PHONY: demo test test-matrix test-sanitize test-wheel test-host-independent wheel bench lint \
+.PHONY: demo docs test test-matrix test-sanitize test-wheel test-host-independent wheel bench lint \
 	stubs clean sysdeps upgrade-deps
 
-demo: $(VENV)/.installed-compare
+# a lean venv: the package and its [text] extra (torch, if `make test` installed it, joins the
+# timing table)
+demo: $(VENV)/.installed-text
 	$(PY) examples/demo.py demo
+
+# the documentation site (mkdocs.yml, docs/, the docstrings) into site/; warnings are errors
+docs: $(VENV)/.venv-ready
+	$(PIP) install -q mkdocs mkdocs-material "mkdocstrings[python]"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PAR)
@@ -102,14 +109,14 @@ test-wheel: wheel
 	bash .ci/test_wheel
 
 # `make bench`: the benchmark scripts (each writes <name>.md and <name>.json), the plots, and
-# the README's benchmark tables regenerated from the JSON (benchmarks/README.md)
+# the performance page's benchmark tables (docs/performance.md) regenerated from the JSON (benchmarks/README.md)
 bench: $(VENV)/.installed-compare
 	$(PY) benchmarks/bench_ops.py --out benchmarks/results
 	$(PY) benchmarks/bench_attention.py --out benchmarks/results
 	$(PY) benchmarks/bench_blocks.py --out benchmarks/results
 	$(PY) benchmarks/bench_sizes.py --out benchmarks/results
 	$(PY) benchmarks/plot_results.py benchmarks/results/ops.json benchmarks/results/attention.json
-	$(PY) benchmarks/render_readme.py
+	$(PY) benchmarks/render_tables.py
 
 lint: $(VENV)/.installed-test
 	$(PIP) install -q ruff
@@ -147,6 +154,11 @@ $(VENV)/.venv-ready:
 # editable install with the extras a target needs; rebuilt when the C++ or build files change
 $(VENV)/.installed-test: $(VENV)/.venv-ready $(SOURCES) $(LOCK) | sysdeps
 	$(PIP) install -q --no-build-isolation -e ".[test]"
+	touch $@ $(VENV)/.installed-text
+
+# (.[test] includes .[text]: `make test` leaves this one up to date too)
+$(VENV)/.installed-text: $(VENV)/.venv-ready $(SOURCES) $(LOCK) | sysdeps
+	$(PIP) install -q --no-build-isolation -e ".[text]"
 	touch $@
 
 $(VENV)/.installed-compare: $(VENV)/.venv-ready $(SOURCES) $(LOCK) | sysdeps
@@ -166,4 +178,4 @@ $(SAN_VENV)/.installed-test: $(SAN_VENV)/.venv-ready $(SOURCES) $(LOCK) Makefile
 	touch $@
 
 clean:
-	rm -rf build dist wheelhouse $(VENV) $(SAN_VENV) .pytest_cache
+	rm -rf build dist wheelhouse site $(VENV) $(SAN_VENV) .pytest_cache

@@ -12,6 +12,10 @@ Accuracy: two float32 models, each quantized with ``model.quantize(bits, group_s
 * ``trained``: tests/data/quant_lm, a small LLaMA (dim 128, 2 layers, vocab 512) trained on a
   Markov-chain language (peaked next-token distributions, as a real LM's; see its
   generate.py), with its 64 prompts of 16 tokens of that language;
+* ``example``: the example model that ships with the package (``lk.example_model()``: dim 256,
+  6 layers, vocab 4096, trained on the prose of the Python documentation), its weights widened
+  from bfloat16, with 64 prompts of 16 tokens it wrote itself (sampled from ``<|bos|>``,
+  temperature 1, seed 7): English text, in distribution;
 * ``random``: HF's initialisation (every matrix normal with std 0.02, norms 1) at dim 512, 4
   layers, vocab 4096, 64 prompts of 16 random tokens -- near-uniform predictions, where top-1
   agreement measures ties rather than accuracy (only its KL divergence is meaningful).
@@ -88,11 +92,16 @@ def models() -> dict[str, tuple[lk.Transformer, np.ndarray]]:
     trained = lk.Transformer.from_pretrained(TRAINED, dtype="float32")
     rnd = lk.Transformer(RANDOM, seed=0)
     ids = np.random.default_rng(7).integers(0, RANDOM["vocab_size"], (N_PROMPTS, PROMPT_LEN))
+    example = lk.Transformer.from_pretrained(lk.example_model(), dtype="float32")
+    bos = np.zeros((N_PROMPTS, 1), np.int64)  # <|bos|> is token 0 of its tokenizer
+    own = np.asarray(example.generate(bos, max_new_tokens=PROMPT_LEN - 1, temperature=1.0,
+                                      seed=7, progress=False))  # fmt: skip
     return {
         "trained (tests/data/quant_lm: dim 128, 2 layers, vocab 512)": (
             trained,
             np.load(TRAINED / "prompts.npy"),
         ),
+        "the example model (English prose: dim 256, 6 layers, vocab 4096)": (example, own),
         "random init, std 0.02 (dim 512, 4 layers, vocab 4096)": (rnd, ids),
     }
 

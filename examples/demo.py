@@ -1,17 +1,17 @@
-"""The seed demo and the side-by-side timing table, run from the source tree (``make demo``).
+"""The demo and the side-by-side timing table, run from the source tree (``make demo``).
 
-``python examples/demo.py demo`` recomputes every number the seeds' worked examples state
-(RMSNorm, LayerNorm, SwiGLU, RoPE) with the C++ kernels and with the float64 reference, says which
-of the seed's numbers are right, rounded or wrong, then times each op side by side: pure Python,
-NumPy (float32), llmkernels and torch (when installed).
+``python examples/demo.py demo`` recomputes every number the worked examples of the LLaMA notes
+state (RMSNorm, LayerNorm, SwiGLU, RoPE) with the C++ kernels and with the float64 reference, says
+which of the notes' numbers are right, rounded or wrong, then times each op side by side: pure
+Python, NumPy (float32), llmkernels and torch (when installed).
 
 ``python examples/demo.py bench [--quick] [--out DIR]`` prints the timing table alone (and writes
 ``builtin_timings.json`` into ``DIR``). The full benchmarks (roofline probe, 1 and 2 threads,
-blocks and models, plots, the README's tables) are the scripts in ``benchmarks/`` (``make
+blocks and models, plots, the documentation's tables) are the scripts in ``benchmarks/`` (``make
 bench``). The table shows a progress bar (tqdm, when installed) on a terminal only.
 
-This is not part of the installed package: the seed-audit data lives beside it, in
-``examples/seed_examples.py``.
+This is not part of the installed package: the data of the worked examples lives beside it, in
+``examples/worked_examples.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # seed_examples beside this file
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # worked_examples beside this file
 
 F32 = np.float32
 
@@ -82,27 +82,57 @@ def _progress(total: int | None, desc: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------
-# seeds
+# text generation; the worked examples of the LLaMA notes
 # --------------------------------------------------------------------------------------
 
 
-def show_seeds(lk: Any, dtype: type[np.floating]) -> int:
-    """Print one table per worked example; return the number of seed errors found."""
-    from seed_examples import WRONG, evaluate
+def show_generation(lk: Any, prompt: str = "A dictionary", max_tokens: int = 80) -> None:
+    """Stream text from the example model that ships with the package (trained on the Python
+    documentation) and report its speed."""
+    model, tokenizer = lk.load(lk.example_model())
+    n = sum(v.size for k, v in model.state_dict().items()
+            if not (k == "lm_head.weight" and model.config.tie_embeddings))  # fmt: skip
+    print(f"Text from the example model ({n / 1e6:.1f} M parameters, {model.dtype}, trained on "
+          "the Python documentation), sampled at temperature 0.8:\n")  # fmt: skip
+    print(prompt, end="", flush=True)
+    piece = None
+    for piece in lk.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens,
+                                    temperature=0.8, top_p=0.95, seed=0):  # fmt: skip
+        print(piece.text, end="", flush=True)
+    if piece is not None:
+        print(f"\n\n[{piece.prompt_tokens} prompt tokens at {piece.prompt_tps:.0f} tokens/s, "
+              f"{piece.generation_tokens} generated at {piece.generation_tps:.0f} tokens/s]")  # fmt: skip
+
+
+def show_worked_example_summary(lk: Any, dtype: type[np.floating]) -> int:
+    """One line: the worked examples recomputed, and how many of their numbers are wrong."""
+    from worked_examples import WRONG, evaluate
+
+    rows = evaluate(lk, dtype)
+    wrong = [r for r in rows if r.verdict == WRONG]
+    print(f"\nWorked examples from the LLaMA notes: {len(rows)} numbers recomputed by the "
+          f"kernels, {len(wrong)} found wrong in the notes "
+          f"(`python examples/demo.py demo --details` shows each).")  # fmt: skip
+    return len(wrong)
+
+
+def show_worked_examples(lk: Any, dtype: type[np.floating]) -> int:
+    """Print one table per worked example; return the number of errors found in the notes."""
+    from worked_examples import WRONG, evaluate
 
     rows = evaluate(lk, dtype)
     print(
-        f"Seed worked examples, recomputed (C++ kernels on {np.dtype(dtype).name} inputs; "
-        "float64 reference)."
+        "\nWorked examples from the LLaMA notes, recomputed (C++ kernels on "
+        f"{np.dtype(dtype).name} inputs; float64 reference)."
     )
-    print("  ok = the seed's number is the exact value rounded; rounded = off by a couple of")
-    print("  units in its last digit because the seed rounded intermediate values; wrong = an")
-    print("  arithmetic error in the seed.")
-    headers = ("quantity", "seed states", "llmkernels (C++)", "float64 reference", "verdict")
+    print("  ok = the notes' number is the exact value rounded; rounded = off by a couple of")
+    print("  units in its last digit because the notes rounded intermediate values; wrong = an")
+    print("  arithmetic error in the notes.")
+    headers = ("quantity", "notes state", "llmkernels (C++)", "float64 reference", "verdict")
     errors = 0
     for ex in dict.fromkeys(r.example for r in rows):
         ex_rows = [r for r in rows if r.example is ex]
-        print(f"\nseed {ex.seed}: {ex.title}")
+        print(f"\n{ex.source}: {ex.title}")
         cells = [
             (r.item.label, r.item.stated, f"{r.value:.7g}", f"{r.exact:.10g}", r.verdict)
             for r in ex_rows
@@ -112,7 +142,7 @@ def show_seeds(lk: Any, dtype: type[np.floating]) -> int:
             if r.verdict == WRONG:
                 errors += 1
                 print(
-                    f"  SEED ERROR: {r.item.label}: the seed states {r.item.stated}; "
+                    f"  NOTES ERROR: {r.item.label}: the notes state {r.item.stated}; "
                     f"correct value is {r.correct} ({r.item.why})"
                 )
             elif r.item.why:
@@ -443,17 +473,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns the process exit status."""
     parser = argparse.ArgumentParser(
         prog="python examples/demo.py",
-        description="llmkernels: seed worked examples and side-by-side timings.",
+        description="llmkernels: the LLaMA notes' worked examples and side-by-side timings.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="seed worked examples, then side-by-side timings")
+    demo = sub.add_parser("demo", help="worked examples, then side-by-side timings")
     demo.add_argument(
         "--dtype",
         choices=("float32", "float64"),
         default="float32",
-        help="dtype of the inputs given to the C++ kernels for the seed examples",
+        help="dtype of the inputs given to the C++ kernels for the worked examples",
     )
     demo.add_argument("--no-bench", action="store_true", help="skip the timing table")
+    demo.add_argument(
+        "--details", action="store_true", help="every worked example's numbers, not a summary"
+    )
     bench_p = sub.add_parser("bench", help="side-by-side timings of every op")
     bench_p.add_argument(
         "--quick", action="store_true", help="small shapes, short timings (a smoke run)"
@@ -467,11 +500,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.command == "bench":
         return bench(lk, args.quick, args.out)
-    print(f"llmkernels {lk.__version__}\n")
-    errors = show_seeds(lk, np.dtype(args.dtype).type)
-    print(f"\n{errors} seed error(s) found (lines starting with 'SEED ERROR').")
+    print(f"llmkernels {lk.__version__}: SIMD {lk.simd_arch()}, {lk.get_num_threads()} thread(s)\n")
+    show_generation(lk)
     if not args.no_bench:
-        show_timings(lk)
+        show_timings(lk, quick=True)
+    if args.details:
+        errors = show_worked_examples(lk, np.dtype(args.dtype).type)
+        print(f"\n{errors} error(s) found in the notes (lines starting with 'NOTES ERROR').")
+    else:
+        show_worked_example_summary(lk, np.dtype(args.dtype).type)
     return 0
 
 

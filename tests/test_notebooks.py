@@ -109,3 +109,17 @@ def test_notebook_runs(
         assert int(last.split("figures drawn:")[1]) >= 3, last
     if path.stem == "chat_and_inspect":  # the head grid and the residual-stream RMS
         assert int(last.split("figures drawn:")[1]) >= 2, last
+        # it reads the shipped example model (no checkpoint built on the spot), chats, checks
+        # the layer-by-layer logits against the fused forward and classifies the trained heads
+        printed = "".join(
+            out.get("text", "")
+            for cell in nb.cells
+            if cell.cell_type == "code"
+            for out in cell.outputs
+            if out.output_type == "stream"
+        )
+        for needed in ("model.safetensors", "tokens prefilled", "largest difference:",
+                       "trained:", "layer 5:", "final norm:"):  # fmt: skip
+            assert needed in printed, f"{needed!r} not printed by {path.name}"
+        source = "".join(cell.source for cell in nb.cells)
+        assert "lk.example_model()" in source and "import torch" not in source

@@ -82,11 +82,20 @@ _check_environment()
 # the Python layer imports _core, so it comes after _load_core() has set up OpenBLAS
 from . import inspect as inspect  # noqa: E402  (lk.inspect: attention weights, residual RMS)
 from . import modules as _modules  # noqa: E402
+from . import pure as pure  # noqa: E402  (lk.pure: every op in pure Python)
+from . import reference as reference  # noqa: E402  (lk.reference: every op's float64 formula)
 from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn  # noqa: E402
 from ._rope_scaling import rope_attention_factor, rope_inv_freq  # noqa: E402
 from .modules import *  # noqa: E402, F403  (the module classes: modules.__all__)
 from .quant import dequantize, quantize, quantized_linear  # noqa: E402
-from .text import ChatSession, GenerationResponse, generate, load, stream_generate  # noqa: E402
+from .text import (  # noqa: E402
+    ChatSession,
+    GenerationResponse,
+    example_model,
+    generate,
+    load,
+    stream_generate,
+)
 from .tokenizer import Tokenizer  # noqa: E402
 
 __version__: str = _core.__version__
@@ -95,6 +104,7 @@ __all__ = [
     "ChatSession",
     "GenerationResponse",
     "Tokenizer",
+    "example_model",
     "generate",
     "load",
     "stream_generate",
@@ -126,7 +136,7 @@ def set_num_threads(n: int) -> None:
     (no kernel call starts or stops threads). If the system refuses to start them all (a thread
     or memory limit), RuntimeError is raised and the previous count stays in force.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> lk.set_num_threads(1); lk.get_num_threads()
         1
@@ -142,7 +152,7 @@ def set_num_threads(n: int) -> None:
 def get_num_threads() -> int:
     """Number of threads the kernels use (default: the machine's cores).
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> lk.get_num_threads() >= 1
         True
@@ -153,7 +163,7 @@ def get_num_threads() -> int:
 def simd_arch() -> str:
     """The SIMD path in use: ``"avx512"``, ``"avx2"`` (with FMA) or ``"sse2"``.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> lk.simd_arch() in ("sse2", "avx2", "avx512")
         True
@@ -169,7 +179,7 @@ def set_simd_arch(arch: str) -> None:
     :func:`build_info`'s ``kernel_paths`` lists them). ``auto`` is the mode at start unless the
     environment variable ``LLMKERNELS_ARCH`` forces a path.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> best = lk.simd_arch(); lk.set_simd_arch("sse2"); lk.simd_arch()
         'sse2'
@@ -191,7 +201,7 @@ def build_info() -> dict[str, Any]:
     (``"amx"``: AMX tiles' tdpbf16ps, ``"avx512bf16"``: vdpbf16ps, both with the activations
     rounded to bfloat16; ``"none"``: exact).
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> sorted(lk.build_info())[:3]
         ['best_simd_arch', 'blas', 'compiled_simd_archs']

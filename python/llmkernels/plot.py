@@ -327,6 +327,17 @@ _RMS_SERIES = (
 )
 
 
+def _layer_ticks(n: int) -> tuple[list[int], list[str]]:
+    """x ticks of :func:`residual_rms` for ``n`` blocks: integer layers from 0 (as
+    ``MaxNLocator`` spaces them, those too close to the end dropped) and ``"final norm"`` at
+    ``x = n``, where the final norm's points are drawn: it is not a block boundary."""
+    layers = [int(round(t)) for t in MaxNLocator(integer=True).tick_values(0, n - 1)]
+    layers = sorted({t for t in layers if 0 <= t < n} | {0})
+    step = layers[1] - layers[0] if len(layers) > 1 else 1
+    layers = [t for t in layers if t == 0 or n - t >= step / 2 + 0.5]
+    return [*layers, n], [str(t) for t in layers] + ["final\nnorm"]
+
+
 def residual_rms(
     stats: Any,
     *,
@@ -347,8 +358,9 @@ def residual_rms(
     Returns:
         The figure: per panel, x = layer, y = mean RMS over the prompt's real tokens of the
         input and output of each block's attention norm and FFN norm, the residual stream
-        leaving each block ("block output", black), and the final norm's input and output at
-        x = n_layers.
+        leaving each block ("block output", black), and, right of a dotted line at the x tick
+        "final norm" (x = n_layers, not a block), the input and output of the final norm
+        (``model.norm``) that the LM head reads.
     """
     from .inspect import ResidualStats
 
@@ -386,10 +398,11 @@ def residual_rms(
         if log:
             ax.set_yscale("log")
         ax.set_xlabel("layer")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.axvline(n - 0.5, color="0.6", lw=0.8, ls=":")  # the blocks | the final norm
+        ax.set_xticks(*_layer_ticks(n))
         ax.grid(alpha=0.3)
         ax.set_title(name or f"{s.norm_position}-norm blocks", fontsize=10)
-    axes[0, 0].set_ylabel("RMS over the model dimension (mean over tokens)")
+    axes[0, 0].set_ylabel("RMS over the model dimension\n(mean over tokens)")
     fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
                ncols=4, fontsize=8, frameon=False)  # fmt: skip
     if title:

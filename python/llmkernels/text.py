@@ -30,6 +30,7 @@ import resource
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,14 @@ from .modules import (
 )
 from .tokenizer import Tokenizer, _clean_up_tokenization
 
-__all__ = ["ChatSession", "GenerationResponse", "generate", "load", "stream_generate"]
+__all__ = [
+    "ChatSession",
+    "GenerationResponse",
+    "example_model",
+    "generate",
+    "load",
+    "stream_generate",
+]
 
 #: The default limit on a prompt's length in tokens (``max_prompt_tokens`` of :func:`generate`,
 #: :func:`stream_generate` and :meth:`ChatSession.send`, ``--max-prompt-tokens`` of the CLI): a
@@ -66,7 +74,7 @@ def load(
     how to fetch it. ``progress``: a bar while loading (default: large checkpoints on a
     terminal).
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> lk.load("no-such-org/no-such-model")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
@@ -85,6 +93,26 @@ def load(
     return model, tokenizer
 
 
+def example_model() -> str:
+    """The directory of the small trained model that ships with llmkernels, for
+    :func:`load`: a 4.6-million-parameter LLaMA (dim 256, 6 layers, 8 query / 4 key-value
+    heads, vocabulary 4096, bfloat16) trained on the prose of the Python documentation, with
+    its byte-level BPE tokenizer and a chat template. It writes English about Python; it is not
+    an assistant. Its card (``README.md`` in the directory) says how it was trained and under
+    which licence.
+
+    Examples:
+        >>> import llmkernels as lk
+        >>> model, tokenizer = lk.load(lk.example_model())
+        >>> model.config.n_layers, tokenizer.vocab_size
+        (6, 4096)
+        >>> text = lk.generate(model, tokenizer, "The list type", max_tokens=8, temperature=0)
+        >>> isinstance(text, str)
+        True
+    """
+    return str(Path(__file__).resolve().parent / "_example_model")
+
+
 @dataclasses.dataclass
 class GenerationResponse:
     """One streamed piece (as mlx-lm's ``GenerationResponse``).
@@ -100,7 +128,7 @@ class GenerationResponse:
         finish_reason: ``None`` while generating, then ``"stop"`` (EOS or stop string) or
             ``"length"`` (``max_tokens``).
 
-    Example:
+    Examples:
         >>> import tempfile, llmkernels as lk
         >>> from llmkernels.text import write_tiny_model
         >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
@@ -450,7 +478,7 @@ def stream_generate(
     a longer prompt raises ValueError (default ``MAX_PROMPT_TOKENS``, 2**20); one longer than
     the model's ``max_position_embeddings`` runs with a UserWarning, as in transformers.
 
-    Example:
+    Examples:
         >>> import tempfile, llmkernels as lk
         >>> from llmkernels.text import write_tiny_model
         >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
@@ -497,7 +525,7 @@ def generate(
     2**20); one longer than the model's ``max_position_embeddings`` runs with a UserWarning,
     as in transformers.
 
-    Example:
+    Examples:
         >>> import tempfile, llmkernels as lk
         >>> from llmkernels.text import write_tiny_model
         >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
@@ -631,7 +659,7 @@ class ChatSession:
         kv_dtype: the KV cache's dtype (``kv_dtype=`` of the constructor: ``"float32"``
             default, ``"bfloat16"`` or ``"float16"``).
 
-    Example:
+    Examples:
         >>> import tempfile, llmkernels as lk
         >>> from llmkernels.text import write_tiny_model
         >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
@@ -785,7 +813,7 @@ def write_tiny_model(
     ``directory`` — an HF-style directory :func:`load` reads, for examples and tests (its
     output is noise). Returns the directory.
 
-    Example:
+    Examples:
         >>> import tempfile, llmkernels as lk
         >>> from llmkernels.text import write_tiny_model
         >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
