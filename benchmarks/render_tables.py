@@ -1,14 +1,15 @@
 #!/usr/bin/env python
-"""Regenerate the benchmark tables of the top-level README from ``benchmarks/results/*.json``.
+"""Regenerate the benchmark tables of the documentation's performance page
+(``docs/performance.md``) from ``benchmarks/results/*.json``.
 
 Usage::
 
-    python benchmarks/render_readme.py            # rewrite the tables in README.md
-    python benchmarks/render_readme.py --check    # exit 1 (and show the diff) if they differ
+    python benchmarks/render_tables.py            # rewrite the tables in docs/performance.md
+    python benchmarks/render_tables.py --check    # exit 1 (and show the diff) if they differ
 
-The tables stand between marker comments in README.md: ``<!-- bench:ops -->`` …
+The tables stand between marker comments in docs/performance.md: ``<!-- bench:ops -->`` …
 ``<!-- /bench:ops -->`` (from ``ops.json`` and ``attention.json``) and ``<!-- bench:blocks -->``
-… ``<!-- /bench:blocks -->`` (from ``blocks.json``). Which cases the README shows, and the
+… ``<!-- /bench:blocks -->`` (from ``blocks.json``). Which cases the page shows, and the
 words around the numbers, are the row specifications below; every number comes from the
 results. ``make bench`` runs this after the benchmark scripts.
 """
@@ -40,7 +41,7 @@ Json = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class OpRow:
-    """One row of the README's op table: the case (by its name in the results), the label
+    """One row of the performance page's op table: the case (by its name in the results), the label
     (from the case and the run's configuration), the torch-side peer and the words beside
     its ratio, the digits of the ratios, and what follows the roofline fraction."""
 
@@ -108,7 +109,7 @@ def _find(cases: Sequence[Json], name: str) -> Json:
         op = str(case["op"])
         if op == name or (name.endswith("*") and op.startswith(name[:-1])):
             return case
-    raise KeyError(f"render_readme: no case {name!r} in the results")
+    raise KeyError(f"render_tables: no case {name!r} in the results")
 
 
 def _rate(v: float) -> str:
@@ -120,7 +121,7 @@ def _pct(v: float) -> str:
 
 
 def ops_table(ops: Json, attention: Json) -> list[str]:
-    """The README's op table: llmkernels at 1 thread, its fraction of the roofline, the
+    """The performance page's op table: llmkernels at 1 thread, its fraction of the roofline, the
     time ratios of torch and NumPy to it, and its 2T/1T speed-up."""
     sources = [(c, ops["config"]) for c in ops["ops"]]
     sources += [(c, attention["config"]) for c in attention["attention"]["cases"]]
@@ -186,7 +187,7 @@ def _block_label(shape: Json) -> str:
 
 
 def blocks_table(blocks: Json) -> list[str]:
-    """The README's blocks table: the TinyLlama-like block's prefill and decode step, the
+    """The performance page's blocks table: the TinyLlama-like block's prefill and decode step, the
     small block's, and the whole model's greedy decoding, llmkernels vs HF at 1 / 2 threads."""
     cfg = blocks["config"]
     rows = []
@@ -266,7 +267,7 @@ def _ratio(v: float) -> str:
 
 
 # --------------------------------------------------------------------------------------
-# the README
+# the page
 # --------------------------------------------------------------------------------------
 
 
@@ -287,7 +288,7 @@ def replace_sections(text: str, sections: Mapping[str, list[str]]) -> str:
             re.DOTALL,
         )
         if not pattern.search(text):
-            raise ValueError(f"render_readme: no <!-- bench:{name} --> markers in the README")
+            raise ValueError(f"render_tables: no <!-- bench:{name} --> markers in the page")
         body = "\n".join(lines)
         text = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(2), text, count=1)
     return text
@@ -295,26 +296,26 @@ def replace_sections(text: str, sections: Mapping[str, list[str]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--page", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument(
-        "--check", action="store_true", help="only compare; exit 1 when the README differs"
+        "--check", action="store_true", help="only compare; exit 1 when the page differs"
     )
     args = parser.parse_args(argv)
-    old = args.readme.read_text(encoding="utf-8")
+    old = args.page.read_text(encoding="utf-8")
     new = replace_sections(old, tables(args.results))
     if args.check:
         if new != old:
             sys.stdout.writelines(
                 difflib.unified_diff(
-                    old.splitlines(True), new.splitlines(True), "README.md", "rendered"
+                    old.splitlines(True), new.splitlines(True), str(args.page.name), "rendered"
                 )
             )
             return 1
         return 0
     if new != old:
-        args.readme.write_text(new, encoding="utf-8")
-        print(f"updated the benchmark tables in {args.readme}", file=sys.stderr)
+        args.page.write_text(new, encoding="utf-8")
+        print(f"updated the benchmark tables in {args.page}", file=sys.stderr)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The benchmark scripts in ``benchmarks/`` and their shared harness: quick smoke runs of the
-scripts (the same CLI ``make bench`` uses), the README's tables regenerated from the committed
-JSON (so the README cannot drift from the results), the benchmark plots, and the harness's
+scripts (the same CLI ``make bench`` uses), the performance page's tables regenerated from the
+committed JSON (so the page cannot drift from the results), the benchmark plots, and the harness's
 timing and formatting helpers. No timing is asserted (speed lives in the benchmarks)."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 RESULTS = BENCH / "results"
+PAGE = ROOT / "docs" / "performance.md"
 sys.path.insert(0, str(BENCH))
 
 import bench_attention  # noqa: E402
@@ -35,7 +36,7 @@ import bench_blocks  # noqa: E402
 import bench_ops  # noqa: E402
 import harness  # noqa: E402
 import plot_results  # noqa: E402
-import render_readme  # noqa: E402
+import render_tables  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -64,26 +65,26 @@ def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 
 # --------------------------------------------------------------------------------------
-# the README's tables
+# the performance page's tables
 # --------------------------------------------------------------------------------------
 
 
-def test_readme_tables_are_rendered_from_the_committed_results() -> None:
-    """``make bench`` rewrites the tables between the README's markers from the JSON; the
-    committed README must be what the committed JSON renders to."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    tables = render_readme.tables(RESULTS)
+def test_performance_tables_are_rendered_from_the_committed_results() -> None:
+    """``make bench`` rewrites the tables between the page's markers from the JSON; the
+    committed page must be what the committed JSON renders to."""
+    readme = PAGE.read_text(encoding="utf-8")
+    tables = render_tables.tables(RESULTS)
     assert set(tables) == {"ops", "blocks"}
     for name, lines in tables.items():
         start, end = f"<!-- bench:{name} -->\n", f"\n<!-- /bench:{name} -->"
         assert readme.count(start) == 1 and readme.count(end) == 1, name
         body = readme.split(start)[1].split(end)[0]
         assert body.splitlines() == lines, name
-    assert render_readme.replace_sections(readme, tables) == readme
-    assert _run(str(BENCH / "render_readme.py"), "--check").returncode == 0
+    assert render_tables.replace_sections(readme, tables) == readme
+    assert _run(str(BENCH / "render_tables.py"), "--check").returncode == 0
 
 
-def test_readme_renderer_rows_follow_the_numbers() -> None:
+def test_table_renderer_rows_follow_the_numbers() -> None:
     """A changed number in the JSON changes the row (the table is not copied text)."""
     ops = json.loads((RESULTS / "ops.json").read_text())
     attention = json.loads((RESULTS / "attention.json").read_text())
@@ -91,25 +92,25 @@ def test_readme_renderer_rows_follow_the_numbers() -> None:
     assert rms["op"] == "rms_norm"
     rms["impls"]["llmkernels"]["1"].update(median_s=1e-3, rate=64.0, fraction_of_roof=1.5)
     rms["impls"]["torch"]["1"]["time_vs_llmkernels"] = 3.0
-    row = render_readme.ops_table(ops, attention)[2]
+    row = render_tables.ops_table(ops, attention)[2]
     expected = "| `rms_norm` (4096, 4096) | 1 ms, 64.0 GB/s | 150% of triad | 3.0× `F.rms_norm` "
     assert row == expected + "| 6.7× | 1.20 |"
     with pytest.raises(ValueError, match="no <!-- bench:nope --> markers"):
-        render_readme.replace_sections("text", {"nope": []})
+        render_tables.replace_sections("text", {"nope": []})
 
 
-def test_render_readme_check_and_rewrite(tmp_path: Path) -> None:
+def test_render_tables_check_and_rewrite(tmp_path: Path) -> None:
     """``--check`` fails on a table that no longer matches the JSON; a plain run rewrites it
     (and only the marked tables)."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = PAGE.read_text(encoding="utf-8")
     stale = readme.replace("| 4.18 ms, 32.1 GB/s |", "| 9.99 ms, 1.0 GB/s |", 1)
     assert stale != readme
-    path = tmp_path / "README.md"
+    path = tmp_path / "performance.md"
     path.write_text(stale, encoding="utf-8")
-    assert render_readme.main(["--readme", str(path), "--check"]) == 1
-    assert render_readme.main(["--readme", str(path)]) == 0
+    assert render_tables.main(["--page", str(path), "--check"]) == 1
+    assert render_tables.main(["--page", str(path)]) == 0
     assert path.read_text(encoding="utf-8") == readme
-    assert render_readme.main(["--readme", str(path), "--check"]) == 0
+    assert render_tables.main(["--page", str(path), "--check"]) == 0
 
 
 def test_committed_reports_render() -> None:

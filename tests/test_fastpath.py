@@ -4,7 +4,7 @@ Each op offers its arguments to ``_core._fast_<op>`` first; the common case (pla
 native float32/float64 ndarrays of one dtype, ``out`` not overlapping an input except as the
 exact array where allowed, valid shapes and scalars) is computed there, everything else returns
 None and takes the conversion path of ``_ops.py``. Here: which case takes which path, and that
-every guarantee holds on both -- results bitwise equal, the dtype rules (README, API), ``out``
+every guarantee holds on both -- results bitwise equal, the dtype rules (docs/ops.md), ``out``
 aliasing, dtypes equal to float32 by NumPy, byte-swapped and strided inputs, and the errors.
 """
 

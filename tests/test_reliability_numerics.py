@@ -34,7 +34,7 @@ TAILS = [1, 7, 31, 33, 1025]
 @contextlib.contextmanager
 def caller_flush_denormal(on: bool) -> Iterator[None]:
     """The calling thread's MXCSR with DAZ + FTZ set (as torch.set_flush_denormal(True) does):
-    the kernels must give the reference's answer regardless (no DAZ on operands: README,
+    the kernels must give the reference's answer regardless (no DAZ on operands: docs/ops.md,
     Numerics)."""
     if not on:
         yield

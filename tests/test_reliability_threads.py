@@ -251,7 +251,7 @@ for dtype in (np.float32, np.float64):
 #    ~190 MiB). Fewer than 512 tokens: the projections run on the package's own GEMM. (OpenBLAS,
 #    used for longer prefills, allocates a working buffer the first time each concurrent
 #    caller uses it and retries forever when that allocation fails -- a limit of OpenBLAS that
-#    README's "Limits" notes.)
+#    the "Limits" notes of docs/performance.md.)
 ffn = lk.FeedForward(64, 1 << 15, seed=0)
 xf = rng.standard_normal((1, 500, 64)).astype(np.float32)
 small = ffn(xf[:, :8])

@@ -9,7 +9,7 @@ errors are in ulps of the float32 result: ``|got - ref| / 2**(e - 24)`` with ``r
 ``0.5 <= m < 1``. Exact results below FLT_MIN are flushed to 0 by design: there the result must
 be 0 or within FLT_MIN absolute.
 
-``python tests/test_simd_math.py`` prints the measured figures (for the README).
+``python tests/test_simd_math.py`` prints the measured figures (for docs/ops.md).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ FLT_MAX = float(F32.max)
 # exact results at or above this round to +inf in float32 (FLT_MAX + half an ulp)
 F32_OVERFLOW = float(np.ldexp(1.0, 128) * (1 - 2.0**-25))
 LN_FLT_MAX = float(np.log(FLT_MAX))  # 88.7228...
-ULP_TARGET = 4.0  # the exp / sigmoid error bound (README, Numerics)
+ULP_TARGET = 4.0  # the exp / sigmoid error bound (docs/ops.md, Numerics)
 STRIDE = 2**7
 CHUNK = 1 << 22
 

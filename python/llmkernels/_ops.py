@@ -234,7 +234,7 @@ def rms_norm(
 
     Rows with entries up to 1e30 (float32) are normalised correctly (no overflow).
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> np.round(lk.rms_norm([[3.0, 4.0]], eps=0.0), 4)
         array([[0.8485, 1.1314]])
@@ -270,7 +270,7 @@ def layer_norm(
     The variance is the biased one (divide by D), as in ``torch.nn.functional.layer_norm``.
     ``weight`` and ``bias`` have shape ``(D,)``; ``out`` as in :func:`rms_norm`.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> np.round(lk.layer_norm([[1.0, 2.0, 3.0]], eps=0.0), 4)
         array([[-1.2247,  0.    ,  1.2247]])
@@ -304,7 +304,7 @@ def layer_norm(
 def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     """SiLU (swish): ``x * sigmoid(x)``, elementwise, any shape. ``out`` may be ``x``.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> np.round(lk.silu([-1.0, 0.0, 1.0]), 4)
         array([-0.2689,  0.    ,  0.7311])
@@ -325,7 +325,7 @@ def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
 def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     """SwiGLU gating: ``silu(gate) * up``, elementwise; ``gate`` and ``up`` have the same shape.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> np.round(lk.swiglu([1.0, 2.0], [3.0, 0.5]), 4)
         array([2.1932, 0.8808])
@@ -366,7 +366,7 @@ def swiglu_ffn(
     for 24 to 511 rows of ``x``, on OpenBLAS otherwise (the biases are their C operand); the
     gating runs in the package's kernels.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> # one scalar: silu(2 * 1.5 + 0.5) * (3 * 1.5)
         >>> np.round(lk.swiglu_ffn([[1.5]], [[2.0]], [[3.0]], b_gate=[0.5]), 4)
@@ -396,8 +396,8 @@ def swiglu_ffn(
 
 
 # cos/sin tables memoised by (positions, frequencies, factor, dtype): every layer of a forward
-# pass and every benchmark repeat reuses them. An LRU bounded by bytes (documented in the README:
-# at most _TABLE_CACHE_BYTES are kept for the life of the process), shared by threads under a lock.
+# pass and every benchmark repeat reuses them. An LRU bounded by bytes (docs/performance.md: at
+# most _TABLE_CACHE_BYTES are kept for the life of the process), shared by threads under a lock.
 _TABLE_CACHE: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 # all cached tables together; the C++ fast path keeps the default calls' tables in a map of
 # its own of at most 8 MiB (cpp/ops/rope.cpp), which may hold some the LRU has dropped: 32 MiB
@@ -474,7 +474,7 @@ def rope(
             :func:`rope_attention_factor`).
         out: optional output array (may be ``x``).
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> np.round(lk.rope([[1.0, 0.5]], [1], inv_freq=[0.1]), 4)  # 0.1 rad/position, position 1
         array([[0.9451, 0.5973]])
@@ -568,7 +568,7 @@ def attention(
     The kernel never materialises the ``Tq x Tk`` scores: tiles of 64 query rows stream over
     tiles of 64 keys with a running max and sum (online softmax); memory is O((Tq + Tk) * D).
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> out, w = lk.attention(np.eye(2)[None], np.eye(2)[None], [[[1.0], [3.0]]], scale=1.0,
         ...                       return_weights=True)

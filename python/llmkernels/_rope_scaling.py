@@ -371,7 +371,7 @@ def rope_inv_freq(
         ValueError: odd/non-positive ``dim``, ``theta <= 0``, unknown ``rope_type``, missing
             required key, ``factor <= 0``, ``p`` outside [0, 1], wrong ``*_factor`` length.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> lk.rope_inv_freq(8, 10000.0)
         array([1.   , 0.1  , 0.01 , 0.001])
@@ -537,7 +537,7 @@ def rope_attention_factor(
     Raises:
         TypeError / ValueError: as :func:`rope_inv_freq` for the ``scaling`` dict.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> round(lk.rope_attention_factor({"rope_type": "yarn", "factor": 4.0,
         ...                                 "original_max_position_embeddings": 4096}), 4)

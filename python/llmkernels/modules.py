@@ -324,7 +324,7 @@ class _Module:
         are converted, or none (a ``ValueError`` for NaN / Inf weights). State-dict views taken
         before stay valid (they show the old float matrices). Returns the module.
 
-        Example:
+        Examples:
             >>> import llmkernels as lk, numpy as np
             >>> ffn = lk.FeedForward(64, 128, seed=0).quantize(bits=8, group_size=32)
             >>> ffn.dtype, sorted(ffn.state_dict())[:2]
@@ -451,7 +451,7 @@ def _as_f32(cls: str, name: str, x: Any, last: int) -> np.ndarray:
 class RMSNorm(_Module):
     """RMSNorm over the last axis, ``x / sqrt(mean(x**2) + eps) * weight``; weight ``(dim,)``.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> np.round(lk.RMSNorm(2, eps=0.0)(np.array([[3.0, 4.0]], np.float32)), 4)
         array([[0.8485, 1.1314]], dtype=float32)
@@ -479,7 +479,7 @@ class RMSNorm(_Module):
 class LayerNorm(_Module):
     """LayerNorm over the last axis (biased variance); weight and optional bias ``(dim,)``.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> np.round(lk.LayerNorm(3, eps=0.0)(np.array([[1.0, 2.0, 3.0]], np.float32)), 4)
         array([[-1.2247,  0.    ,  1.2247]], dtype=float32)
@@ -513,7 +513,7 @@ class FeedForward(_Module):
     """SwiGLU MLP ``down(silu(gate(x)) * up(x))`` with HF keys ``gate_proj``, ``up_proj``,
     ``down_proj`` (weights ``(out, in)``). ``x (..., dim)`` -> ``(..., dim)``.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> ffn = lk.FeedForward(8, 16, seed=0)
         >>> ffn(np.ones((2, 8), np.float32)).shape, sorted(ffn.state_dict())
@@ -597,7 +597,7 @@ class KVCache:
     the tokens the previous one appended, or raises "KV cache is full"); a cache is never
     appended to by two calls at once.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> attn = lk.MultiHeadAttention(16, 4, 2, seed=0)
         >>> cache = attn.new_cache(batch=1, max_seq_len=8)
@@ -691,7 +691,7 @@ class KVCache:
 class ModelCache:
     """One :class:`KVCache` per block of a :class:`Transformer`.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk
         >>> model = lk.Transformer({"dim": 16, "n_layers": 2, "n_heads": 2, "hidden_dim": 32,
         ...                         "vocab_size": 50}, seed=0)
@@ -891,9 +891,11 @@ class MultiHeadAttention(_Module):
 
     Args:
         dim: model width.
-        n_heads, n_kv_heads: query heads and key/value heads (``n_heads % n_kv_heads == 0``).
+        n_heads: query heads.
+        n_kv_heads: key/value heads (``n_heads % n_kv_heads == 0``).
         head_dim: default ``dim // n_heads``.
-        rope_theta, rope_scaling: RoPE base and HF ``rope_scaling`` dict (see ``rope_inv_freq``).
+        rope_theta: RoPE base.
+        rope_scaling: HF ``rope_scaling`` dict (see ``rope_inv_freq``).
         bias: biases on q/k/v/o (HF ``attention_bias``).
         o_bias: bias on o (default: ``bias``; Qwen2 has q/k/v biases only).
         causal: bottom-right causal masking (decoder self-attention).
@@ -908,7 +910,7 @@ class MultiHeadAttention(_Module):
         qk_norm: RMSNorm of each head of q and of k before RoPE (Qwen3; parameters
             ``q_norm.weight``, ``k_norm.weight`` of shape ``(head_dim,)``), with ``qk_norm_eps``.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> attn = lk.MultiHeadAttention(16, n_heads=4, n_kv_heads=2, seed=0)
         >>> attn(np.ones((2, 5, 16), np.float32)).shape
@@ -1135,7 +1137,7 @@ class TransformerBlock(_Module):
     streaming attention, output projection with the residual folded into the GEMM, norm, fused
     gate/up projection, SwiGLU, down projection with the residual.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> config = {"dim": 16, "n_heads": 4, "hidden_dim": 32}
         >>> block = lk.TransformerBlock.from_config(config, seed=0)
@@ -1356,7 +1358,7 @@ class Transformer(_Module):
     """A LLaMA-style decoder: token embedding, ``n_layers`` blocks, final norm, LM head (tied to
     the embedding when ``tie_embeddings``). State-dict keys are HF ``LlamaForCausalLM``'s.
 
-    Example:
+    Examples:
         >>> import llmkernels as lk, numpy as np
         >>> model = lk.Transformer({"dim": 16, "n_layers": 2, "n_heads": 2, "hidden_dim": 32,
         ...                         "vocab_size": 50}, seed=0)

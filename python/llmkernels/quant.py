@@ -85,7 +85,7 @@ def quantize(w: Any, bits: int = 8, group_size: int = 32) -> tuple[np.ndarray, n
     multiple of ``group_size`` (32, 64 or 128) and ``w`` finite. Bit-identical to
     :func:`ref_quantize`.
 
-    Example:
+    Examples:
         >>> import numpy as np, llmkernels as lk
         >>> w = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
         >>> q, s = lk.quantize(w, bits=8, group_size=32)
@@ -103,7 +103,7 @@ def dequantize(
 ) -> np.ndarray:
     """The float32 (rows, k) matrix ``code * scale`` of :func:`quantize`'s ``(q, scales)``.
 
-    Example:
+    Examples:
         >>> import numpy as np, llmkernels as lk
         >>> w = np.array([[0.5, -1.0] * 16], np.float32)
         >>> q, s = lk.quantize(w, bits=4, group_size=32)
@@ -150,7 +150,7 @@ def quantized_linear(
     every token count through integer dot products (``vpdpbusd``), each token's result bit for
     bit what the matrix-vector kernel gives it alone (:func:`int8_activations_used`).
 
-    Example:
+    Examples:
         >>> import numpy as np, llmkernels as lk
         >>> rng = np.random.default_rng(0)
         >>> w = rng.standard_normal((64, 128)).astype(np.float32)

@@ -195,7 +195,7 @@ class Tokenizer:
         chat_template: the Jinja template, or ``None``.
         generation_config: ``generation_config.json`` as a dict (empty when absent).
 
-    Example:
+    Examples:
         >>> import tempfile, llmkernels as lk
         >>> from llmkernels.text import write_tiny_model
         >>> tok = lk.Tokenizer.from_pretrained(write_tiny_model(tempfile.mkdtemp()))
