@@ -1,9 +1,11 @@
 """The demo and the side-by-side timing table, run from the source tree (``make demo``).
 
-``python examples/demo.py demo`` recomputes every number the worked examples of the LLaMA notes
-state (RMSNorm, LayerNorm, SwiGLU, RoPE) with the C++ kernels and with the float64 reference, says
-which of the notes' numbers are right, rounded or wrong, then times each op side by side: pure
-Python, NumPy (float32), llmkernels and torch (when installed).
+``python examples/demo.py demo`` streams text from the example model that ships with the
+package (with its tokens/s), times each op side by side (pure Python, NumPy (float32),
+llmkernels and torch when installed; small shapes), then recomputes every number the worked
+examples of the LLaMA notes state (RMSNorm, LayerNorm, SwiGLU, RoPE) with the C++ kernels and
+the float64 reference and says in one line how many of the notes' numbers are wrong
+(``--details``: every example's table, right / rounded / wrong per number).
 
 ``python examples/demo.py bench [--quick] [--out DIR]`` prints the timing table alone (and writes
 ``builtin_timings.json`` into ``DIR``). The full benchmarks (roofline probe, 1 and 2 threads,
