@@ -475,10 +475,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; returns the process exit status."""
     parser = argparse.ArgumentParser(
         prog="python examples/demo.py",
-        description="llmkernels: the LLaMA notes' worked examples and side-by-side timings.",
+        description="llmkernels: text from the example model, side-by-side timings, the LLaMA "
+        "notes' worked examples.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="worked examples, then side-by-side timings")
+    demo = sub.add_parser(
+        "demo", help="text from the example model, side-by-side timings, the worked examples"
+    )
     demo.add_argument(
         "--dtype",
         choices=("float32", "float64"),
