@@ -103,7 +103,7 @@ def show_generation(lk: Any, prompt: str = "A dictionary", max_tokens: int = 80)
         print(piece.text, end="", flush=True)
     if piece is not None:
         print(f"\n\n[{piece.prompt_tokens} prompt tokens at {piece.prompt_tps:.0f} tokens/s, "
-              f"{piece.generation_tokens} generated at {piece.generation_tps:.0f} tokens/s]")  # fmt: skip
+              f"{piece.generation_tokens} generated at {piece.generation_tps:.0f} tokens/s]")
 
 
 def show_worked_example_summary(lk: Any, dtype: type[np.floating]) -> int:
