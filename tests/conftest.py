@@ -44,6 +44,18 @@ def cxx_inv_freq(dim: int, theta: float = 10000.0) -> np.ndarray:
     return np.array([1.0 / math.pow(theta, float(e)) for e in exps], dtype=np.float64)
 
 
+#: the suite runs under AddressSanitizer (``make test-sanitize`` preloads libasan)
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+#: GCC 12's ASan runtime registers no fork handlers (newer LLVM runtimes lock their allocator
+#: around fork()): a child forked while another thread of the parent is inside malloc waits
+#: forever on the allocator's lock, whatever the code under test does. The tests that fork while
+#: a thread works are run by ``make test`` and the ISA matrix instead.
+fork_while_threads_work = pytest.mark.skipif(
+    UNDER_ASAN,
+    reason="GCC 12's ASan allocator is not fork-safe while another thread allocates",
+)
+
+
 def run_python(
     code: str,
     env: dict[str, str] | None = None,

@@ -31,7 +31,7 @@ from typing import Any
 import llmkernels as lk
 import numpy as np
 import pytest
-from conftest import TOL, cxx_inv_freq
+from conftest import TOL, cxx_inv_freq, fork_while_threads_work
 from llmkernels import _ops
 from llmkernels import reference as ref
 
@@ -500,6 +500,7 @@ def test_fork_after_threads():
         np.testing.assert_array_equal(np.asarray(call()), parent[name])
 
 
+@fork_while_threads_work
 def test_fork_while_a_thread_is_inside_a_kernel():
     """Fork while another parent thread is busy in multi-threaded kernels (the pool's locks
     may be held at the moment of fork): children must not deadlock."""

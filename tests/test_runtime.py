@@ -13,7 +13,7 @@ import threading
 import llmkernels as lk
 import numpy as np
 import pytest
-from conftest import ISA_ORDER, SUPPORTED_ISAS, TOL
+from conftest import ISA_ORDER, SUPPORTED_ISAS, TOL, fork_while_threads_work
 from conftest import run_python as _run_python
 from llmkernels import reference as ref
 
@@ -208,6 +208,7 @@ print("ok")
     assert run_ok(code).strip() == "ok"
 
 
+@fork_while_threads_work
 def test_fork_while_another_thread_runs_kernels():
     """fork() while a second Python thread is inside a parallel kernel: the child must not
     inherit a locked pool."""
