@@ -42,7 +42,7 @@ def hwm():
     return status("VmHWM")
 import numpy as np
 import llmkernels as lk
-from llmkernels._safetensors import load_pretrained
+from llmkernels._checkpoint import load_pretrained
 path, mode = sys.argv[1], sys.argv[2]
 base = hwm()
 t0 = time.perf_counter()
@@ -53,11 +53,11 @@ if mode.startswith("new"):  # "new" or "new:<dtype>" (converted while loading)
 elif mode == "alloc":
     # only what the load spends building the model: the C++ weights are zero-filled vectors
     # (page faults), then left uninitialised by Python
-    from llmkernels import modules
-    from llmkernels._safetensors import checkpoint_weight_dtype, read_pretrained
+    from llmkernels.nn.module import no_random_init
+    from llmkernels._checkpoint import checkpoint_weight_dtype, read_pretrained
     cfg, located = read_pretrained(path)
     t0 = time.perf_counter()
-    with modules._no_random_init():
+    with no_random_init():
         model = lk.Transformer(cfg, dtype=checkpoint_weight_dtype(located))
     peak = hwm()
 else:

@@ -48,7 +48,7 @@ import llamacpp_peer
 import llmkernels as lk
 import numpy as np
 from harness import fmt, md_table, set_threads
-from llmkernels.modules import _no_random_init
+from llmkernels.nn.module import no_random_init
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -102,13 +102,13 @@ def build_models(cfg: Config) -> dict[str, lk.Transformer]:
     f32 = lk.Transformer(config, seed=0)
     models = {"float32": f32}
     for dtype in DTYPES[1:]:
-        with _no_random_init():
+        with no_random_init():
             m = lk.Transformer(config, dtype=dtype)
         m.load_state_dict(f32.state_dict())
         models[dtype] = m
     if hasattr(f32, "quantize"):  # int8 / int4 (group size 32), from the same float32 weights
         for bits in (8, 4):
-            with _no_random_init():
+            with no_random_init():
                 m = lk.Transformer(config)
             m.load_state_dict(f32.state_dict())
             m.quantize(bits=bits, group_size=32)

@@ -25,6 +25,12 @@ import torch
 import transformers
 from conftest import run_python
 from llmkernels import _safetensors as st
+from llmkernels._checkpoint import (
+    check_key_shapes,
+    load_checkpoint_dir,
+    load_pretrained,
+    read_checkpoint_index,
+)
 from llmkernels._config import (
     MAX_PARAMETERS,
     ConfigError,
@@ -36,11 +42,7 @@ from llmkernels._config import (
 from llmkernels._safetensors import (
     CheckpointError,
     CheckpointNotFoundError,
-    check_key_shapes,
-    load_checkpoint_dir,
     load_file,
-    load_pretrained,
-    read_checkpoint_index,
     read_header,
 )
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -432,7 +434,7 @@ def test_file_changing_under_the_reader(tmp_path: Path) -> None:
     safetensors.numpy.save_file({"a": np.arange(1000, dtype=np.float32)}, str(path))
     with open(path, "rb", buffering=0) as f:
         size = path.stat().st_size
-        tensors, _, data_offset = st._read_header_from(f, str(path), size)
+        tensors, _, data_offset = st.read_header_from(f, str(path), size)
         os.truncate(path, data_offset + 100)
         dests = {"a": np.empty(1000, np.float32)}
         with pytest.raises(CheckpointError, match="changed size while it was read"):
@@ -448,7 +450,7 @@ def test_reads_the_validated_file_not_its_replacement(tmp_path: Path) -> None:
     safetensors.numpy.save_file({"a": -np.arange(1000, dtype=np.float32)}, str(other))
     with open(path, "rb", buffering=0) as f:
         size = path.stat().st_size
-        tensors, _, _ = st._read_header_from(f, str(path), size)
+        tensors, _, _ = st.read_header_from(f, str(path), size)
         os.replace(other, path)
         dests = {"a": np.empty(1000, np.float32)}
         st._fill(f, str(path), size, tensors, dests)
@@ -460,7 +462,7 @@ def test_data_is_read_with_safe_open_in_bounded_windows(
 ) -> None:
     # tensor data goes through safetensors.safe_open (memory-mapped); a handle is reopened
     # every _MAP_WINDOW bytes (its touched pages stay resident until it closes) and each
-    # tensor is converted slice by slice (_CHUNK_BYTES), equal to the safetensors peer
+    # tensor is converted slice by slice (CHUNK_BYTES), equal to the safetensors peer
     rng = np.random.default_rng(0)
     tensors = {
         "emb": torch.from_numpy(rng.standard_normal((300, 70), dtype=np.float32)).bfloat16(),
@@ -479,7 +481,7 @@ def test_data_is_read_with_safe_open_in_bounded_windows(
         return real(filename, framework=framework, **kw)
 
     monkeypatch.setattr(safetensors, "safe_open", spy)
-    monkeypatch.setattr(st, "_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(st, "CHUNK_BYTES", 1000)
     monkeypatch.setattr(st, "_MAP_WINDOW", 4096)
     got = load_file(path, dtype=None)
     assert len(opened) > 10 and all(name.startswith("/proc/self/fd/") for name in opened)
@@ -500,7 +502,7 @@ def test_loading_adds_a_bounded_amount_to_the_resident_set(tmp_path: Path) -> No
     st.save_file(path, {"w": np.ones((rows, 256), np.float32)})
     code = f"""
         import numpy as np
-        from llmkernels._safetensors import load_file, _MAP_WINDOW, _CHUNK_BYTES
+        from llmkernels._safetensors import load_file, _MAP_WINDOW, CHUNK_BYTES
         def hwm():
             return next(int(line.split()[1]) << 10 for line in open("/proc/self/status")
                         if line.startswith("VmHWM"))
@@ -508,7 +510,7 @@ def test_loading_adds_a_bounded_amount_to_the_resident_set(tmp_path: Path) -> No
         base = hwm()
         w = load_file({str(path)!r})["w"]
         assert w.shape == ({rows}, 256) and w[-1, -1] == 1.0
-        print((hwm() - base - w.nbytes) / (_MAP_WINDOW + _CHUNK_BYTES))
+        print((hwm() - base - w.nbytes) / (_MAP_WINDOW + CHUNK_BYTES))
     """
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr

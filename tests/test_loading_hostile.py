@@ -31,7 +31,7 @@ import llmkernels as lk
 import numpy as np
 import pytest
 import torch
-from llmkernels import modules
+from llmkernels import nn
 from llmkernels._safetensors import CheckpointError
 from llmkernels.text import write_tiny_model
 
@@ -325,7 +325,8 @@ def test_from_pretrained_does_not_randomly_initialise(
         def integers(self, *a: Any, **k: Any) -> Any:
             return np.random.default_rng(0).integers(*a, **k)
 
-    monkeypatch.setattr(modules, "_rng", lambda seed: NoRandom())
+    for part in (nn.layers, nn.block, nn.model):  # every module that draws initial weights
+        monkeypatch.setattr(part, "seeded_rng", lambda seed: NoRandom())
     model = lk.Transformer.from_pretrained(tiny)
     assert np.abs(model.state_dict()["lm_head.weight"]).max() > 0
 

@@ -452,7 +452,7 @@ def test_loading_int8_never_holds_a_float32_matrix(tmp_path: Path) -> None:
     lk.Transformer(cfg, seed=0).save_pretrained(tmp_path)
     code = f"""
         import llmkernels as lk
-        from llmkernels._safetensors import _MAP_WINDOW, _CHUNK_BYTES
+        from llmkernels._safetensors import _MAP_WINDOW, CHUNK_BYTES
         def hwm():
             return next(int(line.split()[1]) << 10 for line in open("/proc/self/status")
                         if line.startswith("VmHWM"))
@@ -462,7 +462,7 @@ def test_loading_int8_never_holds_a_float32_matrix(tmp_path: Path) -> None:
         base = hwm()
         model = lk.Transformer.from_pretrained({str(tmp_path)!r}, dtype="int8")
         assert model.dtype == "int8"
-        print((hwm() - base - model.nbytes) / (_MAP_WINDOW + _CHUNK_BYTES), model.nbytes)
+        print((hwm() - base - model.nbytes) / (_MAP_WINDOW + CHUNK_BYTES), model.nbytes)
     """
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr

@@ -29,11 +29,10 @@ import os
 import llmkernels as lk
 import numpy as np
 import pytest
-from conftest import run_python
+from conftest import UNDER_ASAN, fork_while_threads_work, run_python
 
 TIMEOUT = 180  # seconds per subprocess; the scripts take a few seconds
 
-UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 needs_rlimit_as = pytest.mark.skipif(
     UNDER_ASAN,
     reason="RLIMIT_AS cannot be used under AddressSanitizer (its shadow memory reserves "
@@ -609,6 +608,7 @@ def test_kv_cache_memory_follows_the_tokens_written() -> None:
     assert rss_mib() - before < 200  # the slot mask (4 MB a layer) and a few pages a head
 
 
+@fork_while_threads_work
 def test_fork_while_another_thread_writes_a_cache() -> None:
     """A child forked while a thread of the parent is inside a forward on a cache: using that
     cache in the child raises (its lock and C++ mutex stay held there, its contents are half
@@ -678,9 +678,10 @@ def test_fork_while_another_thread_holds_a_python_lock() -> None:
         """
         import os
         import numpy as np
-        from llmkernels import _ops, modules
+        from llmkernels import _ops
+        from llmkernels.nn.positions import RopeSchedule
         pos, freqs = np.arange(5), np.array([1.0, 0.1])
-        sched = modules._RopeSchedule(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0,
+        sched = RopeSchedule(8, 10000.0, {"rope_type": "dynamic", "factor": 2.0,
                                                    "original_max_position_embeddings": 4})
         want = sched.frequencies(np.arange(9))
         sched.current, sched.cached_len = None, 4  # (back to the start)

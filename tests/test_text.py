@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 from _models import hf_llama_config
-from llmkernels.modules import _sample
-from llmkernels.text import _Detokenizer, _StopText
+from llmkernels._detokenize import Detokenizer, StopText
+from llmkernels.nn.sampling import sample
 from llmkernels.tokenizer import TokenizerError
 from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -376,7 +376,7 @@ def test_sampler_filters_match_transformers_warpers() -> None:
         scores = proc(None, scores)
     allowed = torch.isfinite(scores).numpy()
     gen = np.random.default_rng(1)
-    drawn = np.stack([_sample(logits, 0.7, 30, 0.8, gen, min_p=0.1) for _ in range(300)], axis=1)
+    drawn = np.stack([sample(logits, 0.7, 30, 0.8, gen, min_p=0.1) for _ in range(300)], axis=1)
     for row in range(3):
         assert set(drawn[row]) <= set(np.flatnonzero(allowed[row]))
         assert len(set(drawn[row])) > 1
@@ -385,7 +385,7 @@ def test_sampler_filters_match_transformers_warpers() -> None:
     history = rng.integers(0, 200, (3, 12))
     np.put_along_axis(seen, history, True, axis=1)
     penalised = RepetitionPenaltyLogitsProcessor(1.5)(torch.tensor(history), torch.tensor(logits))
-    got = _sample(logits, 0.0, None, None, gen, repetition_penalty=1.5, seen=seen)
+    got = sample(logits, 0.0, None, None, gen, repetition_penalty=1.5, seen=seen)
     np.testing.assert_array_equal(got, penalised.argmax(-1).numpy())
 
 
@@ -438,7 +438,7 @@ def test_streamed_pieces_never_split_a_character(peer: dict[str, Any], text: str
     ids = tok.encode(text, add_special_tokens=False)
     # the test means something: some token holds part of a multi-byte character
     assert any("\ufffd" in tok.decode([i]) for i in ids)
-    detok = _Detokenizer(tok)
+    detok = Detokenizer(tok)
     pieces = [detok.add(i) for i in ids]
     pieces.append(detok.flush())
     assert "".join(pieces) == text
@@ -446,12 +446,12 @@ def test_streamed_pieces_never_split_a_character(peer: dict[str, Any], text: str
 
 
 def test_stop_text_holds_back_a_possible_stop() -> None:
-    st = _StopText(["STOP", "xy"])
+    st = StopText(["STOP", "xy"])
     assert st.add("abc ST") == ("abc ", False)
     assert st.add("O") == ("", False)
     assert st.add("P and more") == ("", True)
     assert st.text == "abc "
-    st = _StopText(["STOP"])
+    st = StopText(["STOP"])
     assert st.add("abc ST") == ("abc ", False)
     assert st.add("ART") == ("START", False)
     assert st.rest() == ""
@@ -696,7 +696,7 @@ def test_cleaned_up_text_streams_whole(tmp_path: Path, text: str) -> None:
     hf = AutoTokenizer.from_pretrained(str(d))
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == hf.decode(ids)
-    detok = _Detokenizer(tok)
+    detok = Detokenizer(tok)
     streamed = "".join(detok.add(i) for i in ids) + detok.flush()
     assert streamed == tok.decode(ids, skip_special_tokens=True)
 

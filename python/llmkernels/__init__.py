@@ -81,12 +81,13 @@ def _check_environment() -> None:
 _check_environment()
 # the Python layer imports _core, so it comes after _load_core() has set up OpenBLAS
 from . import inspect as inspect  # noqa: E402  (lk.inspect: attention weights, residual RMS)
-from . import modules as _modules  # noqa: E402
+from . import modules as modules  # noqa: E402  (their first import path)
+from . import nn as nn  # noqa: E402  (lk.nn: the module classes, caches, sampling)
 from . import pure as pure  # noqa: E402  (lk.pure: every op in pure Python)
 from . import reference as reference  # noqa: E402  (lk.reference: every op's float64 formula)
 from ._ops import attention, layer_norm, rms_norm, rope, silu, swiglu, swiglu_ffn  # noqa: E402
 from ._rope_scaling import rope_attention_factor, rope_inv_freq  # noqa: E402
-from .modules import *  # noqa: E402, F403  (the module classes: modules.__all__)
+from .nn import *  # noqa: E402, F403  (the module classes: nn.__all__)
 from .quant import dequantize, quantize, quantized_linear  # noqa: E402
 from .text import (  # noqa: E402
     ChatSession,
@@ -127,7 +128,7 @@ __all__ = [
     "swiglu",
     "swiglu_ffn",
 ]
-__all__ += _modules.__all__
+__all__ += nn.__all__
 
 
 def set_num_threads(n: int) -> None:

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import numbers
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from .families import FAMILIES
+from .families.base import ConfigError, check_real, config_error, is_int, is_real
 
 __all__ = [
     "MAX_DIMENSION",
@@ -59,15 +61,7 @@ MAX_CONFIG_BYTES = 1 << 20
 
 _NORMS = ("rms", "layer")
 # the HF model types that load, with the architecture name transformers saves
-MODEL_TYPES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "gemma": "GemmaForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-}
+MODEL_TYPES = {t: f.architecture for t, f in FAMILIES.items()}
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 _ACTIVATIONS = ("silu", "gelu_tanh")
 _NORM_POSITIONS = ("pre", "post", "sandwich")
@@ -137,56 +131,28 @@ _PARAMETER_FIELDS = (
 )
 
 
-class ConfigError(ValueError):
-    """An invalid model configuration; the message reads ``"[config] <key>: <problem>"``."""
-
-
-def _err(key: str, problem: str) -> ConfigError:
-    return ConfigError(f"[config] {key}: {problem}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
 def _check_size(key: str, value: object) -> int:
-    if not _is_int(value):
-        raise _err(key, f"must be a positive int, got {type(value).__name__} {value!r:.60}")
+    if not is_int(value):
+        raise config_error(key, f"must be a positive int, got {type(value).__name__} {value!r:.60}")
     value = int(value)  # type: ignore[call-overload]
     if value <= 0:
-        raise _err(key, f"must be a positive int, got {value}")
+        raise config_error(key, f"must be a positive int, got {value}")
     if value > MAX_DIMENSION:
-        raise _err(key, f"{value} exceeds the supported maximum {MAX_DIMENSION} (2**24)")
-    return value
-
-
-def _check_real(key: str, value: object, *, positive: bool) -> float:
-    if not _is_real(value):
-        raise _err(key, f"must be a real number, got {type(value).__name__} {value!r:.60}")
-    try:
-        value = float(value)  # type: ignore[arg-type]
-    except OverflowError:  # an int like 10**400 has no float
-        raise _err(key, f"must be finite, got an integer of {len(str(value))} digits") from None
-    if not math.isfinite(value):
-        raise _err(key, f"must be finite, got {value!r}")
-    if value < 0.0 or (positive and value == 0.0):
-        raise _err(key, f"must be {'> 0' if positive else '>= 0'}, got {value!r}")
+        raise config_error(key, f"{value} exceeds the supported maximum {MAX_DIMENSION} (2**24)")
     return value
 
 
 def _check_bool(key: str, value: object) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise _err(key, f"must be true or false, got {type(value).__name__} {value!r:.60}")
+        raise config_error(key, f"must be true or false, got {type(value).__name__} {value!r:.60}")
     return bool(value)
 
 
 def _check_choice(key: str, value: object, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise _err(key, f"must be one of {', '.join(map(repr, choices))}, got {value!r:.60}")
+        raise config_error(
+            key, f"must be one of {', '.join(map(repr, choices))}, got {value!r:.60}"
+        )
     return value
 
 
@@ -195,15 +161,15 @@ def _check_scaling_values(key: str, scaling: Mapping[str, Any]) -> dict[str, Any
     out: dict[str, Any] = {}
     for k, v in scaling.items():
         if not isinstance(k, str):
-            raise _err(key, f"keys must be strings, got {k!r:.60}")
+            raise config_error(key, f"keys must be strings, got {k!r:.60}")
         if isinstance(v, (list, tuple)):
-            if not all(_is_real(x) for x in v):
-                raise _err(f"{key}[{k!r}]", "must be a list of numbers")
+            if not all(is_real(x) for x in v):
+                raise config_error(f"{key}[{k!r}]", "must be a list of numbers")
             v = [float(x) for x in v]
         elif isinstance(v, np.ndarray):
-            raise _err(f"{key}[{k!r}]", "must be a list of numbers, not an ndarray")
+            raise config_error(f"{key}[{k!r}]", "must be a list of numbers, not an ndarray")
         elif v is not None and not isinstance(v, (str, bool, numbers.Real)):
-            raise _err(f"{key}[{k!r}]", f"unsupported value of type {type(v).__name__}")
+            raise config_error(f"{key}[{k!r}]", f"unsupported value of type {type(v).__name__}")
         out[k] = v
     return out
 
@@ -256,20 +222,20 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
         out["n_kv_heads"] = n_heads
     if out["head_dim"] is None:
         if dim % n_heads:
-            raise _err(
+            raise config_error(
                 n("dim"),
                 f"{dim} is not divisible by {n('n_heads')}={n_heads} "
                 f"(give {n('head_dim')} explicitly for such a model)",
             )
         out["head_dim"] = dim // n_heads
     if n_heads % out["n_kv_heads"]:
-        raise _err(
+        raise config_error(
             n("n_heads"),
             f"{n_heads} is not a multiple of {n('n_kv_heads')}={out['n_kv_heads']} "
             "(grouped-query attention needs n_heads % n_kv_heads == 0)",
         )
     if out["head_dim"] % 2:
-        raise _err(n("head_dim"), f"must be even for RoPE, got {out['head_dim']}")
+        raise config_error(n("head_dim"), f"must be even for RoPE, got {out['head_dim']}")
 
     # 2. choices and flags (needed by the parameter count)
     out["norm"] = _check_choice(n("norm"), out["norm"], _NORMS)
@@ -293,19 +259,21 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
     if out["layer_types"] is not None:
         types = out["layer_types"]
         if isinstance(types, (str, bytes)) or not isinstance(types, (list, tuple)):
-            raise _err(n("layer_types"), f"must be a list, got {type(types).__name__}")
+            raise config_error(n("layer_types"), f"must be a list, got {type(types).__name__}")
         if len(types) != out["n_layers"]:
-            raise _err(n("layer_types"), f"needs {out['n_layers']} entries, got {len(types)}")
+            raise config_error(
+                n("layer_types"), f"needs {out['n_layers']} entries, got {len(types)}"
+            )
         for t in types:
             _check_choice(n("layer_types"), t, _LAYER_TYPES)
         out["layer_types"] = tuple(types)
     for field in ("attn_softcap", "final_softcap", "attn_scale"):
         if out[field] is not None:
-            out[field] = _check_real(n(field), out[field], positive=True)
+            out[field] = check_real(n(field), out[field], positive=True)
 
     count = _parameter_count(**{k: out[k] for k in _PARAMETER_FIELDS})
     if count > MAX_PARAMETERS:
-        raise _err(
+        raise config_error(
             n("dim"),
             f"the configuration implies {count:,} parameters, more than the supported "
             f"maximum {MAX_PARAMETERS:,} (2**36)",
@@ -314,23 +282,23 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
     # 3. reals
     if out["norm_eps"] is None:
         out["norm_eps"] = _DEFAULT_EPS[out["norm"]]
-    out["norm_eps"] = _check_real(n("norm_eps"), out["norm_eps"], positive=False)
+    out["norm_eps"] = check_real(n("norm_eps"), out["norm_eps"], positive=False)
     if out["norm_eps"] >= 1.0:  # as the norm modules require
-        raise _err(n("norm_eps"), f"must be < 1, got {out['norm_eps']!r}")
-    out["rope_theta"] = _check_real(n("rope_theta"), out["rope_theta"], positive=True)
+        raise config_error(n("norm_eps"), f"must be < 1, got {out['norm_eps']!r}")
+    out["rope_theta"] = check_real(n("rope_theta"), out["rope_theta"], positive=True)
 
     # 4. RoPE scaling: validated by the same code that computes the frequencies
     scaling = out["rope_scaling"]
     key = n("rope_scaling")
     if scaling is not None:
         if not isinstance(scaling, Mapping):
-            raise _err(key, f"must be a dict or null, got {type(scaling).__name__}")
+            raise config_error(key, f"must be a dict or null, got {type(scaling).__name__}")
         scaling = _check_scaling_values(key, scaling)
         if scaling.get("rope_theta") is not None:
-            dict_theta = _check_real(f"{key}['rope_theta']", scaling["rope_theta"], positive=True)
+            dict_theta = check_real(f"{key}['rope_theta']", scaling["rope_theta"], positive=True)
             theta = out["rope_theta"]
             if theta not in (_DEFAULT_THETA, dict_theta):
-                raise _err(
+                raise config_error(
                     key,
                     f"rope_theta={dict_theta!r} conflicts with {n('rope_theta')}={theta!r}",
                 )
@@ -351,7 +319,7 @@ def _normalize(values: Mapping[str, Any], names: Mapping[str, str]) -> dict[str,
                 msg = str(exc)
                 if msg.startswith("[rope_inv_freq] "):
                     msg = msg[len("[rope_inv_freq] ") :]
-                raise _err(key, msg) from None
+                raise config_error(key, msg) from None
     return out
 
 
@@ -455,16 +423,16 @@ class ModelConfig:
         ``hidden_act`` must be ``"silu"``. In the canonical form unknown keys are errors.
         """
         if not isinstance(d, Mapping):
-            raise _err("config", f"must be a dict (JSON object), got {type(d).__name__}")
+            raise config_error("config", f"must be a dict (JSON object), got {type(d).__name__}")
         for key in d:
             if not isinstance(key, str):
-                raise _err(repr(key), "config keys must be strings")
+                raise config_error(repr(key), "config keys must be strings")
         if _HF_MARKERS.intersection(d):
             return cls(**_from_hf(d))
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = [k for k in d if k not in fields]
         if unknown:
-            raise _err(
+            raise config_error(
                 unknown[0],
                 "unknown key (canonical fields are: " + ", ".join(sorted(fields)) + ")",
             )
@@ -474,7 +442,7 @@ class ModelConfig:
             if f.default is dataclasses.MISSING and f.name not in d
         ]
         if missing:
-            raise _err(missing[0], "missing required key")
+            raise config_error(missing[0], "missing required key")
         return cls(**dict(d))
 
     def to_dict(self) -> dict[str, Any]:
@@ -495,39 +463,15 @@ class ModelConfig:
                 cannot express (use :meth:`to_dict` for those).
         """
         if self.norm != "rms" or self.norm_position == "post":
-            raise _err(
+            raise config_error(
                 "norm" if self.norm != "rms" else "norm_position",
                 "an HF LLaMA config can only describe pre-norm RMSNorm models; "
                 "use to_dict() for this configuration",
             )
-        # what each family's HF config can say about the biases and the window
-        expressible = {
-            "llama": self.o_bias == self.attention_bias and self.sliding_window is None,
-            "mistral": not self.attention_bias and not self.o_bias and not self.mlp_bias,
-            "qwen2": self.attention_bias
-            and not self.o_bias
-            and not self.mlp_bias
-            and self.sliding_window is None,
-            "phi3": not self.attention_bias and not self.o_bias and not self.mlp_bias,
-            "qwen3": self.o_bias == self.attention_bias
-            and not self.mlp_bias
-            and self.sliding_window is None,
-            "gemma": self.o_bias == self.attention_bias
-            and not self.mlp_bias
-            and self.sliding_window is None,
-            "gemma2": self.o_bias == self.attention_bias and not self.mlp_bias,
-        }[self.model_type]
-        expressible &= self.qk_norm == (self.model_type == "qwen3")
-        gemma = self.model_type in ("gemma", "gemma2")
-        expressible &= (self.activation == "gelu_tanh") == gemma
-        expressible &= self.norm_unit_offset == gemma and self.embed_scale == gemma
-        gemma2 = self.model_type == "gemma2"
-        expressible &= (self.norm_position == "sandwich") == gemma2
-        if not gemma2:
-            expressible &= self.layer_types is None and self.attn_scale is None
-            expressible &= self.attn_softcap is None and self.final_softcap is None
+        family = FAMILIES[self.model_type]
+        expressible = family.can_write(self)
         if not expressible:
-            raise _err(
+            raise config_error(
                 "model_type",
                 f"an HF {self.model_type} config cannot describe attention_bias="
                 f"{self.attention_bias}, o_bias={self.o_bias}, mlp_bias={self.mlp_bias}, "
@@ -539,27 +483,7 @@ class ModelConfig:
             rope_parameters = dict(scaling)
             rope_parameters.setdefault("rope_type", scaling.get("type", "default"))
         rope_parameters["rope_theta"] = self.rope_theta
-        extra: dict[str, Any] = {}
-        if self.model_type in ("mistral", "phi3", "gemma2"):
-            extra["sliding_window"] = self.sliding_window
-        if self.model_type == "gemma2":
-            extra.update(
-                layer_types=["full_attention"] * self.n_layers
-                if self.sliding_window is None
-                else list(self.layer_types or ["sliding_attention"] * self.n_layers),
-                attn_logit_softcapping=self.attn_softcap,
-                final_logit_softcapping=self.final_softcap,
-                query_pre_attn_scalar=_scale_scalar(self.head_dim, self.attn_scale),
-            )
-        if self.model_type in ("qwen2", "qwen3"):
-            extra["use_sliding_window"] = False
-        if gemma2:
-            extra["hidden_activation"] = "gelu_pytorch_tanh"  # what Gemma2Config reads
-        if self.model_type == "phi3" and scaling is not None:
-            # Phi3Config's top-level key (default 4096) overrides the one in the RoPE dict
-            extra["original_max_position_embeddings"] = scaling.get(
-                "original_max_position_embeddings", self.max_seq_len
-            )
+        extra = family.hf_extra(self, scaling)
         return extra | {
             "model_type": self.model_type,
             "architectures": [MODEL_TYPES[self.model_type]],
@@ -615,7 +539,7 @@ class ModelConfig:
     def fused_projections(self) -> bool:
         """The checkpoint stores q/k/v as one ``qkv_proj`` and gate/up as one ``gate_up_proj``
         (Phi-3): how the block stores them too, so they load as they are."""
-        return self.model_type == "phi3"
+        return FAMILIES[self.model_type].fused_projections
 
     def rope_scaling_dict(self) -> dict[str, Any] | None:
         """``rope_scaling`` completed with ``max_position_embeddings = max_seq_len``.
@@ -645,87 +569,40 @@ class ModelConfig:
         return float(rope_attention_factor(self.rope_scaling_dict()))
 
 
-def _scale_scalar(head_dim: int, attn_scale: float | None) -> int | float:
-    """Gemma 2's query_pre_attn_scalar for a score scale: an int when it is one (transformers'
-    Gemma2Config accepts only ints; 24 ** -0.5 squared back is 24.000000000000004)."""
-    if attn_scale is None:
-        return head_dim
-    value = attn_scale**-2
-    near = round(value)
-    return int(near) if near > 0 and near**-0.5 == attn_scale else value
-
-
-# transformers' defaults (its config classes, 5.x) for the keys a config.json may leave out,
-# where a family's differ from LlamaConfig's (which the canonical defaults follow)
-_HF_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {},
-    "mistral": {
-        "num_key_value_heads": 8,
-        "max_position_embeddings": 131072,
-        "sliding_window": 4096,
-    },
-    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
-    "qwen3": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768},
-    "phi3": {
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 4096,
-        "original_max_position_embeddings": 4096,
-    },
-    "gemma": {
-        "num_key_value_heads": 16,
-        "head_dim": 256,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "hidden_act": "gelu_pytorch_tanh",
-    },
-    "gemma2": {
-        "num_key_value_heads": 4,
-        "head_dim": 256,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "query_pre_attn_scalar": 256,
-        "sliding_window": 4096,
-        "attn_logit_softcapping": 50.0,
-        "final_logit_softcapping": 30.0,
-    },
-}
-
-
 def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     """Canonical keyword arguments from an HF LlamaConfig-style dict (HF names in errors)."""
     canonical_only = sorted(set(_HF_NAMES) - set(_HF_NAMES.values()) | {"norm", "norm_position"})
     mixed = [k for k in canonical_only if k in d]
     if mixed:
-        raise _err(mixed[0], "canonical key in an HF-style config (do not mix the two forms)")
+        raise config_error(
+            mixed[0], "canonical key in an HF-style config (do not mix the two forms)"
+        )
     model_type = d.get("model_type", "llama")
     if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
-        raise _err(
+        raise config_error(
             "model_type",
             f"{model_type!r:.60} is not supported (supported: {', '.join(MODEL_TYPES)})",
         )
     # a key the file leaves out takes the family's transformers default (GemmaConfig ties the
     # head, MistralConfig slides over 4096 keys, ...), not LLaMA's
-    d = {**_HF_FAMILY_DEFAULTS[model_type], **d}
-    # the activation: transformers' Gemma 2 reads hidden_activation, every other family
-    # hidden_act (Gemma 1 maps its legacy "gelu" to the tanh GELU, and so do we)
-    act_key = "hidden_activation" if model_type == "gemma2" else "hidden_act"
+    family = FAMILIES[model_type]
+    d = {**family.hf_defaults, **d}
+    # the activation: each family's key (Gemma 2: hidden_activation), SiLU (SwiGLU) or, for the
+    # GeGLU families, the tanh GELU
+    act_key = family.act_key
     act = d.get(act_key, "silu")
-    gelu_names = ("gelu_pytorch_tanh", "gelu_python_tanh")
-    if model_type == "gemma":
-        gelu_names += ("gelu",)
-    if model_type in ("gemma", "gemma2") and isinstance(act, str) and act in gelu_names:
+    if isinstance(act, str) and act in family.gelu_names:
         act = "gelu_tanh"
     elif act in ("silu", "swish"):
         act = "silu"
     else:
         supported = "'silu' (SwiGLU)" + (
-            " or 'gelu_pytorch_tanh' (GeGLU)" if model_type in ("gemma", "gemma2") else ""
+            " or 'gelu_pytorch_tanh' (GeGLU)" if family.gelu_names else ""
         )
-        raise _err(act_key, f"only {supported} is supported, got {act!r:.60}")
+        raise config_error(act_key, f"only {supported} is supported, got {act!r:.60}")
     for key in _HF_REQUIRED:
         if key not in d:
-            raise _err(key, "missing required key")
+            raise config_error(key, "missing required key")
     names = dict(_HF_NAMES)
 
     def get(key: str, default: Any) -> Any:
@@ -738,7 +615,7 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
     rope_key = "rope_scaling" if legacy else "rope_parameters"
     rope = legacy or params or {}
     if not isinstance(rope, Mapping):
-        raise _err(rope_key, f"must be a dict or null, got {type(rope).__name__}")
+        raise config_error(rope_key, f"must be a dict or null, got {type(rope).__name__}")
     rope = dict(rope)
     theta = rope.pop("rope_theta", None)
     theta_key = f"{rope_key}['rope_theta']"
@@ -753,9 +630,9 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
                 # a top-level value wins over the dict's (transformers'
                 # standardize_rope_params; Phi-3's configs keep it there, default 4096)
                 rope["original_max_position_embeddings"] = d["original_max_position_embeddings"]
-            elif _is_int(max_seq_len):
+            elif is_int(max_seq_len):
                 rope.setdefault("original_max_position_embeddings", max_seq_len)
-        if rope["rope_type"] == "default" and model_type != "phi3":
+        if rope["rope_type"] == "default" and not family.partial_rotary_in_plain_rope:
             # transformers' plain RoPE of these families rotates every feature whatever
             # partial_rotary_factor says (its scaled RoPE types and Phi-3 do read it)
             rope.pop("partial_rotary_factor", None)
@@ -789,47 +666,7 @@ def _from_hf(d: Mapping[str, Any]) -> dict[str, Any]:
         "final_softcap": None,
         "attn_scale": None,
     }
-    if model_type in ("gemma", "gemma2"):  # (1 + weight) norms, embeddings scaled by sqrt(dim)
-        values.update(norm_unit_offset=True, embed_scale=True)
-    if model_type == "gemma2":  # sandwich norms, soft-capping, alternating windows
-        scalar = d.get("query_pre_attn_scalar")
-        if scalar is not None:  # scores scaled by query_pre_attn_scalar ** -0.5
-            scalar = _check_real("query_pre_attn_scalar", scalar, positive=True)
-        values.update(
-            norm_position="sandwich",
-            layer_types=d.get("layer_types"),
-            attn_softcap=d.get("attn_logit_softcapping"),
-            final_softcap=d.get("final_logit_softcapping"),
-            attn_scale=None if scalar is None else scalar**-0.5,
-        )
-        if d.get("sliding_window") is None and "sliding_attention" in (
-            values["layer_types"] or ("sliding_attention",)  # transformers' default alternates
-        ):
-            raise _err(
-                "sliding_window",
-                "is null but layer_types has sliding_attention layers (absent layer_types: "
-                "transformers' default, every other layer) -- a window size is needed",
-            )
-        if values["layer_types"] is None and d.get("sliding_window") is not None:
-            # transformers' default: even layers (0, 2, ...) slide, odd ones attend fully
-            n_layers = d["num_hidden_layers"]
-            if _is_int(n_layers) and 0 < n_layers <= 1 << 16:
-                values["layer_types"] = [
-                    "sliding_attention" if (i + 1) % 2 else "full_attention"
-                    for i in range(n_layers)
-                ]
-    if model_type in ("mistral", "phi3", "gemma2"):
-        values["sliding_window"] = d.get("sliding_window")  # null: full attention
-    elif model_type == "qwen2":
-        # Qwen2: biases on q/k/v only; its sliding window applies to some layers only
-        values.update(attention_bias=True, o_bias=False)
-    if model_type == "qwen3":
-        values["qk_norm"] = True  # q_norm / k_norm: per-head RMSNorm of q and k before RoPE
-    if model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
-        raise _err(
-            "use_sliding_window",
-            "Qwen sliding-window layers are not supported (only use_sliding_window=false)",
-        )
+    family.read_hf(d, values)
     return _normalize(values, names)
 
 
@@ -855,23 +692,23 @@ def read_config_json(path: str | os.PathLike[str]) -> ModelConfig:
     raw = read_small(
         name,
         MAX_CONFIG_BYTES,
-        lambda problem: _err(name, problem),
-        lambda: _err(name, "cannot read: no such file"),
+        lambda problem: config_error(name, problem),
+        lambda: config_error(name, "cannot read: no such file"),
     )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _err(name, f"not valid UTF-8 (byte offset {exc.start})") from None
+        raise config_error(name, f"not valid UTF-8 (byte offset {exc.start})") from None
     try:
         data = json.loads(text, object_pairs_hook=no_duplicate_keys)
     except DuplicateKey as exc:
-        raise _err(name, f"duplicate key {exc.key!r:.80} in JSON") from None
+        raise config_error(name, f"duplicate key {exc.key!r:.80} in JSON") from None
     except RecursionError:
-        raise _err(name, "JSON nested too deeply") from None
+        raise config_error(name, "JSON nested too deeply") from None
     except ValueError as exc:
-        raise _err(name, f"not valid JSON ({exc})") from None
+        raise config_error(name, f"not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise _err(name, f"must hold a JSON object, got {type(data).__name__}")
+        raise config_error(name, f"must hold a JSON object, got {type(data).__name__}")
     return ModelConfig.from_dict(data)
 
 

@@ -49,9 +49,9 @@ __all__ = [
 
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
 # computed in float32 and returned in their own dtype (low-precision arrays, as NumPy's float16 ops)
-_LOW = (np.dtype(np.float16), _BF16)
+_LOW = (np.dtype(np.float16), BF16)
 
 
 def _torch_bf16_to_numpy(value: Any) -> np.ndarray:
@@ -59,21 +59,21 @@ def _torch_bf16_to_numpy(value: Any) -> np.ndarray:
     ``__array__`` protocol has no bfloat16)."""
     import torch  # already imported: value is one of its tensors
 
-    return value.detach().cpu().contiguous().view(torch.int16).numpy().view(_BF16)
+    return value.detach().cpu().contiguous().view(torch.int16).numpy().view(BF16)
 
 
-def _is_torch_bf16(value: Any) -> bool:
+def is_torch_bf16(value: Any) -> bool:
     return (
         type(value).__module__.partition(".")[0] == "torch"
         and str(getattr(value, "dtype", "")) == "torch.bfloat16"
     )
 
 
-def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
+def as_array(fn: str, name: str, value: Any) -> np.ndarray:
     """``np.asarray`` with a clear error for things that are not numeric arrays."""
     if isinstance(value, np.ndarray):
         arr = value
-    elif _is_torch_bf16(value):
+    elif is_torch_bf16(value):
         if value.requires_grad:  # refused like any tensor that requires grad (__array__ is)
             raise TypeError(
                 f"[{fn}] {name} could not be converted to an array: it requires grad "
@@ -91,7 +91,7 @@ def _as_array(fn: str, name: str, value: Any) -> np.ndarray:
         except Exception as exc:  # ragged lists and the like
             raise TypeError(f"[{fn}] {name} could not be converted to an array: {exc}") from None
     kind = arr.dtype.kind
-    if kind in "iub" or arr.dtype == _BF16:
+    if kind in "iub" or arr.dtype == BF16:
         return arr
     if kind == "f":
         if arr.dtype.itemsize > 8:
@@ -243,8 +243,8 @@ def rms_norm(
     if r is not None:
         return r
     fn = "rms_norm"
-    x = _as_array(fn, "x", x)
-    w = None if weight is None else _as_array(fn, "weight", weight)
+    x = as_array(fn, "x", x)
+    w = None if weight is None else as_array(fn, "weight", weight)
     low = _low(x, w)
     if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
         return _narrow(fn, rms_norm(_up(x), _up(w), eps), low, out)
@@ -279,9 +279,9 @@ def layer_norm(
     if r is not None:
         return r
     fn = "layer_norm"
-    x = _as_array(fn, "x", x)
-    w = None if weight is None else _as_array(fn, "weight", weight)
-    b = None if bias is None else _as_array(fn, "bias", bias)
+    x = as_array(fn, "x", x)
+    w = None if weight is None else as_array(fn, "weight", weight)
+    b = None if bias is None else as_array(fn, "bias", bias)
     low = _low(x, w, b)
     if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
         return _narrow(fn, layer_norm(_up(x), _up(w), _up(b), eps), low, out)
@@ -312,7 +312,7 @@ def silu(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     r = _core._fast_silu(x, out)
     if r is not None:
         return r
-    x = _as_array("silu", "x", x)
+    x = as_array("silu", "x", x)
     low = _low(x)
     if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
         return _narrow("silu", silu(_up(x)), low, out)
@@ -334,8 +334,8 @@ def swiglu(gate: Any, up: Any, *, out: np.ndarray | None = None) -> np.ndarray:
     if r is not None:
         return r
     fn = "swiglu"
-    g = _as_array(fn, "gate", gate)
-    u = _as_array(fn, "up", up)
+    g = as_array(fn, "gate", gate)
+    u = as_array(fn, "up", up)
     low = _low(g, u)
     if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
         return _narrow(fn, swiglu(_up(g), _up(u)), low, out)
@@ -377,7 +377,7 @@ def swiglu_ffn(
     fn = "swiglu_ffn"
     names = ("x", "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down")
     arrays = [
-        None if a is None else _as_array(fn, name, a)
+        None if a is None else as_array(fn, name, a)
         for name, a in zip(names, (x, w_gate, w_up, w_down, b_gate, b_up, b_down), strict=True)
     ]
     low = _low(*arrays)
@@ -488,7 +488,7 @@ def rope(
     if r is not None:
         return r
     fn = "rope"
-    x = _as_array(fn, "x", x)
+    x = as_array(fn, "x", x)
     low = _low(x)
     if low is not None:  # float16 / bfloat16: computed in float32, returned in their dtype
         r = rope(
@@ -502,8 +502,8 @@ def rope(
         )
         return _narrow(fn, r, low, out)
     xc = _contiguous(x, _compute_dtype(x)).reshape(x.shape)
-    pos = None if positions is None else _as_array(fn, "positions", positions)
-    freqs = None if inv_freq is None else _as_array(fn, "inv_freq", inv_freq).astype(np.float64)
+    pos = None if positions is None else as_array(fn, "positions", positions)
+    freqs = None if inv_freq is None else as_array(fn, "inv_freq", inv_freq).astype(np.float64)
     if isinstance(out, np.ndarray):
         xc = _detach_from_out(xc, out, allow_exact=True)
     return _core._fast_rope(
@@ -585,7 +585,7 @@ def attention(
     if r is not None:
         return r
     fn = "attention"
-    q, k, v = _as_array(fn, "q", q), _as_array(fn, "k", k), _as_array(fn, "v", v)
+    q, k, v = as_array(fn, "q", q), as_array(fn, "k", k), as_array(fn, "v", v)
     kw = {
         "causal": causal,
         "scale": scale,
@@ -602,18 +602,18 @@ def attention(
     qc, kc, vc = (_contiguous(a, dtype).reshape(a.shape) for a in (q, k, v))
     m = None
     if mask is not None:
-        m = _as_array(fn, "mask", mask) if _is_torch_bf16(mask) else np.asarray(mask)
+        m = as_array(fn, "mask", mask) if is_torch_bf16(mask) else np.asarray(mask)
         if m.dtype.kind == "f" and m.dtype.itemsize > dtype.itemsize and _past_range(m, dtype):
             # a wider mask with finite entries past the compute dtype's range (1e39, float64's
             # min as HF masks with): the cast would make them +-inf (NaN rows, zeros), so the
             # call runs in float64, as the reference, and its results are rounded
             wide = (a.astype(np.float64) for a in (q, k, v))
             return _narrowed(fn, attention(*wide, mask=m, **kw), dtype, out)
-        if m.dtype.kind == "f" or m.dtype == _BF16:
+        if m.dtype.kind == "f" or m.dtype == BF16:
             m = m.astype(dtype, copy=False)
     s = None
     if sinks is not None:
-        s = _as_array(fn, "sinks", sinks)
+        s = as_array(fn, "sinks", sinks)
         s = _contiguous(s, dtype).reshape(s.shape)
     if isinstance(out, np.ndarray):  # the kernel reads its inputs after writing out rows
         qc, kc, vc = (_detach_from_out(a, out, allow_exact=False) for a in (qc, kc, vc))

@@ -31,30 +31,26 @@ Every error is a :class:`CheckpointError` (a ``ValueError``) reading
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import re
-import warnings
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from ._files import DuplicateKey, no_duplicate_keys, open_regular, read_small
+from ._files import DuplicateKey, no_duplicate_keys, open_regular
 
 __all__ = [
     "DTYPES",
     "CheckpointError",
     "CheckpointNotFoundError",
     "TensorInfo",
-    "check_key_shapes",
-    "load_checkpoint_dir",
     "load_file",
-    "load_pretrained",
-    "read_checkpoint_index",
+    "load_into",
     "read_header",
+    "save_file",
 ]
 
 #: safetensors dtype string -> (little-endian NumPy storage dtype, itemsize). BF16 is stored
@@ -71,7 +67,7 @@ DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("u1"),
 }
-_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 _ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 
 MAX_HEADER_BYTES = 100 << 20  # 100 MiB, as the reference implementation
@@ -79,7 +75,7 @@ MAX_INDEX_BYTES = 64 << 20
 MAX_NDIM = 64
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-_PREFIX = "[from_pretrained]"
+PREFIX = "[from_pretrained]"
 
 
 class CheckpointError(ValueError):
@@ -98,11 +94,11 @@ class TensorInfo(NamedTuple):
     offsets: tuple[int, int]
 
 
-def _err(file: str | os.PathLike[str], problem: str) -> CheckpointError:
-    return CheckpointError(f"{_PREFIX} {os.fspath(file)}: {problem}")
+def err(file: str | os.PathLike[str], problem: str) -> CheckpointError:
+    return CheckpointError(f"{PREFIX} {os.fspath(file)}: {problem}")
 
 
-def _short(text: object, limit: int = 80) -> str:
+def short(text: object, limit: int = 80) -> str:
     r = repr(text)
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
@@ -111,35 +107,35 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def _parse_json(file: str, raw: bytes, what: str) -> Any:
+def parse_json(file: str, raw: bytes, what: str) -> Any:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity; errors name ``file``."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _err(file, f"{what} is not valid UTF-8 (byte {exc.start})") from None
+        raise err(file, f"{what} is not valid UTF-8 (byte {exc.start})") from None
     try:
         return json.loads(text, object_pairs_hook=no_duplicate_keys, parse_constant=_no_constants)
     except DuplicateKey as exc:
-        raise _err(file, f"duplicate key {_short(exc.key)} in {what}") from None
+        raise err(file, f"duplicate key {short(exc.key)} in {what}") from None
     except RecursionError:
-        raise _err(file, f"{what} is nested too deeply") from None
+        raise err(file, f"{what} is nested too deeply") from None
     except ValueError as exc:
-        raise _err(file, f"{what} is not valid JSON ({exc})") from None
+        raise err(file, f"{what} is not valid JSON ({exc})") from None
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return type(value) is int  # JSON ints only (bool is excluded)
 
 
-def _open_regular(path: str) -> tuple[BinaryIO, int]:
+def open_regular_file(path: str) -> tuple[BinaryIO, int]:
     """Open a regular file for binary reading; return it and its size (from the open fd).
 
     Opened first (non-blocking, so a FIFO cannot hang the open), then ``fstat``-ed: what is
     checked is what is read (see :mod:`llmkernels._files` for the symlink policy)."""
     return open_regular(
         path,
-        lambda problem: _err(path, problem),
-        lambda: CheckpointNotFoundError(f"{_PREFIX} {path}: no such file"),
+        lambda problem: err(path, problem),
+        lambda: CheckpointNotFoundError(f"{PREFIX} {path}: no such file"),
     )
 
 
@@ -154,7 +150,7 @@ def _read_exact(f: BinaryIO, file: str, offset: int, nbytes: int) -> np.ndarray:
     while got < nbytes:
         n = f.readinto(view[got:])  # type: ignore[attr-defined]
         if not n:
-            raise _err(file, f"file ended after {offset + got} bytes (it changed while read?)")
+            raise err(file, f"file ended after {offset + got} bytes (it changed while read?)")
         got += n
     return buf
 
@@ -162,63 +158,63 @@ def _read_exact(f: BinaryIO, file: str, offset: int, nbytes: int) -> np.ndarray:
 def _parse_header(file: str, header: Any, data_size: int) -> tuple[dict[str, TensorInfo], dict]:
     """Validate a decoded header against a byte buffer of ``data_size`` bytes."""
     if not isinstance(header, dict):
-        raise _err(file, f"header must be a JSON object, got {type(header).__name__}")
+        raise err(file, f"header must be a JSON object, got {type(header).__name__}")
     metadata = header.get("__metadata__", {})
     if not isinstance(metadata, dict):
-        raise _err(file, "__metadata__ must be an object of strings")
+        raise err(file, "__metadata__ must be an object of strings")
     for key, value in metadata.items():
         if not isinstance(value, str):
-            raise _err(file, f"__metadata__[{_short(key)}] must be a string, got {_short(value)}")
+            raise err(file, f"__metadata__[{short(key)}] must be a string, got {short(value)}")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        where = f"tensor {_short(name)}"
+        where = f"tensor {short(name)}"
         if not isinstance(entry, dict):
-            raise _err(file, f"{where}: entry must be an object, got {type(entry).__name__}")
+            raise err(file, f"{where}: entry must be an object, got {type(entry).__name__}")
         keys = set(entry)
         if keys != _ENTRY_KEYS:
             missing, extra = _ENTRY_KEYS - keys, keys - _ENTRY_KEYS
             problem = (
                 f"missing {', '.join(sorted(missing))}"
                 if missing
-                else f"unknown keys {', '.join(sorted(map(_short, extra)))}"
+                else f"unknown keys {', '.join(sorted(map(short, extra)))}"
             )
-            raise _err(file, f"{where}: {problem}")
+            raise err(file, f"{where}: {problem}")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise _err(
+            raise err(
                 file,
-                f"{where}: unsupported dtype {_short(dtype)} (supported: {', '.join(DTYPES)})",
+                f"{where}: unsupported dtype {short(dtype)} (supported: {', '.join(DTYPES)})",
             )
-        if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
-            raise _err(
-                file, f"{where}: shape must be a list of non-negative ints, got {_short(shape)}"
+        if not isinstance(shape, list) or not all(is_int(s) and s >= 0 for s in shape):
+            raise err(
+                file, f"{where}: shape must be a list of non-negative ints, got {short(shape)}"
             )
         if len(shape) > MAX_NDIM:
-            raise _err(file, f"{where}: {len(shape)} dimensions (at most {MAX_NDIM})")
+            raise err(file, f"{where}: {len(shape)} dimensions (at most {MAX_NDIM})")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
-            or not all(_is_int(o) and o >= 0 for o in offsets)
+            or not all(is_int(o) and o >= 0 for o in offsets)
         ):
-            raise _err(
+            raise err(
                 file,
                 f"{where}: data_offsets must be [begin, end] with non-negative "
-                f"ints, got {_short(offsets)}",
+                f"ints, got {short(offsets)}",
             )
         begin, end = offsets
         if begin > end:
-            raise _err(file, f"{where}: data_offsets out of order: begin {begin} > end {end}")
+            raise err(file, f"{where}: data_offsets out of order: begin {begin} > end {end}")
         if end > data_size:
-            raise _err(
+            raise err(
                 file,
                 f"{where}: data_offsets [{begin}, {end}] point past the end of the data "
                 f"({data_size} bytes follow the header)",
             )
         nbytes = math.prod(shape) * DTYPES[dtype].itemsize
         if end - begin != nbytes:
-            raise _err(
+            raise err(
                 file,
                 f"{where}: shape {tuple(shape)} of {dtype} needs {nbytes} bytes, "
                 f"data_offsets [{begin}, {end}] hold {end - begin}",
@@ -229,45 +225,45 @@ def _parse_header(file: str, header: Any, data_size: int) -> tuple[dict[str, Ten
     for name, info in sorted(tensors.items(), key=lambda item: item[1].offsets):
         begin, end = info.offsets
         if begin < position:
-            raise _err(
+            raise err(
                 file,
-                f"tensor {_short(name)} overlaps tensor {_short(previous)} "
+                f"tensor {short(name)} overlaps tensor {short(previous)} "
                 f"(bytes {begin}..{position})",
             )
         if begin > position:
-            raise _err(
+            raise err(
                 file,
                 f"gap of {begin - position} unindexed bytes before tensor "
-                f"{_short(name)} (bytes {position}..{begin})",
+                f"{short(name)} (bytes {position}..{begin})",
             )
         position, previous = end, name
     if position != data_size:
-        raise _err(
+        raise err(
             file,
             f"{data_size - position} bytes after the last tensor are not indexed by the header",
         )
     return tensors, dict(metadata)
 
 
-def _read_header_from(f: BinaryIO, file: str, size: int) -> tuple[dict[str, TensorInfo], dict, int]:
+def read_header_from(f: BinaryIO, file: str, size: int) -> tuple[dict[str, TensorInfo], dict, int]:
     if size < 8:
-        raise _err(file, f"file of {size} bytes is too short for a safetensors header")
+        raise err(file, f"file of {size} bytes is too short for a safetensors header")
     prefix = f.read(8)
     if len(prefix) != 8:
-        raise _err(file, "file ended inside the 8-byte header length")
+        raise err(file, "file ended inside the 8-byte header length")
     n = int.from_bytes(prefix, "little")
     if n > size - 8:
-        raise _err(
+        raise err(
             file,
             f"header length {n} exceeds the {size - 8} bytes after the length "
             f"field (truncated or not a safetensors file)",
         )
     if n > MAX_HEADER_BYTES:
-        raise _err(file, f"header length {n} exceeds the 100 MiB limit")
+        raise err(file, f"header length {n} exceeds the 100 MiB limit")
     if n < 2:
-        raise _err(file, f"header length {n} is too small for a JSON object")
+        raise err(file, f"header length {n} is too small for a JSON object")
     raw = _read_exact(f, file, 8, n).tobytes()
-    header = _parse_json(file, raw, "header")
+    header = parse_json(file, raw, "header")
     tensors, metadata = _parse_header(file, header, size - 8 - n)
     return tensors, metadata, 8 + n
 
@@ -287,17 +283,17 @@ def read_header(
         CheckpointError: anything malformed (see the module docstring).
     """
     file = os.fspath(path)
-    f, size = _open_regular(file)
+    f, size = open_regular_file(file)
     with f:
-        return _read_header_from(f, file, size)
+        return read_header_from(f, file, size)
 
 
-def _check_dtype(dtype: Any) -> np.dtype | None:
+def check_dtype(dtype: Any) -> np.dtype | None:
     if dtype is None:
         return None
     dt = np.dtype(dtype)
     if dt.kind != "f":
-        raise TypeError(f"{_PREFIX} dtype must be a floating dtype or None, got {dt}")
+        raise TypeError(f"{PREFIX} dtype must be a floating dtype or None, got {dt}")
     return dt
 
 
@@ -305,11 +301,11 @@ def _select(file: str, tensors: Mapping[str, TensorInfo], names: Iterable[str] |
     if names is None:
         return list(tensors)
     if isinstance(names, str):
-        raise TypeError(f"{_PREFIX} names must be a collection of tensor names, not a str")
+        raise TypeError(f"{PREFIX} names must be a collection of tensor names, not a str")
     wanted = list(dict.fromkeys(names))
     for name in wanted:
         if name not in tensors:
-            raise _err(file, f"no tensor named {_short(name)}")
+            raise err(file, f"no tensor named {short(name)}")
     return wanted
 
 
@@ -333,11 +329,11 @@ def load_file(
     Raises:
         CheckpointError: malformed file or unknown name; CheckpointNotFoundError: no file.
     """
-    dt = _check_dtype(dtype)
+    dt = check_dtype(dtype)
     file = os.fspath(path)
-    f, size = _open_regular(file)
+    f, size = open_regular_file(file)
     with f:
-        tensors, _, _ = _read_header_from(f, file, size)
+        tensors, _, _ = read_header_from(f, file, size)
         wanted = _select(file, tensors, names)
         out = {
             name: np.empty(tensors[name].shape, _target_dtype(tensors[name], dt)) for name in wanted
@@ -350,8 +346,8 @@ def load_file(
 # tensor data: through safetensors.safe_open (memory-mapped), one bounded window at a time
 # -------------------------------------------------------------------------------------
 
-_CHUNK_BYTES = 1 << 20  # one slice copied out of the mapping and converted: stays in cache
-_MAP_WINDOW = 16 << 20  # bytes read through one handle before it is closed (see _Reader)
+CHUNK_BYTES = 1 << 20  # one slice copied out of the mapping and converted: stays in cache
+_MAP_WINDOW = 16 << 20  # bytes read through one handle before it is closed (see Reader)
 
 
 def _target_dtype(info: TensorInfo, dtype: np.dtype | None) -> np.dtype:
@@ -359,21 +355,21 @@ def _target_dtype(info: TensorInfo, dtype: np.dtype | None) -> np.dtype:
     integers as stored (native order), BOOL as bool."""
     if info.dtype == "BOOL":
         return np.dtype(bool)
-    if info.dtype not in _FLOAT_DTYPES:
+    if info.dtype not in FLOAT_DTYPES:
         return DTYPES[info.dtype].newbyteorder("=")
     if dtype is not None:
         return dtype
     return np.dtype(np.float32) if info.dtype == "BF16" else DTYPES[info.dtype].newbyteorder("=")
 
 
-class _Reader:
+class Reader:
     """Reads the tensors of one safetensors file, already opened as ``f`` and validated
-    (:func:`_read_header_from`), with ``safetensors.safe_open``.
+    (:func:`read_header_from`), with ``safetensors.safe_open``.
 
     The handle is opened on ``/proc/self/fd/<fd>``: the inode safetensors maps is the one
     checked (not whatever the path names by then). A mapping keeps every page it touched
     resident (counted in RSS) until it is unmapped, so a handle is closed and reopened every
-    ``_MAP_WINDOW`` bytes: the reader adds at most that (plus one ``_CHUNK_BYTES`` slice) to
+    ``_MAP_WINDOW`` bytes: the reader adds at most that (plus one ``CHUNK_BYTES`` slice) to
     the memory of the arrays it fills. Before each handle the file's size is checked against
     the validated one: a file truncated while it is read is reported, not mapped past its end
     (a truncation *during* a window would still raise SIGBUS, as for every mmap reader).
@@ -393,13 +389,13 @@ class _Reader:
         if self._handle is None or self._mapped >= _MAP_WINDOW:
             self.close()
             if os.fstat(self._fd).st_size != self._size:
-                raise _err(self._file, "file changed size while it was read")
+                raise err(self._file, "file changed size while it was read")
             try:
                 self._handle = self._open(self._path, framework="numpy")
             except MemoryError:  # out of memory (mapping the file), not a bad checkpoint
                 raise
             except Exception as exc:  # safetensors' own validation (SafetensorError) or OSError
-                raise _err(self._file, f"safetensors cannot open it: {_short(exc, 200)}") from None
+                raise err(self._file, f"safetensors cannot open it: {short(exc, 200)}") from None
             self._mapped = 0
         return self._handle
 
@@ -420,7 +416,7 @@ class _Reader:
         if not isinstance(dst, np.ndarray):
             itemsize = DTYPES[info.dtype].itemsize
             row = math.prod(info.shape[1:])
-            step = max(1, _CHUNK_BYTES // max(1, row * itemsize))
+            step = max(1, CHUNK_BYTES // max(1, row * itemsize))
             for r0 in range(0, info.shape[0], step):
                 piece = self._get_handle().get_slice(name)[r0 : min(info.shape[0], r0 + step)]
                 self._mapped += piece.nbytes
@@ -434,7 +430,7 @@ class _Reader:
             return
         itemsize = DTYPES[info.dtype].itemsize
         row = math.prod(info.shape[1:])
-        step = max(1, _CHUNK_BYTES // max(1, row * itemsize))
+        step = max(1, CHUNK_BYTES // max(1, row * itemsize))
         for r0 in range(0, info.shape[0], step):
             r1 = min(info.shape[0], r0 + step)
             piece = self._get_handle().get_slice(name)[r0:r1]
@@ -466,15 +462,15 @@ def _fill(
 ) -> None:
     """Tensors ``dests`` of the validated file ``f`` (header ``tensors``) into their
     destination arrays, in file order (sequential I/O)."""
-    reader = _Reader(f, file, size)
+    reader = Reader(f, file, size)
     try:
         for name in sorted(dests, key=lambda k: tensors[k].offsets):
             info, dst = tensors[name], dests[name]
             if not isinstance(dst, np.ndarray):  # a RowSink
                 if tuple(dst.shape) != info.shape:
-                    raise ValueError(f"{_PREFIX} {name}: destination must have shape {info.shape}")
+                    raise ValueError(f"{PREFIX} {name}: destination must have shape {info.shape}")
             elif dst.shape != info.shape or not dst.flags.c_contiguous:
-                raise ValueError(f"{_PREFIX} {name}: destination must be C-contiguous {info.shape}")
+                raise ValueError(f"{PREFIX} {name}: destination must be C-contiguous {info.shape}")
             reader.read_into(name, info, dst)
             if progress is not None:
                 progress(info.offsets[1] - info.offsets[0])
@@ -490,16 +486,16 @@ def _read_file_into(
 ) -> None:
     """Tensors ``dests`` of ``file`` (all located there) into their destination arrays, after
     checking the header still says what it said when the file was indexed."""
-    f, size = _open_regular(file)
+    f, size = open_regular_file(file)
     with f:
-        tensors, _, _ = _read_header_from(f, file, size)
+        tensors, _, _ = read_header_from(f, file, size)
         for name in dests:
             if tensors.get(name) != located[name][1]:
-                raise _err(file, f"tensor {_short(name)} changed since the header was read")
+                raise err(file, f"tensor {short(name)} changed since the header was read")
         _fill(f, file, size, tensors, dests, progress)
 
 
-def _load_located(
+def load_located(
     located: Mapping[str, tuple[str, TensorInfo]],
     names: Collection[str],
     dtype: np.dtype | None,
@@ -524,14 +520,14 @@ def tensors_equal(located: Mapping[str, tuple[str, TensorInfo]], a: str, b: str)
     if info_a.shape != info_b.shape or len(info_a.shape) != 2:
         return False
     itemsize = max(DTYPES[info_a.dtype].itemsize, DTYPES[info_b.dtype].itemsize)
-    step = max(1, _CHUNK_BYTES // max(1, info_a.shape[1] * itemsize))
-    fa, size_a = _open_regular(file_a)
-    fb, size_b = _open_regular(file_b)
+    step = max(1, CHUNK_BYTES // max(1, info_a.shape[1] * itemsize))
+    fa, size_a = open_regular_file(file_a)
+    fb, size_b = open_regular_file(file_b)
     with fa, fb:
         for f, file, size, name in ((fa, file_a, size_a, a), (fb, file_b, size_b, b)):
-            if _read_header_from(f, file, size)[0].get(name) != located[name][1]:
-                raise _err(file, f"tensor {_short(name)} changed since the header was read")
-        ra, rb = _Reader(fa, file_a, size_a), _Reader(fb, file_b, size_b)
+            if read_header_from(f, file, size)[0].get(name) != located[name][1]:
+                raise err(file, f"tensor {short(name)} changed since the header was read")
+        ra, rb = Reader(fa, file_a, size_a), Reader(fb, file_b, size_b)
         try:
             for pa, pb in zip(ra.rows(a, info_a, step), rb.rows(b, info_b, step), strict=True):
                 if not np.array_equal(pa.astype(np.float32), pb.astype(np.float32)):
@@ -563,516 +559,7 @@ def load_into(
 # checkpoint directories
 # -------------------------------------------------------------------------------------
 
-_SHARD_NAME = re.compile(r"[^/\\\x00]+\.safetensors")
-
-
-def _check_dir(path: str) -> None:
-    if not os.path.exists(path):
-        raise CheckpointNotFoundError(f"{_PREFIX} {path}: no such directory")
-    if not os.path.isdir(path):
-        raise _err(path, "not a directory")
-
-
-def _read_json(path: str, what: str) -> Any:
-    """The parsed JSON of a small checkpoint file (``what``: "index", "config"), its problems
-    raised as CheckpointError / CheckpointNotFoundError naming the file."""
-    raw = read_small(
-        path,
-        MAX_INDEX_BYTES,
-        lambda problem: _err(path, problem),
-        lambda: CheckpointNotFoundError(f"{_PREFIX} {path}: no such file"),
-    )
-    return _parse_json(path, raw, what)
-
-
-def _read_index(directory: str) -> dict[str, str]:
-    """The validated ``weight_map`` of ``model.safetensors.index.json``."""
-    index_path = os.path.join(directory, INDEX_FILE)
-    index = _read_json(index_path, "index")
-    if not isinstance(index, dict):
-        raise _err(index_path, f"must hold a JSON object, got {type(index).__name__}")
-    weight_map = index.get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise _err(index_path, "missing 'weight_map' object")
-    if not weight_map:
-        raise _err(index_path, "'weight_map' is empty")
-    for name, shard in weight_map.items():
-        if not isinstance(shard, str):
-            raise _err(
-                index_path, f"weight_map[{_short(name)}] must be a file name, got {_short(shard)}"
-            )
-        if not _SHARD_NAME.fullmatch(shard) or ".." in shard or shard.startswith("."):
-            raise _err(
-                index_path,
-                f"weight_map[{_short(name)}] = {_short(shard)} is not a plain "
-                f"'*.safetensors' file name inside the directory",
-            )
-    return weight_map
-
-
-def read_checkpoint_index(
-    path: str | os.PathLike[str],
-) -> dict[str, tuple[str, TensorInfo]]:
-    """The tensors of a checkpoint directory, from the headers only (no tensor data read).
-
-    ``path`` holds ``model.safetensors``, or shards listed by ``model.safetensors.index.json``
-    (its ``weight_map``: tensor name -> shard file name). As in transformers, a single
-    ``model.safetensors`` is used when both are present. For shards, every file named by the
-    index must be a ``*.safetensors`` file directly inside ``path``; each tensor must be in
-    the shard the index names; no tensor may appear in two shards or in a shard without
-    being listed.
-
-    Returns:
-        ``{name: (file path, TensorInfo)}``.
-
-    Raises:
-        CheckpointError / CheckpointNotFoundError.
-    """
-    directory = os.fspath(path)
-    _check_dir(directory)
-    single = os.path.join(directory, SINGLE_FILE)
-    # lexists: a dangling or looping symlink is opened and reported as what it is
-    if os.path.lexists(single) or not os.path.lexists(os.path.join(directory, INDEX_FILE)):
-        if not os.path.lexists(single):
-            raise CheckpointNotFoundError(
-                f"{_PREFIX} {directory}: no {SINGLE_FILE} or {INDEX_FILE} in the directory"
-            )
-        tensors, _, _ = read_header(single)
-        return {name: (single, info) for name, info in tensors.items()}
-
-    index_path = os.path.join(directory, INDEX_FILE)
-    weight_map = _read_index(directory)
-    shards = sorted(set(weight_map.values()))
-    for shard in shards:
-        if not os.path.lexists(os.path.join(directory, shard)):
-            raise CheckpointNotFoundError(
-                f"{_PREFIX} {index_path}: shard {shard!r} listed in the index does not exist"
-            )
-    found: dict[str, tuple[str, TensorInfo]] = {}
-    for shard in shards:
-        shard_path = os.path.join(directory, shard)
-        tensors, _, _ = read_header(shard_path)
-        for name, info in tensors.items():
-            if name in found:
-                raise _err(shard_path, f"tensor {_short(name)} is also in {found[name][0]}")
-            listed = weight_map.get(name)
-            if listed is None:
-                raise _err(shard_path, f"tensor {_short(name)} is not listed in {INDEX_FILE}")
-            if listed != shard:
-                raise _err(
-                    shard_path, f"tensor {_short(name)} is listed in {INDEX_FILE} as in {listed!r}"
-                )
-            found[name] = (shard_path, info)
-    for name, shard in weight_map.items():
-        if name not in found:
-            raise _err(
-                os.path.join(directory, shard),
-                f"tensor {_short(name)} listed in {INDEX_FILE} is not in this shard",
-            )
-    return {name: found[name] for name in weight_map}
-
-
-def load_checkpoint_dir(
-    path: str | os.PathLike[str],
-    names: Iterable[str] | None = None,
-    dtype: Any = np.float32,
-) -> dict[str, np.ndarray]:
-    """Load the tensors of an HF checkpoint directory (single file or sharded).
-
-    See :func:`read_checkpoint_index` for the checks and :func:`load_file` for ``names`` and
-    ``dtype``.
-    """
-    dt = _check_dtype(dtype)
-    located = read_checkpoint_index(path)
-    if names is None:
-        wanted = list(located)
-    else:
-        if isinstance(names, str):
-            raise TypeError(f"{_PREFIX} names must be a collection of tensor names, not a str")
-        wanted = list(dict.fromkeys(names))
-        for name in wanted:
-            if name not in located:
-                raise _err(os.fspath(path), f"no tensor named {_short(name)} in the checkpoint")
-    return _load_located(located, wanted, dt)
-
-
-# -------------------------------------------------------------------------------------
-# matching a checkpoint against a model layout
-# -------------------------------------------------------------------------------------
-
-_ROTARY_BUFFER = re.compile(r"(model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
-
-
-def check_key_shapes(
-    found: Mapping[str, tuple[int, ...]],
-    expected: Mapping[str, tuple[int, ...]],
-    *,
-    source: str,
-    fn: str = "from_pretrained",
-    ignore: Collection[str] = (),
-) -> None:
-    """Check that ``found`` has exactly the ``expected`` keys with the expected shapes.
-
-    Keys in ``ignore`` and HF's non-persistent RoPE buffers
-    (``model.layers.{i}.self_attn.rotary_emb.inv_freq``, present in some old checkpoints) may
-    appear in ``found`` in addition.
-
-    Raises:
-        CheckpointError: ``"[<fn>] <source>: ..."`` naming missing / unexpected keys (the
-            first few) or the first key whose shape differs.
-    """
-
-    def listing(keys: list[str]) -> str:
-        head = ", ".join(keys[:5])
-        return head + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-
-    missing = [k for k in expected if k not in found]
-    if missing:
-        raise CheckpointError(
-            f"[{fn}] {source}: missing {len(missing)} tensor(s): {listing(missing)}"
-        )
-    unexpected = [
-        k
-        for k in found
-        if k not in expected and k not in ignore and not _ROTARY_BUFFER.fullmatch(k)
-    ]
-    if unexpected:
-        raise CheckpointError(
-            f"[{fn}] {source}: unexpected tensor(s) for this configuration: {listing(unexpected)}"
-        )
-    for key, shape in expected.items():
-        if tuple(found[key]) != tuple(shape):
-            raise CheckpointError(
-                f"[{fn}] {source}: tensor {key} has shape {tuple(found[key])}, "
-                f"expected {tuple(shape)}"
-            )
-
-
-# (a layer number of more digits than any layer count can have is just an unexpected key)
-_LAYER_KEY = re.compile(r"model\.layers\.(\d{1,9})\.")
-
-
-def _check_layer_count(cfg: Any, located: Mapping[str, Any], source: str) -> None:
-    """Refuse a config with more layers than the files hold *before* listing its keys: a
-    139-byte ``config.json`` with ``num_hidden_layers: 2**24`` must not build 150 million key
-    names (or allocate a model) to find out. Same message as :func:`check_key_shapes`."""
-    from ._config import block_key_shapes, hf_key_shapes
-
-    held = 1 + max((int(m.group(1)) for k in located if (m := _LAYER_KEY.match(k))), default=-1)
-    if cfg.n_layers <= held:
-        return
-    block = list(block_key_shapes(cfg))
-    # the keys of the layers the files could hold, and the non-layer keys, checked as usual
-    base = dataclasses.replace(cfg, n_layers=max(held, 1))
-    low = [k for k in hf_key_shapes(base) if held or not _LAYER_KEY.match(k)]
-    missing_low = [k for k in low if k not in located]
-    first_new = [f"model.layers.{held}.{k}" for k in block]
-    missing = missing_low + first_new
-    count = len(missing_low) + (cfg.n_layers - held) * len(block)
-    head = ", ".join(missing[:5]) + (f" and {count - 5} more" if count > 5 else "")
-    raise CheckpointError(
-        f"{_PREFIX} {source}: missing {count} tensor(s): {head} (the config has "
-        f"num_hidden_layers={cfg.n_layers}, the checkpoint holds {held} layer(s))"
-    )
-
-
-def read_pretrained(path: str | os.PathLike[str], with_quantization: bool = False) -> Any:
-    """Check an HF LLaMA directory from ``config.json`` and the safetensors headers only.
-
-    Every tensor the config implies must be in the files with its shape and a floating dtype
-    (and nothing else, but HF's RoPE buffers and a tied ``lm_head.weight``), so nothing is
-    allocated for a config the files do not back. A config with llmkernels'
-    ``quantization_config`` (:func:`read_quantization_config`) expects the quantized layout
-    instead (:func:`quantized_key_shapes`; codes I8 / U8, scales F16).
-
-    Returns:
-        ``(ModelConfig, {hf_key: (file, TensorInfo)})`` for the expected keys, in
-        :func:`llmkernels._config.hf_key_shapes` order; with ``with_quantization`` a third
-        item, the :class:`QuantConfig` or None. Without it a quantized checkpoint is refused.
-    """
-    from ._config import hf_key_shapes, read_config_json
-
-    directory = os.fspath(path)
-    _check_dir(directory)
-    config_path = os.path.join(directory, "config.json")
-    if not os.path.lexists(config_path):
-        raise CheckpointNotFoundError(f"{_PREFIX} {config_path}: no such file")
-    cfg = read_config_json(config_path)
-    quant = read_quantization_config(config_path)
-    located = read_checkpoint_index(directory)
-    _check_layer_count(cfg, located, directory)
-    head, emb = "lm_head.weight", "model.embed_tokens.weight"
-    if (
-        cfg.tie_embeddings
-        and quant is None
-        and head in located
-        and emb in located
-        and {located[head][1].dtype, located[emb][1].dtype} <= _FLOAT_DTYPES
-        and located[head][1].shape == located[emb][1].shape
-        and not tensors_equal(located, head, emb)
-    ):
-        # transformers' tie_weights keeps a saved head that differs from the embedding
-        warnings.warn(
-            f"{_PREFIX} {directory}: tie_word_embeddings is true, but {head} differs from "
-            f"{emb}: both are kept, untied (as transformers does)",
-            stacklevel=3,
-        )
-        cfg = dataclasses.replace(cfg, tie_embeddings=False)
-    qhead = ("lm_head.qweight", "lm_head.scales")
-    if (
-        cfg.tie_embeddings
-        and quant is not None
-        and all(k in located for k in (emb, *qhead))
-        and _is_quantized_copy_layout(located, emb, quant)
-        and not quantized_head_matches(located, quant)
-    ):
-        # as for a float checkpoint: a saved head that is not the quantized embedding is kept
-        warnings.warn(
-            f"{_PREFIX} {directory}: tie_word_embeddings is true, but {qhead[0]} / "
-            f"{qhead[1]} are not the quantized {emb}: both are kept, untied (as transformers "
-            "does for a float head)",
-            stacklevel=3,
-        )
-        cfg = dataclasses.replace(cfg, tie_embeddings=False)
-    expected = hf_key_shapes(cfg)
-    if quant is not None:
-        expected = quantized_key_shapes(expected, quant, cfg.tie_embeddings, config_path)
-    ignore = ("lm_head.weight",) if cfg.tie_embeddings else ()
-    check_key_shapes(
-        {k: v[1].shape for k, v in located.items()}, expected, source=directory, ignore=ignore
-    )
-    for key in expected:
-        file, info = located[key]
-        want = _quantized_tensor_dtype(key, quant)
-        if want is not None:
-            if info.dtype != want:
-                raise _err(file, f"tensor {key} has dtype {info.dtype}, expected {want}")
-        elif info.dtype not in _FLOAT_DTYPES:
-            raise _err(file, f"tensor {key} has dtype {info.dtype}; weights must be floating")
-    found = {key: located[key] for key in expected}
-    if with_quantization:
-        return cfg, found, quant
-    if quant is not None:
-        raise _err(directory, "holds a quantized model: load it with Transformer.from_pretrained")
-    return cfg, found
-
-
-def _is_quantized_copy_layout(
-    located: Mapping[str, tuple[str, TensorInfo]], emb: str, quant: QuantConfig
-) -> bool:
-    """Whether ``lm_head.qweight`` / ``.scales`` have the dtypes and shapes of the quantized
-    embedding ``emb`` (a float (rows, k) matrix, k a multiple of the group size); anything else
-    is left to the key, shape and dtype checks."""
-    e, q, s = (located[k][1] for k in (emb, "lm_head.qweight", "lm_head.scales"))
-    if e.dtype not in _FLOAT_DTYPES or len(e.shape) != 2 or e.shape[1] % quant.group_size:
-        return False
-    rows, k = e.shape
-    return (
-        q.dtype == ("I8" if quant.bits == 8 else "U8")
-        and q.shape == (rows, k if quant.bits == 8 else k // 2)
-        and s.dtype == "F16"
-        and s.shape == (rows, k // quant.group_size)
-    )
-
-
-def quantized_head_matches(
-    located: Mapping[str, tuple[str, TensorInfo]], quant: QuantConfig
-) -> bool:
-    """Whether ``lm_head.qweight`` / ``lm_head.scales`` hold :func:`llmkernels.quantize`'s codes
-    and scales of ``model.embed_tokens.weight`` (as float32), as a tied quantized model saves
-    its head; read a few MiB of rows at a time from the files."""
-    from contextlib import ExitStack
-
-    from . import _core
-
-    names = ("model.embed_tokens.weight", "lm_head.qweight", "lm_head.scales")
-    e_info = located[names[0]][1]
-    step = max(1, _CHUNK_BYTES // max(1, e_info.shape[1] * DTYPES[e_info.dtype].itemsize))
-    with ExitStack() as stack:
-        opened: dict[str, tuple[dict[str, TensorInfo], _Reader]] = {}
-        pieces = []
-        for name in names:
-            file, info = located[name]
-            if file not in opened:
-                f, size = _open_regular(file)
-                stack.enter_context(f)
-                opened[file] = (_read_header_from(f, file, size)[0], _Reader(f, file, size))
-                stack.callback(opened[file][1].close)
-            header, reader = opened[file]
-            if header.get(name) != info:
-                raise _err(file, f"tensor {_short(name)} changed since the header was read")
-            pieces.append(reader.rows(name, info, step))
-        for e, q, s in zip(*pieces, strict=True):
-            try:
-                want_q, want_s = _core.quantize(
-                    np.ascontiguousarray(e, dtype=np.float32), quant.bits, quant.group_size
-                )
-            except ValueError:  # not finite, or beyond float16 scales: not its quantized copy
-                return False
-            same_s = np.array_equal(want_s.view(np.uint16), np.asarray(s).view(np.uint16))
-            if not (same_s and np.array_equal(want_q, q)):
-                return False
-    return True
-
-
-#: ``quantization_config["quant_method"]`` of the checkpoints save_pretrained writes for int8 /
-#: int4 models (docs/quantization.md)
-QUANT_METHOD = "llmkernels"
-
-
-class QuantConfig(NamedTuple):
-    """The ``quantization_config`` of a quantized checkpoint: ``bits`` (8 or 4) and
-    ``group_size`` (32, 64 or 128)."""
-
-    bits: int
-    group_size: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "quant_method": QUANT_METHOD,
-            "bits": self.bits,
-            "group_size": self.group_size,
-            "format": "int8" if self.bits == 8 else "int4-q4_0",
-            "scale_dtype": "float16",
-            "symmetric": True,
-            "modules": "every *_proj and lm_head; embed_tokens and norms stay float",
-        }
-
-
-def read_quantization_config(config_path: str) -> QuantConfig | None:
-    """The ``quantization_config`` of ``config.json`` (None when absent). Only llmkernels' own
-    int8 / int4 format is understood: another ``quant_method`` (GPTQ, AWQ, bitsandbytes...) is
-    refused by name."""
-    data = _read_json(config_path, "config")
-    qc = data.get("quantization_config") if isinstance(data, dict) else None
-    if qc is None:
-        return None
-    if not isinstance(qc, dict):
-        raise _err(config_path, "quantization_config must be an object")
-    method = qc.get("quant_method")
-    if method != QUANT_METHOD:
-        raise _err(
-            config_path,
-            f"quantization_config: quant_method {_short(method)} is not supported (llmkernels "
-            f"reads its own {QUANT_METHOD!r} int8 / int4 layout; load the float checkpoint "
-            "and quantize it with dtype='int8' or 'int4')",
-        )
-    bits, group = qc.get("bits"), qc.get("group_size")
-    if not _is_int(bits) or bits not in (4, 8):
-        raise _err(config_path, f"quantization_config: bits must be 8 or 4, got {_short(bits)}")
-    if not _is_int(group) or group not in (32, 64, 128):
-        raise _err(
-            config_path,
-            f"quantization_config: group_size must be 32, 64 or 128, got {_short(group)}",
-        )
-    written = QuantConfig(bits, group).to_dict()
-    for key in ("format", "scale_dtype", "symmetric"):  # as save_pretrained writes them
-        value, want = qc.get(key, written[key]), written[key]
-        if value != want or isinstance(value, bool) != isinstance(want, bool):
-            raise _err(
-                config_path,
-                f"quantization_config: {key} must be {json.dumps(want)} for bits={bits} "
-                f"(llmkernels' layout), got {_short(value)}",
-            )
-    return QuantConfig(bits, group)
-
-
-def check_finite_scales(file: str, key: str, scales: np.ndarray) -> None:
-    """A quantized checkpoint's float16 ``scales`` must be finite (a NaN or Inf scale makes
-    NaN logits): the first bad one named by tensor, row and group."""
-    bad = ~np.isfinite(scales)
-    if bad.any():
-        row, group = (int(i) for i in np.argwhere(bad)[0])
-        raise _err(
-            file,
-            f"tensor {key} holds {scales[row, group]} at row {row}, group {group}: quantization "
-            "scales must be finite",
-        )
-
-
-def is_quantized_key(key: str) -> bool:
-    """Whether an HF key names a matrix a quantized model stores as codes + scales: the
-    projections (``*_proj.weight``) and the LM head; the embedding and norms stay float."""
-    return key.endswith("proj.weight") or key == "lm_head.weight"
-
-
-def quantized_key_shapes(
-    expected: Mapping[str, tuple[int, ...]], quant: QuantConfig, tied: bool, source: str
-) -> dict[str, tuple[int, ...]]:
-    """The keys of a quantized checkpoint: each matrix ``X.weight`` (rows, k) of
-    :func:`is_quantized_key` becomes ``X.qweight`` (rows, k) int8 or (rows, k / 2) uint8 and
-    ``X.scales`` (rows, k / group_size) float16; with tied embeddings the quantized LM head is
-    stored too (``lm_head.qweight`` / ``.scales``, a quantized copy of the embedding)."""
-    items = dict(expected)
-    if tied:
-        items["lm_head.weight"] = expected["model.embed_tokens.weight"]
-    out: dict[str, tuple[int, ...]] = {}
-    for key, shape in items.items():
-        if not is_quantized_key(key):
-            out[key] = shape
-            continue
-        rows, k = shape
-        if k % quant.group_size:
-            raise _err(
-                source,
-                f"quantization_config: group_size {quant.group_size} does not divide the input "
-                f"dimension {k} of {key}",
-            )
-        base = key[: -len(".weight")]
-        out[base + ".qweight"] = (rows, k if quant.bits == 8 else k // 2)
-        out[base + ".scales"] = (rows, k // quant.group_size)
-    return out
-
-
-def _quantized_tensor_dtype(key: str, quant: QuantConfig | None) -> str | None:
-    if quant is None:
-        return None
-    if key.endswith(".qweight"):
-        return "I8" if quant.bits == 8 else "U8"
-    if key.endswith(".scales"):
-        return "F16"
-    return None
-
-
-def load_pretrained(
-    path: str | os.PathLike[str], dtype: Any = np.float32
-) -> tuple[Any, dict[str, np.ndarray]]:
-    """Read an HF LLaMA directory: ``config.json`` and the safetensors weights.
-
-    The weights are checked against :func:`llmkernels._config.hf_key_shapes` from the headers
-    before any tensor data is read (:func:`read_pretrained`); only the expected tensors are
-    loaded, as ``dtype`` (float32 by default), in ``hf_key_shapes`` order. A
-    ``lm_head.weight`` saved although ``tie_word_embeddings`` is true is ignored (as
-    transformers does: the embedding wins).
-
-    Returns:
-        ``(ModelConfig, {hf_key: array})``.
-
-    Raises:
-        ConfigError (``"[config] ..."``) for the config; CheckpointError for the weights.
-    """
-    cfg, located = read_pretrained(path)
-    return cfg, _load_located(located, list(located), _check_dtype(dtype))
-
-
-#: the storage dtype names of the float safetensors dtypes (F64 loads as float32)
-DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-
-
-def checkpoint_weight_dtype(located: Mapping[str, tuple[str, TensorInfo]]) -> str:
-    """The storage dtype that keeps a checkpoint's matrices (projections, embedding, LM head)
-    at their precision: ``"bfloat16"`` or ``"float16"`` when every one of them is stored so,
-    else ``"float32"`` (F32, F64 or a mix)."""
-    kinds = {
-        info.dtype
-        for key, (_, info) in located.items()
-        if key.endswith("proj.weight") or key.endswith(("embed_tokens.weight", "lm_head.weight"))
-    }
-    if kinds == {"BF16"}:
-        return "bfloat16"
-    if kinds == {"F16"}:
-        return "float16"
-    return "float32"
+SHARD_NAME = re.compile(r"[^/\\\x00]+\.safetensors")
 
 
 def save_file(

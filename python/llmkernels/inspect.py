@@ -29,16 +29,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._ops import attention as _attention
 from ._ops import rope as _rope
 from ._rope_scaling import rope_attention_factor, rope_inv_freq
-
-if TYPE_CHECKING:
-    from .modules import MultiHeadAttention, Transformer
+from .nn import MultiHeadAttention, Transformer
+from .nn.model import set_tracer
 
 __all__ = [
     "FIRST_THRESHOLD",
@@ -315,8 +314,6 @@ def _forward(
 
 
 def _check_model(fn: str, model: Any) -> None:
-    from .modules import Transformer
-
     if not isinstance(model, Transformer):
         raise TypeError(
             f"[{fn}] model must be a llmkernels.Transformer, got {type(model).__name__}"
@@ -621,3 +618,6 @@ def classify_heads(weights: Any, mask: Any = None) -> list[list[str]] | list[str
                 row.append("mixed")
         labels.append(row)
     return labels[0] if single else labels
+
+
+set_tracer(call_hook)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._ops import _BF16, _as_array, _is_torch_bf16
+from ._ops import BF16, as_array, is_torch_bf16
 
 __all__ = ["dequantize", "int8_activations_used", "quantize", "quantized_linear"]
 
@@ -47,13 +47,13 @@ INT8_ACTIVATION_SCALE_RANGE = (2.0**-100, 2.0**100)
 
 
 def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
-    if _is_torch_bf16(a):  # no __array__ for bfloat16: its bits, as the functional ops take it
-        return np.ascontiguousarray(_as_array(fn, name, a), dtype=np.float32)
+    if is_torch_bf16(a):  # no __array__ for bfloat16: its bits, as the functional ops take it
+        return np.ascontiguousarray(as_array(fn, name, a), dtype=np.float32)
     try:
         arr = np.asarray(a)
     except Exception as exc:  # ragged lists and the like
         raise TypeError(f"[{fn}] {name} could not be converted to an array: {exc}") from None
-    if arr.dtype == _BF16:  # ml_dtypes' bfloat16 (a bf16 model's state_dict): widened exactly
+    if arr.dtype == BF16:  # ml_dtypes' bfloat16 (a bf16 model's state_dict): widened exactly
         return np.ascontiguousarray(arr, dtype=np.float32)
     if arr.dtype.kind not in "fiub":
         raise TypeError(f"[{fn}] {name} must be a real array, got dtype {arr.dtype}")

@@ -35,16 +35,14 @@ from typing import Any
 
 import numpy as np
 
-from .modules import (
-    Transformer,
-    _check_cache_size,
-    _check_load_dtype,
-    _check_max_tokens,
-    _checkpoint_dir,
-    _kv_dtype,
-    _Sampling,
-)
-from .tokenizer import Tokenizer, _clean_up_tokenization
+from ._detokenize import Detokenizer, StopText, late_text
+from ._tiny_model import write_tiny_model
+from .nn import Transformer
+from .nn.checkpoint import check_load_dtype, checkpoint_dir
+from .nn.generation import check_cache_size, check_max_tokens, generate_step
+from .nn.module import check_kv_dtype
+from .nn.sampling import Sampling
+from .tokenizer import Tokenizer
 
 __all__ = [
     "ChatSession",
@@ -53,6 +51,7 @@ __all__ = [
     "generate",
     "load",
     "stream_generate",
+    "write_tiny_model",
 ]
 
 #: The default limit on a prompt's length in tokens (``max_prompt_tokens`` of :func:`generate`,
@@ -81,8 +80,8 @@ def load(
         ...
         ValueError: [from_pretrained] 'no-such-org/no-such-model' is not a directory; it looks like a Hugging Face hub id. ...
     """  # noqa: E501
-    _check_load_dtype("load", dtype)
-    directory = _checkpoint_dir(path)
+    check_load_dtype("load", dtype)
+    directory = checkpoint_dir(path)
     tokenizer = Tokenizer.from_pretrained(directory)  # cheap: fail before the weights
     model = Transformer.from_pretrained(directory, dtype=dtype, progress=progress)
     if tokenizer.vocab_size > model.config.vocab_size:
@@ -220,7 +219,7 @@ def _check_prompt(fn: str, model: Transformer, ids: list[int], limit: int) -> No
         )
 
 
-def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> _Sampling:
+def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> Sampling:
     """Parameters left to ``None`` from generation_config.json, as transformers reads it."""
     gc = tokenizer.generation_config
 
@@ -247,9 +246,9 @@ def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> _Sampling:
     # the file's values that are used are checked as arguments are, the file named
     used = {k: v for k, v in defaults.items() if given.get(k) is None}
     neutral = dict.fromkeys(defaults) | {"temperature": 0.0}
-    _Sampling.checked(f"{fn}] [generation_config.json", **(neutral | used))
+    Sampling.checked(f"{fn}] [generation_config.json", **(neutral | used))
     values = {k: (defaults.get(k) if v is None else v) for k, v in given.items()}
-    return _Sampling.checked(fn, **values)
+    return Sampling.checked(fn, **values)
 
 
 def _stop_list(fn: str, stop: Any) -> list[str]:
@@ -260,105 +259,6 @@ def _stop_list(fn: str, stop: Any) -> list[str]:
     if not isinstance(stop, Sequence) or not all(isinstance(s, str) and s for s in stop):
         raise TypeError(f"[{fn}] stop must be a non-empty str or a list of them")
     return list(stop)
-
-
-class _Detokenizer:
-    """Incremental decoding of one sequence: each call returns the new text of the tokens so
-    far. The suffix after a moving offset is decoded with a few tokens of context before it,
-    so decoders that treat a leading space or a byte fallback specially see the same thing as
-    when decoding everything; a piece ending in U+FFFD (a UTF-8 character split across
-    tokens) is held back until the character is complete."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.tokens: list[int] = []
-        self.prefix = 0  # start of the decoded window (context)
-        self.read = 0  # tokens up to here are emitted
-        # transformers' clean_up_tokenization (" ." -> ".", " n't" -> "n't", ...) removes a
-        # space when the text after it arrives: the raw text is decoded piece by piece, the
-        # cleaned text of all of it released but for its last 4 characters (the longest
-        # pattern), which a later piece may still change
-        self.clean = tokenizer.cleans_up
-        self.raw = ""
-        self.emitted = 0  # characters of the cleaned text released
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(
-            ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )
-
-    def _cleaned(self, piece: str, final: bool) -> str:
-        if not self.clean:
-            return piece
-        self.raw += piece
-        text = _clean_up_tokenization(self.raw)
-        end = len(text) if final else max(len(text) - 4, self.emitted)
-        out, self.emitted = text[self.emitted : end], end
-        return out
-
-    def add(self, token: int) -> str:
-        return self._cleaned(self._add(token), final=False)
-
-    def flush(self) -> str:
-        """What is held back (an incomplete character decodes to U+FFFD, as decode does)."""
-        return self._cleaned(self._flush(), final=True)
-
-    def _add(self, token: int) -> str:
-        self.tokens.append(token)
-        before = self._decode(self.tokens[self.prefix : self.read])
-        text = self._decode(self.tokens[self.prefix :])
-        if len(text) > len(before) and not text.endswith("\ufffd"):
-            piece = text[len(before) :]
-            self.prefix, self.read = max(self.read - 4, 0), len(self.tokens)
-            if self.read - self.prefix > 8:
-                self.prefix = self.read - 4
-            return piece
-        return ""
-
-    def _flush(self) -> str:
-        before = self._decode(self.tokens[self.prefix : self.read])
-        text = self._decode(self.tokens[self.prefix :])
-        self.read = len(self.tokens)
-        return text[len(before) :] if text.startswith(before) else ""
-
-
-class _StopText:
-    """The generated text, released only where no stop string can still begin."""
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self.text = ""
-        self.released = 0
-        self.longest = max((len(s) for s in stops), default=0)
-
-    def add(self, piece: str) -> tuple[str, bool]:
-        """Append ``piece``; return the text safe to release and whether a stop string was
-        found (the text is then cut before it)."""
-        start = max(0, len(self.text) - self.longest + 1)
-        self.text += piece
-        if self.stops:
-            hits = [i for s in self.stops if (i := self.text.find(s, start)) >= 0]
-            if hits:
-                cut = min(hits)
-                out = self.text[self.released : cut]
-                self.released = cut
-                self.text = self.text[:cut]
-                return out, True
-        keep = 0
-        for s in self.stops:  # a suffix that may grow into a stop string is held back
-            for n in range(min(len(s) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(s[:n]):
-                    keep = max(keep, n)
-                    break
-        end = len(self.text) - keep
-        out = self.text[self.released : end] if end > self.released else ""
-        self.released = max(self.released, end)
-        return out, False
-
-    def rest(self) -> str:
-        out = self.text[self.released :]
-        self.released = len(self.text)
-        return out
 
 
 def _check_model(fn: str, model: Any, tokenizer: Any) -> None:
@@ -374,7 +274,7 @@ def _stream(
     tokenizer: Tokenizer,
     ids: list[int],
     max_tokens: int,
-    params: _Sampling,
+    params: Sampling,
     stops: list[str],
     session: ChatSession | None = None,
     kv_dtype: str = "float32",
@@ -390,12 +290,13 @@ def _stream(
     if session is not None:
         cache, todo = session._prepare(ids, max_tokens)
     else:
-        _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), max_tokens)
+        check_cache_size(fn, "max_tokens", model.config, 1, len(ids), max_tokens)
         cache, todo = model.new_cache(1, len(ids) + max(max_tokens, 1), kv_dtype), ids
-    logits = model(np.asarray([todo], np.int64), cache=cache, last_only=True)[:, -1]
+    step = generate_step(model, np.asarray([todo], np.int64), cache, sampler)
+    nxt = next(step)  # the prefill (and the first token)
     t1 = time.perf_counter()
     prompt_tps = len(todo) / max(t1 - t0, 1e-9)
-    detok, stop_text = _Detokenizer(tokenizer), _StopText(stops)
+    detok, stop_text = Detokenizer(tokenizer), StopText(stops)
     n = 0
     fed: list[int] = list(ids)  # tokens the cache holds
     t_first = t1
@@ -409,14 +310,14 @@ def _stream(
 
     try:
         while n < max_tokens:
-            token = int(sampler(logits)[0])
+            token = int(nxt[0])
             if session is not None:
                 session._unfed = [] if token in eos else [token]  # sampled, not yet in the cache
             n += 1
             if n == 1:
                 t_first = time.perf_counter()
             if token in eos:
-                yield response(_late(detok, stop_text), token, "stop")
+                yield response(late_text(detok, stop_text), token, "stop")
                 return
             text, stopped = stop_text.add(detok.add(token))
             if stopped:
@@ -428,30 +329,25 @@ def _stream(
                 yield response(text + tail, token, "stop" if stopped else "length")
                 return
             yield response(text, token, None)
-            logits = model(np.asarray([[token]], np.int64), cache=cache, last_only=True)[:, -1]
+            nxt = next(step)
             fed.append(token)
             if session is not None:
                 session._unfed = []
     finally:
+        step.close()
         if session is not None:
             session._cached = fed
 
 
-def _late(detok: _Detokenizer, stop_text: _StopText) -> str:
-    """Text held back by the detokenizer when an EOS ends the generation."""
-    tail, stopped = stop_text.add(detok.flush())
-    return tail if stopped else tail + stop_text.rest()
-
-
 def _arguments(
     fn: str, model: Transformer, tokenizer: Tokenizer, max_tokens: Any, stop: Any, **sampling: Any
-) -> tuple[int, _Sampling, list[str]]:
+) -> tuple[int, Sampling, list[str]]:
     """The checked arguments of :func:`generate` / :func:`stream_generate`: the step count,
     the sampling parameters (``sampling``: ``temperature, top_k, top_p, min_p,
     repetition_penalty, seed``; defaults from ``generation_config.json``) and the stop
     strings."""
     _check_model(fn, model, tokenizer)
-    steps = _check_max_tokens(fn, "max_tokens", max_tokens)
+    steps = check_max_tokens(fn, "max_tokens", max_tokens)
     return steps, _sampling(fn, tokenizer, **sampling), _stop_list(fn, stop)
 
 
@@ -489,7 +385,7 @@ def stream_generate(
         (8, 'length')
     """
     fn = "stream_generate"
-    kv = _kv_dtype(fn, "kv_dtype", kv_dtype)
+    kv = check_kv_dtype(fn, "kv_dtype", kv_dtype)
     steps, params, stops = _arguments(
         fn, model, tokenizer, max_tokens, stop, temperature=temperature, top_k=top_k,
         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
@@ -497,7 +393,7 @@ def stream_generate(
     limit = _check_max_prompt_tokens(fn, max_prompt_tokens)
     ids = _prompt_ids(fn, tokenizer, prompt)
     _check_prompt(fn, model, ids, limit)
-    _check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
+    check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
     return _stream(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv)
 
 
@@ -536,7 +432,7 @@ def generate(
         2
     """
     fn = "generate"
-    kv = _kv_dtype(fn, "kv_dtype", kv_dtype)
+    kv = check_kv_dtype(fn, "kv_dtype", kv_dtype)
     steps, params, stops = _arguments(
         fn, model, tokenizer, max_tokens, stop, temperature=temperature, top_k=top_k,
         top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, seed=seed,
@@ -581,7 +477,7 @@ def _generate_batch(
     tokenizer: Tokenizer,
     prompts: list[list[int]],
     steps: int,
-    params: _Sampling,
+    params: Sampling,
     stops: list[str],
     verbose: bool,
     kv_dtype: str = "float32",
@@ -595,39 +491,38 @@ def _generate_batch(
         mask[i, t - len(p) :] = True
     if steps == 0:
         return [""] * b
-    _check_cache_size(fn, "max_tokens", model.config, b, t, steps)
+    check_cache_size(fn, "max_tokens", model.config, b, t, steps)
     eos = set(tokenizer.eos_token_ids) | tokenizer.stop_token_ids(stops)
     sampler = params.sampler(b, model.config.vocab_size)
     sampler.see(ids, mask)
     cache = model.new_cache(b, t + steps, kv_dtype)
     t0 = time.perf_counter()
-    logits = model(ids, mask=mask, cache=cache, last_only=True)[:, -1]
+    step = generate_step(model, ids, cache, sampler, mask)
+    nxt = next(step)  # the prefill (and the first tokens)
     t1 = time.perf_counter()
-    detoks = [_Detokenizer(tokenizer) for _ in range(b)]
-    texts = [_StopText(stops) for _ in range(b)]
+    detoks = [Detokenizer(tokenizer) for _ in range(b)]
+    texts = [StopText(stops) for _ in range(b)]
     out = [""] * b
     done = np.zeros(b, bool)
     n = 0
-    for step in range(steps):
-        nxt = sampler(logits)
+    for i_step in range(steps):
         n += 1
         for i in np.flatnonzero(~done):
             token = int(nxt[i])
             if token in eos:
-                out[i] += _late(detoks[i], texts[i])
+                out[i] += late_text(detoks[i], texts[i])
                 done[i] = True
                 continue
             piece, stopped = texts[i].add(detoks[i].add(token))
             out[i] += piece
             if stopped:
                 done[i] = True
-        if done.all() or step + 1 == steps:
+        if done.all() or i_step + 1 == steps:
             break
         # finished rows keep decoding a pad token (their output is no longer read)
-        feed = np.where(done, pad, nxt)
-        logits = model(feed[:, None], cache=cache, last_only=True)[:, -1]
+        nxt = step.send(np.where(done, pad, nxt))
     for i in np.flatnonzero(~done):
-        out[i] += _late(detoks[i], texts[i])
+        out[i] += late_text(detoks[i], texts[i])
     if verbose:
         t2 = time.perf_counter()
         print(
@@ -680,7 +575,7 @@ class ChatSession:
         kv_dtype: Any = None,
     ) -> None:
         _check_model("ChatSession", model, tokenizer)
-        self.kv_dtype = _kv_dtype("ChatSession", "kv_dtype", kv_dtype)  # of the KV cache
+        self.kv_dtype = check_kv_dtype("ChatSession", "kv_dtype", kv_dtype)  # of the KV cache
         self.model, self.tokenizer = model, tokenizer
         self.messages: list[dict[str, Any]] = (
             [{"role": "system", "content": system}] if system else []
@@ -706,7 +601,7 @@ class ChatSession:
         if reuse:
             self.prefilled = len(ids) - n
             return self._cache, ids[n:]
-        _check_cache_size("chat", "max_tokens", cfg, 1, len(ids), max_tokens)
+        check_cache_size("chat", "max_tokens", cfg, 1, len(ids), max_tokens)
         capacity = self._cache.layers[0].max_seq_len if self._cache is not None else 0
         if need > capacity:
             # room for a few more turns without reallocating
@@ -730,7 +625,7 @@ class ChatSession:
         ``max_prompt_tokens`` bounding the whole rendered conversation); the reply joins the
         conversation when the stream ends."""
         fn = "chat"
-        steps = _check_max_tokens(fn, "max_tokens", max_tokens)
+        steps = check_max_tokens(fn, "max_tokens", max_tokens)
         limit = _check_max_prompt_tokens(fn, max_prompt_tokens)
         stop = sampling.pop("stop", None)
         names = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")
@@ -796,108 +691,3 @@ class ChatSession:
             return None
         rest = self.tokenizer.encode(text[len(base) :], add_special_tokens=False)
         return self._cached + self._unfed + rest
-
-
-_TINY_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-
-
-def write_tiny_model(
-    directory: str | os.PathLike[str], *, seed: int = 0, dim: int = 64, n_layers: int = 2
-) -> str:
-    """Write a tiny random-weight LLaMA checkpoint with a byte-level tokenizer (256 byte
-    tokens, ``<s>``, ``</s>``, ``<pad>`` and chat markers) and a chat template into
-    ``directory`` — an HF-style directory :func:`load` reads, for examples and tests (its
-    output is noise). Returns the directory.
-
-    Examples:
-        >>> import tempfile, llmkernels as lk
-        >>> from llmkernels.text import write_tiny_model
-        >>> model, tok = lk.load(write_tiny_model(tempfile.mkdtemp()))
-        >>> tok.decode(tok.encode("héllo"), skip_special_tokens=True)
-        'héllo'
-    """
-    import json
-
-    from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, processors
-
-    from ._safetensors import save_file
-
-    path = os.fspath(directory)
-    os.makedirs(path, exist_ok=True)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: ord(c))
-    vocab = {c: i for i, c in enumerate(alphabet)}
-    tok = RustTokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    specials = ["<s>", "</s>", "<pad>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
-    tok.add_special_tokens(specials)
-    bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
-    )
-    tok.save(os.path.join(path, "tokenizer.json"))
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
-    end = tok.token_to_id("<|end|>")
-    eos = tok.token_to_id("</s>")
-    files = {
-        "tokenizer_config.json": {
-            "bos_token": "<s>",
-            "eos_token": "</s>",
-            "pad_token": "<pad>",
-            "chat_template": _TINY_TEMPLATE,
-            "tokenizer_class": "PreTrainedTokenizerFast",
-        },
-        "generation_config.json": {"bos_token_id": bos, "eos_token_id": [eos, end]},
-        "config.json": {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": vocab_size,
-            "hidden_size": dim,
-            "intermediate_size": 2 * dim,
-            "num_hidden_layers": n_layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 512,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            "tie_word_embeddings": False,
-            "bos_token_id": bos,
-            "eos_token_id": eos,
-        },
-    }
-    for name, content in files.items():
-        with open(os.path.join(path, name), "w", encoding="utf-8") as f:
-            json.dump(content, f, indent=1)
-    model = Transformer(files["config.json"], seed=seed)
-    # weights larger than HF's 0.02 init, so the noise it generates varies
-    rng = np.random.default_rng(seed)
-    state = {
-        k: (v if v.ndim == 1 else rng.standard_normal(v.shape, np.float32) * 0.3)
-        for k, v in model.state_dict().items()
-    }
-    # the LM head scores only printable ASCII bytes, so the noise decodes to readable text
-    byte_of = {c: b for b, c in enumerate(_bytes_to_unicode())}
-    printable = np.array(
-        [32 <= byte_of.get(c, -1) < 127 for c in alphabet] + [False] * len(specials)
-    )
-    state["lm_head.weight"][~printable] = 0.0
-    save_file(os.path.join(path, "model.safetensors"), state)
-    return path
-
-
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2's byte -> printable character table (ByteLevel's alphabet), by byte value."""
-    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-    chars, n = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + n)
-            n += 1
-    return [chars[b] for b in range(256)]

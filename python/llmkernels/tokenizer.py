@@ -353,7 +353,7 @@ class Tokenizer:
         clean = (
             self.cleans_up if clean_up_tokenization_spaces is None else clean_up_tokenization_spaces
         )
-        return _clean_up_tokenization(text) if clean else text
+        return clean_up_tokenization(text) if clean else text
 
     def stop_token_ids(self, stops: Sequence[str]) -> set[int]:
         """The tokens whose whole text is one of ``stops`` but which decoding skips (special
@@ -413,7 +413,7 @@ class Tokenizer:
         )
 
 
-def _clean_up_tokenization(text: str) -> str:
+def clean_up_tokenization(text: str) -> str:
     """transformers' ``clean_up_tokenization`` (when ``clean_up_tokenization_spaces``)."""
     for a, b in (
         (" .", "."),
