@@ -28,7 +28,9 @@ import llmkernels as lk
 import numpy as np
 import pytest
 from conftest import run_python
-from llmkernels.quant import int8_activations_used, ref_dequantize, ref_quantize
+from llmkernels.quant import int8_activations_used
+from llmkernels.reference import dequantize as ref_dequantize
+from llmkernels.reference import quantize as ref_quantize
 
 # small enough for CI; the group sizes 32, 64 and 128 divide every input dimension
 # (dim 128, n_heads * head_dim 128, hidden 384)

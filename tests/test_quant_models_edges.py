@@ -241,11 +241,8 @@ def test_the_path_of_a_call_depends_on_its_token_count(rng, bits):
     result depends on how many share the call (the batch / prompt length of a quantized model)
     -- except on CPUs with VNNI, where every token count takes int8 activations, each token as
     if alone."""
-    from llmkernels.quant import (
-        INT8_ACTIVATION_TOKENS,
-        int8_activations_used,
-        ref_quantized_linear,
-    )
+    from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used
+    from llmkernels.reference import quantized_linear as ref_quantized_linear
 
     w = rng.standard_normal((48, 128)).astype(np.float32)
     q, s = lk.quantize(w, bits, 32)

@@ -1,5 +1,6 @@
 """Group-wise int8 / int4 weights: :func:`quantize`, :func:`dequantize`, :func:`quantized_linear`,
-and their NumPy twins (``ref_*``, the specification; the C++ quantization gives the same bits).
+whose NumPy twins (the specification; the C++ quantization gives the same bits) are
+:mod:`llmkernels.reference`'s ``quantize``, ``dequantize`` and ``quantized_linear``.
 
 Format (docs/quantization.md): a weight matrix ``w`` (rows, k) -- rows are output features, as
 HF stores ``nn.Linear`` weights -- is quantized along k in groups of ``group_size`` (32, 64 or
@@ -29,7 +30,6 @@ from ._ops import BF16, as_array, is_torch_bf16
 
 __all__ = ["dequantize", "int8_activations_used", "quantize", "quantized_linear"]
 
-BLOCK = 32  # int4 packing block and per-token activation block
 # The activations of quantized_linear's decode path by default: see docs/quantization.md
 DEFAULT_ACTIVATIONS = "int8"
 # Up to this many tokens (rows of x) quantized_linear is the matrix-vector kernel, and
@@ -38,12 +38,6 @@ DEFAULT_ACTIVATIONS = "int8"
 # (the same float32 activations either way). ops/quant.cpp's kGemvMaxTokensInt8 / kGemvMaxTokens.
 INT8_ACTIVATION_TOKENS = 16
 FLOAT_GEMV_TOKENS = 8
-# The int8 activation scales (s = max|x| / 127 per token and block of 32) the integer kernels
-# take: 0, NaN or within this range. A call with any other (|x| beyond ~1.6e32, or a nonzero
-# block below ~1e-28) takes float32 activations: the product s_w * s_x would overflow (inf * 0 =
-# NaN for a zero integer dot product) or be subnormal (a few significant bits).
-# ops/quant.cpp's kActScaleMin / kActScaleMax.
-INT8_ACTIVATION_SCALE_RANGE = (2.0**-100, 2.0**100)
 
 
 def _as_f32(name: str, fn: str, a: Any) -> np.ndarray:
@@ -141,7 +135,7 @@ def quantized_linear(
     quantizing each token in blocks of 32 (llama.cpp's q8_0) for integer dot products
     (:func:`ref_quantized_linear` with ``activations="int8"`` is its formula; a call with a
     block of |x| beyond ~1.6e32 or below ~1e-28, not 0, takes float32 activations:
-    ``INT8_ACTIVATION_SCALE_RANGE``).
+    ``reference.INT8_ACTIVATION_SCALE_RANGE``).
     ``activations="float32"`` keeps x in float32 and dequantizes the weights in registers (the
     float64 product of the dequantized weights within float32 rounding), up to 8 tokens
     (``FLOAT_GEMV_TOKENS``) in the matrix-vector kernel. More tokens: the packed GEMM, the
@@ -190,96 +184,3 @@ def quantized_linear(
         activations,
     )
     return y.reshape(*lead, y.shape[-1])
-
-
-# --- NumPy twins (the specification) -----------------------------------------------------------
-
-
-def _half_ceil(d: np.ndarray) -> np.ndarray:
-    """The smallest float16 >= d (d >= 0, float32), as float16."""
-    with np.errstate(over="ignore"):
-        h = d.astype(np.float16)
-    up = h.astype(np.float32) < d
-    return np.where(up, np.nextafter(h, np.float16(np.inf)), h)
-
-
-def ref_quantize(w: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """NumPy twin of :func:`quantize` (same bits)."""
-    w = np.asarray(w, np.float32)
-    rows, k = w.shape
-    wg = w.reshape(rows, k // group_size, group_size)
-    if bits == 8:
-        d = np.abs(wg).max(-1) / np.float32(127)
-    else:
-        idx = np.abs(wg).argmax(-1)  # the first element of largest magnitude
-        d = np.take_along_axis(wg, idx[..., None], -1)[..., 0] / np.float32(-8)
-    h = _half_ceil(np.abs(d).astype(np.float32))
-    scales = np.where(d < 0, -h, h).astype(np.float16)
-    s = scales.astype(np.float32)[..., None]
-    lo, hi = (-127, 127) if bits == 8 else (-8, 7)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        codes = np.where(s == 0, np.float32(0), np.rint(wg / s))
-    codes = np.clip(codes, lo, hi).astype(np.int8).reshape(rows, k)
-    if bits == 8:
-        return codes, scales
-    nib = (codes.astype(np.int16) + 8).astype(np.uint8).reshape(rows, k // BLOCK, BLOCK)
-    packed = nib[..., :16] | (nib[..., 16:] << 4)
-    return packed.reshape(rows, k // 2), scales
-
-
-def ref_codes(q: np.ndarray, bits: int) -> np.ndarray:
-    """The int codes (rows, k) of ``q``."""
-    if bits == 8:
-        return np.asarray(q, np.int8).astype(np.int32)
-    rows = q.shape[0]
-    b = np.asarray(q, np.uint8).reshape(rows, -1, 16).astype(np.int32)
-    return np.concatenate([b & 15, b >> 4], axis=-1).reshape(rows, -1) - 8
-
-
-def ref_dequantize(q: np.ndarray, scales: np.ndarray, bits: int, group_size: int) -> np.ndarray:
-    """NumPy twin of :func:`dequantize` (float32, same bits)."""
-    c = ref_codes(q, bits).astype(np.float32)
-    s = np.repeat(np.asarray(scales).astype(np.float32), group_size, axis=1)
-    return c * s
-
-
-def ref_quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per token, per block of 32: ``s = max|x| / 127`` (float32), ``q = rint(x / s)`` (0 where
-    s == 0). Returns (q int8 (m, k), s float32 (m, k / 32))."""
-    x = np.asarray(x, np.float32)
-    m, k = x.shape
-    xb = x.reshape(m, k // BLOCK, BLOCK)
-    s = np.abs(xb).max(-1) / np.float32(127)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        qx = np.where(s[..., None] == 0, np.float32(0), np.rint(xb / s[..., None]))
-    return np.clip(qx, -127, 127).astype(np.int8).reshape(m, k), s
-
-
-def ref_quantized_linear(
-    x: np.ndarray,
-    q: np.ndarray,
-    scales: np.ndarray,
-    bits: int,
-    group_size: int,
-    bias: np.ndarray | None = None,
-    activations: str = "float32",
-) -> np.ndarray:
-    """float64 reference of :func:`quantized_linear`: ``x @ W_deq.T + bias``, with x replaced
-    by its per-token int8 blocks (``q * s``) when ``activations="int8"`` (unless a block scale
-    is outside ``INT8_ACTIVATION_SCALE_RANGE``: then x as it is, as the kernel does)."""
-    w = ref_dequantize(q, scales, bits, group_size).astype(np.float64)
-    x = np.asarray(x, np.float32)
-    if activations == "int8":
-        qx, s = ref_quantize_activations(x)
-        lo, hi = INT8_ACTIVATION_SCALE_RANGE
-        with np.errstate(invalid="ignore"):
-            if np.any((s != 0) & np.isfinite(s) & ((s < lo) | (s > hi))):
-                activations = "float32"
-    if activations == "int8":
-        xd = qx.astype(np.float64) * np.repeat(s.astype(np.float64), BLOCK, axis=1)
-    else:
-        xd = x.astype(np.float64)
-    y = xd @ w.T
-    if bias is not None:
-        y = y + np.asarray(bias, np.float64)
-    return y

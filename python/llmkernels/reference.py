@@ -17,6 +17,9 @@ Conventions:
 * Attention: ``q (..., Hq, Tq, D)``, ``k (..., Hkv, Tk, D)``, ``v (..., Hkv, Tk, Dv)``;
   ``causal=True`` is bottom-right aligned.
 * NaN and Inf in the data propagate as IEEE arithmetic does, without NumPy warnings.
+* Quantized weights (:func:`quantize`, :func:`dequantize`, :func:`quantize_activations`) are
+  twins of the C++ quantization bit for bit, so they return its dtypes (int8 / uint8 codes,
+  float16 scales, float32 weights); :func:`quantized_linear` is float64.
 """
 
 from __future__ import annotations
@@ -32,9 +35,16 @@ from . import _libm
 from ._rope_scaling import rope_attention_factor, rope_inv_freq
 
 __all__ = [
+    "BLOCK",
+    "INT8_ACTIVATION_SCALE_RANGE",
     "attention",
+    "dequantize",
     "greedy_generate",
     "layer_norm",
+    "quant_codes",
+    "quantize",
+    "quantize_activations",
+    "quantized_linear",
     "rms_norm",
     "rope",
     "rope_attention_factor",
@@ -641,3 +651,110 @@ def greedy_generate(
         next_ids = np.argmax(logits[:, -1, :], axis=-1)  # (B,)
         seq = np.concatenate([seq, next_ids[:, None]], axis=1)
     return seq[0] if single else seq
+
+
+# ----------------------------------------------------------------------------------------------
+# group-wise int8 / int4 weights (the format: llmkernels.quant); bit-exact twins of the C++
+# quantization, so these return its dtypes (int8 / uint8 codes, float16 scales), not float64
+# ----------------------------------------------------------------------------------------------
+
+BLOCK = 32  # int4 packing block and per-token activation block
+# The int8 activation scales (s = max|x| / 127 per token and block of 32) the integer kernels
+# take: 0, NaN or within this range. A call with any other (|x| beyond ~1.6e32, or a nonzero
+# block below ~1e-28) takes float32 activations: the product s_w * s_x would overflow (inf * 0 =
+# NaN for a zero integer dot product) or be subnormal (a few significant bits).
+# ops/quant.cpp's kActScaleMin / kActScaleMax.
+INT8_ACTIVATION_SCALE_RANGE = (2.0**-100, 2.0**100)
+
+
+def _half_ceil(d: np.ndarray) -> np.ndarray:
+    """The smallest float16 >= d (d >= 0, float32), as float16."""
+    with np.errstate(over="ignore"):
+        h = d.astype(np.float16)
+    up = h.astype(np.float32) < d
+    return np.where(up, np.nextafter(h, np.float16(np.inf)), h)
+
+
+def quantize(w: np.ndarray, bits: int, group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bits of :func:`llmkernels.quantize`: int8 codes (rows, k) or packed int4 (rows,
+    k / 2) uint8, and float16 scales (rows, k / group_size); see :mod:`llmkernels.quant`."""
+    w = np.asarray(w, np.float32)
+    rows, k = w.shape
+    wg = w.reshape(rows, k // group_size, group_size)
+    if bits == 8:
+        d = np.abs(wg).max(-1) / np.float32(127)
+    else:
+        idx = np.abs(wg).argmax(-1)  # the first element of largest magnitude
+        d = np.take_along_axis(wg, idx[..., None], -1)[..., 0] / np.float32(-8)
+    h = _half_ceil(np.abs(d).astype(np.float32))
+    scales = np.where(d < 0, -h, h).astype(np.float16)
+    s = scales.astype(np.float32)[..., None]
+    lo, hi = (-127, 127) if bits == 8 else (-8, 7)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        codes = np.where(s == 0, np.float32(0), np.rint(wg / s))
+    codes = np.clip(codes, lo, hi).astype(np.int8).reshape(rows, k)
+    if bits == 8:
+        return codes, scales
+    nib = (codes.astype(np.int16) + 8).astype(np.uint8).reshape(rows, k // BLOCK, BLOCK)
+    packed = nib[..., :16] | (nib[..., 16:] << 4)
+    return packed.reshape(rows, k // 2), scales
+
+
+def quant_codes(q: np.ndarray, bits: int) -> np.ndarray:
+    """The int codes (rows, k) of ``q``."""
+    if bits == 8:
+        return np.asarray(q, np.int8).astype(np.int32)
+    rows = q.shape[0]
+    b = np.asarray(q, np.uint8).reshape(rows, -1, 16).astype(np.int32)
+    return np.concatenate([b & 15, b >> 4], axis=-1).reshape(rows, -1) - 8
+
+
+def dequantize(q: np.ndarray, scales: np.ndarray, bits: int, group_size: int) -> np.ndarray:
+    """The float32 weight of codes and scales (``code * scale``, exact): the bits of
+    :func:`llmkernels.dequantize`."""
+    c = quant_codes(q, bits).astype(np.float32)
+    s = np.repeat(np.asarray(scales).astype(np.float32), group_size, axis=1)
+    return c * s
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per token, per block of 32: ``s = max|x| / 127`` (float32), ``q = rint(x / s)`` (0 where
+    s == 0). Returns (q int8 (m, k), s float32 (m, k / 32))."""
+    x = np.asarray(x, np.float32)
+    m, k = x.shape
+    xb = x.reshape(m, k // BLOCK, BLOCK)
+    s = np.abs(xb).max(-1) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        qx = np.where(s[..., None] == 0, np.float32(0), np.rint(xb / s[..., None]))
+    return np.clip(qx, -127, 127).astype(np.int8).reshape(m, k), s
+
+
+def quantized_linear(
+    x: np.ndarray,
+    q: np.ndarray,
+    scales: np.ndarray,
+    bits: int,
+    group_size: int,
+    bias: np.ndarray | None = None,
+    activations: str = "float32",
+) -> np.ndarray:
+    """float64 reference of :func:`llmkernels.quantized_linear`: ``x @ W_deq.T + bias``, with x
+    replaced by its per-token int8 blocks (``q * s``) when ``activations="int8"`` (unless a
+    block scale is outside ``INT8_ACTIVATION_SCALE_RANGE``: then x as it is, as the kernel
+    does)."""
+    w = dequantize(q, scales, bits, group_size).astype(np.float64)
+    x = np.asarray(x, np.float32)
+    if activations == "int8":
+        qx, s = quantize_activations(x)
+        lo, hi = INT8_ACTIVATION_SCALE_RANGE
+        with np.errstate(invalid="ignore"):
+            if np.any((s != 0) & np.isfinite(s) & ((s < lo) | (s > hi))):
+                activations = "float32"
+    if activations == "int8":
+        xd = qx.astype(np.float64) * np.repeat(s.astype(np.float64), BLOCK, axis=1)
+    else:
+        xd = x.astype(np.float64)
+    y = xd @ w.T
+    if bias is not None:
+        y = y + np.asarray(bias, np.float64)
+    return y

@@ -24,7 +24,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from llmkernels import _core
-from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used, ref_quantized_linear
+from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used
+from llmkernels.reference import quantized_linear as ref_quantized_linear
 from op_helpers import check_fma_bound
 
 FORMATS16 = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}

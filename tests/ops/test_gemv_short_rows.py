@@ -82,7 +82,7 @@ QKS = {8: [2048, 2080], 4: [4096, 4128]}
 def test_quantized_rows_do_not_depend_on_the_block(isa: str, bits: int, m: int) -> None:
     """Each row's result is that of the same row alone (a 1-row matrix: the single-row kernel),
     on both sides of the boundary, and the int8-activation reference within float32 error."""
-    from llmkernels.quant import ref_quantized_linear
+    from llmkernels.reference import quantized_linear as ref_quantized_linear
 
     rng = np.random.default_rng(bits * 10 + m)
     for k in QKS[bits]:

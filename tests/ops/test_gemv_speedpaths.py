@@ -24,7 +24,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 from llmkernels import _core
-from llmkernels.quant import ref_dequantize, ref_quantize_activations, ref_quantized_linear
+from llmkernels.reference import dequantize as ref_dequantize
+from llmkernels.reference import quantize_activations as ref_quantize_activations
+from llmkernels.reference import quantized_linear as ref_quantized_linear
 
 ROWS = [1, 7, 31, 33, 1025]
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 import llmkernels as lk
 import numpy as np
 import pytest
-from llmkernels.quant import (
-    int8_activations_used,
-    ref_codes,
-    ref_dequantize,
-    ref_quantize,
-    ref_quantize_activations,
-    ref_quantized_linear,
-)
+from llmkernels.quant import int8_activations_used
+from llmkernels.reference import dequantize as ref_dequantize
+from llmkernels.reference import quant_codes as ref_codes
+from llmkernels.reference import quantize as ref_quantize
+from llmkernels.reference import quantize_activations as ref_quantize_activations
+from llmkernels.reference import quantized_linear as ref_quantized_linear
 
 GROUPS = [32, 64, 128]
 BITS = [8, 4]

@@ -12,7 +12,8 @@ from __future__ import annotations
 import llmkernels as lk
 import numpy as np
 import pytest
-from llmkernels.quant import int8_activations_used, ref_quantized_linear
+from llmkernels.quant import int8_activations_used
+from llmkernels.reference import quantized_linear as ref_quantized_linear
 
 
 @pytest.mark.parametrize("activations", ["int8", "float32"])

@@ -19,7 +19,8 @@ import llmkernels as lk
 import numpy as np
 import pytest
 from conftest import run_python
-from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used, ref_quantized_linear
+from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used
+from llmkernels.reference import quantized_linear as ref_quantized_linear
 
 # the portable twins everywhere, the native paths where the CPU has them
 PATHS = (
