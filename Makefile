@@ -32,14 +32,14 @@ SAN_ENV := LD_PRELOAD="$$($(SAN_CXX) -print-file-name=libasan.so) $$($(SAN_CXX) 
 # Not run under the sanitizers: the tests that measure memory (resident set over 100,000 calls,
 # peak RSS of a 16k-token attention), which ASan changes by design -- freed blocks stay in its
 # quarantine, every allocation gets redzones and shadow memory. `make test` runs them. (The
-# tests of tests/test_reliability_threads.py that need RLIMIT_AS or measure the resident set skip
+# tests of tests/robustness/test_reliability_threads.py that need RLIMIT_AS or measure the resident set skip
 # themselves when libasan is preloaded.)
 # Nor the notebooks and the benchmark scripts' smoke runs (Python driving the same kernels the
 # suite tests directly; they take minutes under ASan).
-SAN_SKIP := --ignore=tests/test_notebooks.py --ignore-glob='tests/test_bench*.py' \
-	--deselect tests/test_reliability.py::test_no_leak_ops \
-	--deselect tests/test_reliability.py::test_no_leak_transformer_block \
-	--deselect tests/test_reliability.py::test_no_leak_modules_and_model \
+SAN_SKIP := --ignore=tests/test_notebooks.py --ignore=tests/bench \
+	--deselect tests/robustness/test_reliability.py::test_no_leak_ops \
+	--deselect tests/robustness/test_reliability.py::test_no_leak_transformer_block \
+	--deselect tests/robustness/test_reliability.py::test_no_leak_modules_and_model \
 	--deselect tests/ops/test_attention.py::test_memory_is_streaming
 
 .PHONY: demo docs test test-matrix test-sanitize test-wheel test-host-independent wheel bench lint \
@@ -78,8 +78,8 @@ upgrade-deps: $(VENV)/.venv-ready
 # assertion: it passes on a busy machine); the notebooks and the benchmark smoke tests run
 # once, in `make test` (they call the same kernels).
 PAR := -n 2 -p no:cacheprovider
-MATRIX_SKIP := --ignore=tests/test_notebooks.py --deselect tests/test_plot.py \
-	--ignore-glob='tests/test_bench*.py'
+MATRIX_SKIP := --ignore=tests/test_notebooks.py --deselect tests/models/test_plot.py \
+	--ignore=tests/bench
 # (On an AVX2-only CPU avx2 is the best path, which `make test` has just run: not run twice.)
 test-matrix: $(VENV)/.installed-test
 	$(PERTURB) LLMKERNELS_ARCH=sse2 LLMKERNELS_NUM_THREADS=1 $(PY) -m pytest -q $(PAR) $(MATRIX_SKIP)

@@ -28,7 +28,7 @@ For each prompt, the next-token distribution
   sequences a step: the GEMV kernels with per-token int8 activations), 64 distributions;
 
 mean KL(p_float32 || p_quantized) (natural log) and top-1 agreement. The same formulas are
-asserted in tests/test_quant_models.py (int8: KL <= 1e-3, top-1 >= 98%).
+asserted in tests/models/test_quant_models.py (int8: KL <= 1e-3, top-1 >= 98%).
 
 Speed (``--speed``): a random 4-layer model at TinyLlama's layer shape (dim 2048, 32 / 4
 heads, hidden 5632, vocab 32000), 128 prompt tokens then 64 greedy decode steps, float32 /

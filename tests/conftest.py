@@ -102,7 +102,7 @@ def run_bench(
     script: str, *args: str, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """``benchmarks/<script> *args`` with warnings as errors (plus ``env``): the smoke runs of
-    tests/test_bench_*.py."""
+    tests/bench/test_bench_*.py."""
     path = str(ROOT / "benchmarks" / script)
     return run_interpreter(
         path, *args, timeout=timeout, env={"PYTHONWARNINGS": "error", **(env or {})}
@@ -152,7 +152,7 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
-# --- hypothesis profiles (tests/test_properties.py) ---------------------------------------------
+# --- hypothesis profiles (tests/robustness/test_properties.py) ---------------------------------------------
 # "ci" (default): 200 examples per property; "long": 10x. Select with HYPOTHESIS_PROFILE=long or
 # `pytest --hypothesis-profile=long` (hypothesis' pytest plugin loads it after this file).
 import os as _os  # noqa: E402

@@ -1,6 +1,6 @@
 """silu against its formula: kernel cpp/kernels/silu.hpp (silu_kernel), driver cpp/ops/silu.cpp,
 binding cpp/bindings/silu.cpp, wrapper llmkernels._ops.silu. (The kernel's exp and sigmoid, and
-the subnormal / extreme ranges: tests/test_simd_math.py.)"""
+the subnormal / extreme ranges: tests/ops/test_simd_math.py.)"""
 
 from __future__ import annotations
 

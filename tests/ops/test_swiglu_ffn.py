@@ -1,7 +1,7 @@
 """swiglu_ffn against its formula: the projections cpp/ops/linear.cpp (the one projection path,
 shared with the FeedForward module), the activation kernel cpp/kernels/silu.hpp, entry
 cpp/ops/swiglu_ffn.cpp, binding cpp/bindings/swiglu_ffn.cpp, wrapper llmkernels._ops.swiglu_ffn.
-(The module: tests/test_modules.py.)"""
+(The module: tests/models/test_modules.py.)"""
 
 from __future__ import annotations
 

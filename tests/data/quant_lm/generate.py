@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Makes tests/data/quant_lm: a small *trained* LLaMA (dim 128, 2 layers, 4 / 2 heads, hidden
 384, vocab 512; bf16 weights, 1 MiB) and 64 prompts of 16 tokens, for the int8 / int4 accuracy
-tests (tests/test_quant_models.py) and benchmarks/bench_quant_accuracy.py.
+tests (tests/models/test_quant_models.py) and benchmarks/bench_quant_accuracy.py.
 
 Why trained: a randomly initialised model (every matrix normal with std 0.02) predicts almost
 uniformly (logit std 0.23 over the vocabulary, top probability ~1%): its top-1 token changes

@@ -1,6 +1,6 @@
 """``llmkernels.plot``: attention heatmaps (Agg backend) and the clear error without
 matplotlib. The benchmark plots (``benchmarks/plot_results.py``) are tested in
-``tests/test_bench.py``."""
+``tests/bench/test_bench.py``."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_heatmap_errors(kwargs: dict[str, Any], error: type[Exception], match: s
 
 
 # --------------------------------------------------------------------------------------
-# without matplotlib (benchmark plots: tests/test_bench.py)
+# without matplotlib (benchmark plots: tests/bench/test_bench.py)
 # --------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ errors are in ulps of the float32 result: ``|got - ref| / 2**(e - 24)`` with ``r
 ``0.5 <= m < 1``. Exact results below FLT_MIN are flushed to 0 by design: there the result must
 be 0 or within FLT_MIN absolute.
 
-``python tests/test_simd_math.py`` prints the measured figures (for docs/ops.md).
+``python tests/ops/test_simd_math.py`` prints the measured figures (for docs/ops.md).
 """
 
 from __future__ import annotations

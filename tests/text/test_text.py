@@ -27,7 +27,7 @@ from llmkernels.nn.sampling import sample
 from llmkernels.tokenizer import TokenizerError
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-CORPUS = Path(__file__).parent / "data" / "tokenizer_corpus.txt"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "tokenizer_corpus.txt"
 SPECIALS = ["<s>", "</s>", "<pad>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 # the template uses what transformers passes to templates: bos_token, raise_exception, tojson
 TEMPLATE = (

@@ -38,7 +38,7 @@ def test_prefill_flops_counts_the_model() -> None:
     token passes through, the causal attention's QK^T and PV over i + 1 keys for query i, the
     head once (last logits). In the last layer ours computes the last token's query, attention,
     o and MLP only (k and v for all); llama.cpp skips the MLP of the other tokens only."""
-    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
     if bench not in sys.path:
         sys.path.insert(0, bench)
     import bench_precision as bp
@@ -64,7 +64,7 @@ def test_prefill_flops_counts_the_model() -> None:
 def test_cases_are_timed_beside_their_peer() -> None:
     """Each of ours is followed by its llama.cpp peer (decode, then prefill), so the ratio pairs
     samples taken side by side; without peers the order is ours alone."""
-    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
     if bench not in sys.path:
         sys.path.insert(0, bench)
     import bench_precision as bp

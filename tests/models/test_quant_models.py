@@ -46,7 +46,7 @@ CFG = {
 # The accuracy model: the same shape, *trained* (on a Markov-chain language; bf16 weights), and
 # 64 prompts of 16 tokens of that language -- see tests/data/quant_lm/generate.py for why a
 # trained model: a random one predicts almost uniformly, so its top-1 token is noise.
-TRAINED = Path(__file__).resolve().parent / "data" / "quant_lm"
+TRAINED = Path(__file__).resolve().parents[1] / "data" / "quant_lm"
 N_PROMPTS, PROMPT_LEN = 64, 16
 # asserted bounds (docs/quantization.md, "Accuracy of quantized models")
 BOUNDS = {8: (1e-3, 0.98), 4: (1e-2, 0.90)}
@@ -447,7 +447,7 @@ def test_requantize_and_save_errors(tmp_path: Path) -> None:
 )
 def test_loading_int8_never_holds_a_float32_matrix(tmp_path: Path) -> None:
     # a 256 MiB float32 checkpoint loaded as int8: the peak resident set grows by the int8
-    # model plus the reader's bounded window (as a float load: tests/test_loading.py), never by
+    # model plus the reader's bounded window (as a float load: tests/models/test_loading.py), never by
     # a float32 copy of a matrix (the largest, 32 MiB) or of the model
     cfg = {"dim": 1024, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "hidden_dim": 2816,
            "vocab_size": 8192, "max_seq_len": 64}  # fmt: skip

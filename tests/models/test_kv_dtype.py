@@ -410,7 +410,7 @@ def test_bench_kv_dtype_quick(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "kv.md"
     env = {**os.environ, "PYTHONWARNINGS": "error"}
     proc = subprocess.run(
