@@ -152,7 +152,7 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
-# --- hypothesis profiles (tests/robustness/test_properties.py) ---------------------------------------------
+# --- hypothesis profiles (tests/robustness/test_properties.py) ------------------------------------
 # "ci" (default): 200 examples per property; "long": 10x. Select with HYPOTHESIS_PROFILE=long or
 # `pytest --hypothesis-profile=long` (hypothesis' pytest plugin loads it after this file).
 import os as _os  # noqa: E402

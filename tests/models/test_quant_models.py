@@ -447,8 +447,8 @@ def test_requantize_and_save_errors(tmp_path: Path) -> None:
 )
 def test_loading_int8_never_holds_a_float32_matrix(tmp_path: Path) -> None:
     # a 256 MiB float32 checkpoint loaded as int8: the peak resident set grows by the int8
-    # model plus the reader's bounded window (as a float load: tests/models/test_loading.py), never by
-    # a float32 copy of a matrix (the largest, 32 MiB) or of the model
+    # model plus the reader's bounded window (as a float load: tests/models/test_loading.py),
+    # never by a float32 copy of a matrix (the largest, 32 MiB) or of the model
     cfg = {"dim": 1024, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4, "hidden_dim": 2816,
            "vocab_size": 8192, "max_seq_len": 64}  # fmt: skip
     lk.Transformer(cfg, seed=0).save_pretrained(tmp_path)

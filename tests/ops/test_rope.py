@@ -1,7 +1,8 @@
 """rope against its formula: kernel cpp/kernels/rope.hpp, driver cpp/ops/rope.cpp (cos/sin
 tables: cpp/common/rope_tables.hpp, shared with the attention module), binding
-cpp/bindings/rope.cpp, wrapper llmkernels._ops.rope. (Frequency scaling: tests/models/test_rope_scaling.py,
-partial rotary in the modules: tests/models/test_partial_rotary.py.)"""
+cpp/bindings/rope.cpp, wrapper llmkernels._ops.rope. (Frequency scaling:
+tests/models/test_rope_scaling.py, partial rotary in the modules:
+tests/models/test_partial_rotary.py.)"""
 
 from __future__ import annotations
 
