@@ -242,9 +242,9 @@ def locked_forward(
     name = module._name
     arr = check_btd(name, x, module.dim)
     b, t, _ = arr.shape
-    check_cache(name, cache, b, t)
+    check_cache_type(name, cache)
     with holding(cache, name):  # positions continue from the previous call on this cache
-        check_cache(name, cache, b, t)
+        check_cache(name, cache, b, t)  # under the lock: another thread may be appending
         pos, key_mask, nxt = positions_and_mask(name, b, t, positions, mask, cache)
         if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
             return np.zeros((b, t, module.dim), np.float32)
@@ -279,13 +279,19 @@ def check_layers_in_step(cls: str, cache: ModelCache) -> None:
             )
 
 
-def check_cache(cls: str, cache: Any, batch: int, seq: int) -> None:
-    if cache is None:
-        return
-    if not isinstance(cache, KVCache):
+def check_cache_type(cls: str, cache: Any) -> None:
+    if cache is not None and not isinstance(cache, KVCache):
         raise TypeError(
             f"[{cls}] cache must be a KVCache (from new_cache), got {type(cache).__name__}"
         )
+
+
+def check_cache(cls: str, cache: Any, batch: int, seq: int) -> None:
+    """``cache`` can take ``seq`` more tokens of ``batch`` sequences (checked under its lock:
+    its length is what another thread's forward left)."""
+    if cache is None:
+        return
+    check_cache_type(cls, cache)
     if cache.batch != batch:
         raise ValueError(f"[{cls}] cache holds {cache.batch} sequences, the input has {batch}")
     if cache.length + seq > cache.max_seq_len:

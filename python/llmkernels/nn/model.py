@@ -512,10 +512,8 @@ class Transformer(Module):
         if cache is not None:
             if not isinstance(cache, ModelCache) or len(cache.layers) != len(self.blocks):
                 raise TypeError(f"[{self._name}] cache must come from this model's new_cache()")
-            for c in cache.layers:
-                check_cache(self._name, c, b, t)
         with holding(cache, self._name):  # positions continue from the previous call
-            if cache is not None:
+            if cache is not None:  # under the lock: another thread may be appending
                 for c in cache.layers:
                     check_cache(self._name, c, b, t)
                 check_layers_in_step(self._name, cache)
