@@ -69,14 +69,15 @@ bool runs_twins() { return best_supported_isa() >= Isa::avx2; }
 struct DotValue {
   const char* name;
   bool (*runs)();
-  bool native;
+  int rank;  // the automatic choice takes the highest the CPU runs (0: never automatic)
+  Isa isa = Isa::avx512;  // ... and only where this xsimd path (or a higher one) is active
 };
 
 bool always() { return true; }
 
 // One dot-product choice (Int8Dot or Bf16Dot alike): value 0 is none. Forced by the environment
-// variable (read at first use) or a setter, else automatic: the last native value of the list
-// the CPU has, where the avx512 path is active.
+// variable (read at first use) or a setter, else automatic: the highest-ranked value the CPU
+// runs whose xsimd path is active.
 struct DotChoice {
   const char* env;
   std::vector<DotValue> values;
@@ -101,14 +102,14 @@ struct DotChoice {
       f = forced.load(std::memory_order_relaxed);
     }
     if (f >= 0) return f;
-    if (active_isa() != Isa::avx512) return 0;
-    return automatic_value();
+    return automatic_value(active_isa());
   }
   // (per choice: each has its own list; the CPU checks are cached by their functions)
-  int automatic_value() const {
-    int v = 0;
+  int automatic_value(Isa isa) const {
+    int v = 0, rank = 0;
     for (std::size_t i = 0; i < values.size(); ++i)
-      if (values[i].native && values[i].runs()) v = static_cast<int>(i);
+      if (values[i].rank > rank && isa >= values[i].isa && values[i].runs())
+        v = static_cast<int>(i), rank = values[i].rank;
     return v;
   }
   void force(int v) { forced.store(available(v) ? v : 0, std::memory_order_relaxed); }
@@ -117,21 +118,22 @@ struct DotChoice {
 
 DotChoice& int8_choice() {
   static DotChoice c{"LLMKERNELS_INT8_DOT",
-                     {{"none", always, false},
-                      {"vnni", cpu_has_avx512_vnni, true},
-                      {"vnni_simde", runs_twins, false},
-                      {"amx", cpu_has_amx, true},
-                      {"amx_emu", runs_twins, false}}};
+                     {{"none", always, 0},
+                      {"vnni", cpu_has_avx512_vnni, 2},
+                      {"vnni_simde", runs_twins, 0},
+                      {"amx", cpu_has_amx, 3},
+                      {"amx_emu", runs_twins, 0},
+                      {"avx2", runs_twins, 1, Isa::avx2}}};
   return c;
 }
 
 DotChoice& bf16_choice() {
   static DotChoice c{"LLMKERNELS_BF16_DOT",
-                     {{"none", always, false},
-                      {"avx512bf16", cpu_has_avx512_bf16, true},
-                      {"bf16_simde", runs_twins, false},
-                      {"amx", cpu_has_amx, true},
-                      {"amx_emu", runs_twins, false}}};
+                     {{"none", always, 0},
+                      {"avx512bf16", cpu_has_avx512_bf16, 1},
+                      {"bf16_simde", runs_twins, 0},
+                      {"amx", cpu_has_amx, 2},
+                      {"amx_emu", runs_twins, 0}}};
   return c;
 }
 

@@ -15,9 +15,12 @@
 //               arithmetic: bit for bit the same results; chosen automatically before vnni
 //               where the CPU has it and Linux grants the tile state.
 //   amx_emu     the AMX kernel on emulated tiles (test path, never automatic).
+//   avx2        the same kernel with its integer side on AVX2's maddubs + madd (the sign trick
+//               for int8 weights, unsigned nibbles for int4), for CPUs without VNNI: chosen
+//               automatically where the active xsimd path is avx2 (or avx512 without VNNI).
 //   none        the existing paths (the float-activation packed GEMM for prefill).
-// LLMKERNELS_INT8_DOT=none|vnni|vnni_simde|amx|amx_emu forces one (the native ones only where
-// the CPU has them).
+// LLMKERNELS_INT8_DOT=none|vnni|vnni_simde|amx|amx_emu|avx2 forces one (the native ones only
+// where the CPU has them).
 //
 // Bf16Dot: the bf16 x bf16 -> float32 product of the prefill of bfloat16 weights
 // (kernels/gemm_bf16.hpp; the activations rounded to bfloat16):
@@ -41,7 +44,7 @@
 
 namespace llmk {
 
-enum class Int8Dot : int { none = 0, vnni = 1, vnni_simde = 2, amx = 3, amx_emu = 4 };
+enum class Int8Dot : int { none = 0, vnni = 1, vnni_simde = 2, amx = 3, amx_emu = 4, avx2 = 5 };
 
 bool cpu_has_avx512_vnni();           // AVX512_VNNI and AVX512VL (cpuid), and OS-enabled AVX-512
 Int8Dot int8_dot();                   // the one int8 prefill uses now
@@ -96,6 +99,9 @@ double probe_vpdpbusd(std::size_t iterations, int* sink);
 double probe_vdpbf16ps(std::size_t iterations, float* sink);
 double probe_amx(bool int8, std::size_t iterations, float* sink);  // tdpbssd / tdpbf16ps
 void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pack);
+// the same kernel on AVX2's maddubs (cpp/arch/dot_avx2.cpp): act.xi holds the codes as they are
+// (signed, not + 128), and for int4 weights act.xs8 8 * each block's sum (as the AVX2 GEMV's)
+void qgemm_int8_acts_avx2(const qgemv_args& a, int bits, std::uint8_t* pack);
 // decode: the int8-weight GEMV (m <= 16) with each block's sum on vpdpbusd, natively / against
 // SIMDe -- bit for bit the AVX2 GEMV; act.xs128 as qacts says
 void qgemv_int8_vnni(const qgemv_args& a);

@@ -42,7 +42,10 @@
 #include "common/dot.hpp"     // the pack layout constants
 #include "kernels/quant.hpp"  // qhsum, qstore, qblock_avx2, half_to_float (AVX2 unit code)
 
-#if defined(LLMK_DOT_SIMDE)
+#if defined(LLMK_DOT_MADDUBS)
+// (no vpdpbusd: the tiles' integer side below is AVX2's maddubs + madd; the pack stores no
+// offsets, and the GEMV and AMX parts of this header are left out)
+#elif defined(LLMK_DOT_SIMDE)
 #include <simde/x86/avx512/dpbusd.h>
 #define LLMK_DPBUSD256(src, a, b) simde_mm256_dpbusd_epi32((src), (a), (b))
 #else
@@ -56,8 +59,11 @@
 #error "quant_vnni.hpp: the AVX2 unit code of quant.hpp is the float side"
 #endif
 
+#if !defined(LLMK_DOT_MADDUBS)
 #include "kernels/amx.hpp"  // the AMX kernel below (native, or on emulated tiles)
-#if defined(LLMK_DOT_SIMDE)
+#endif
+#if defined(LLMK_DOT_MADDUBS)
+#elif defined(LLMK_DOT_SIMDE)
 #include <simde/x86/avx512.h>
 #define LLMK_Q5(f) simde_mm512_##f
 using Q512 = simde__m512;
@@ -107,6 +113,14 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
       __m256i v[8], out[8];
       for (std::size_t l = 0; l < 8; ++l)
         v[l] = l < n ? qblock_avx2<Bits>(row, b0 + l) : zero;  // the codes, as int8
+#if defined(LLMK_DOT_MADDUBS)
+      if constexpr (Bits == 4)  // maddubs' unsigned operand: code + 8 (blocks past the last 0)
+        for (std::size_t l = 0; l < n; ++l) v[l] = _mm256_add_epi8(v[l], _mm256_set1_epi8(8));
+      transpose8x32(v, out);
+      for (int j = 0; j < 8; ++j)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * j), out[j]);
+      (void)flip;
+#else
       transpose8x32(v, out);
       __m256i sum = zero;  // 128 * sum(codes) per block
       for (int j = 0; j < 8; ++j) {
@@ -115,6 +129,7 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
       }
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kVnniChunkBytes),
                           _mm256_sub_epi32(zero, sum));
+#endif
       alignas(32) float sw[8] = {};
       for (std::size_t l = 0; l < n; ++l) sw[l] = half_to_float(rsc[(b0 + l) >> gsh]);
       std::memcpy(dst + kVnniChunkBytes + 32, sw, sizeof sw);
@@ -122,38 +137,95 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
   }
 }
 
-// rows p0 .. p0 + R - 1 of the pack (rows r0 + p0 .. of a) against tokens t0 .. t0 + M - 1: per
-// chunk, R x M chains of 8 vpdpbusd, then per (row, token) one conversion, the products
-// d = s_w * s_x of the 8 blocks and one FMA -- qgemv_rows_w8_g's arithmetic (kernels/quant.hpp)
-template <int R, int M>
-inline void vnni_tile(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
-                       std::size_t p0, std::size_t t0) {
-  const std::size_t nch = dot::vnni_chunks(a.w.k), rstride = nch * dot::kVnniPackChunk;
-  const std::uint8_t* wr = pack + p0 * rstride;                 // (R, nch, 320) repacked rows
-  const std::uint8_t* xt = a.act.xi + t0 * nch * kVnniChunkBytes;  // (M, nch, 256) x + 128
-  const float* st = a.act.sx8 + t0 * nch * 8;                   // (M, nch, 8) scales
-  __m256 acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (std::size_t c = 0; c < nch; ++c) {
-    const std::uint8_t* wc = wr + c * dot::kVnniPackChunk;
-    const std::uint8_t* xc = xt + c * kVnniChunkBytes;
-    __m256i s[R][M];
-    for (int r = 0; r < R; ++r) {
-      const __m256i off = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(wc + r * rstride + kVnniChunkBytes));
-      for (int t = 0; t < M; ++t) s[r][t] = off;
+// The integer side of a chunk, R rows x M tokens: s[r][t] lane l = the dot product of block l's
+// codes (exact). With vpdpbusd: chains of 8 from the offsets -128 * sum(w), x + 128 unsigned.
+// On AVX2 (LLMK_DOT_MADDUBS, x as signed codes) maddubs multiplies unsigned by signed bytes into
+// int16 pairs, which saturate: int8 weights take the sign trick -- |w| times sign(w) * x, a
+// pair at most 2 * 128 * 127 < 2^15 -- and madd widens each pair to int32 at once; int4 weights
+// are stored as code + 8 (0 .. 15), so 8 steps of pairs add up in int16 (8 * 2 * 15 * 127 =
+// 30480 < 2^15) before one madd, and 8 * sum(x) per block (act.xs8) comes off.
+template <int R, int M, int Bits>
+inline void chunk_sums(const std::uint8_t* wc, std::size_t rstride, const std::uint8_t* xc,
+                       std::size_t tstride, const std::int32_t* xs8c, std::size_t xs8stride,
+                       __m256i (&s)[R][M]) {
+#if defined(LLMK_DOT_MADDUBS)
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (Bits == 8) {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) s[r][t] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      __m256i wv[R], aw[R], xv[M];
+      for (int r = 0; r < R; ++r) {
+        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
+        aw[r] = _mm256_abs_epi8(wv[r]);
+      }
+      for (int t = 0; t < M; ++t)
+        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + t * tstride + 32 * j));
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < M; ++t)
+          s[r][t] = _mm256_add_epi32(
+              s[r][t], _mm256_madd_epi16(
+                           _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv[t], wv[r])), ones));
     }
+  } else {
+    __m256i h[R][M];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) h[r][t] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       __m256i wv[R], xv[M];
       for (int r = 0; r < R; ++r)
         wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
       for (int t = 0; t < M; ++t)
-        xv[t] = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(xc + t * nch * kVnniChunkBytes + 32 * j));
+        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + t * tstride + 32 * j));
       for (int r = 0; r < R; ++r)
-        for (int t = 0; t < M; ++t) s[r][t] = LLMK_DPBUSD256(s[r][t], xv[t], wv[r]);
+        for (int t = 0; t < M; ++t)
+          h[r][t] = _mm256_add_epi16(h[r][t], _mm256_maddubs_epi16(wv[r], xv[t]));
     }
+    for (int t = 0; t < M; ++t) {
+      const __m256i off =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs8c + t * xs8stride));
+      for (int r = 0; r < R; ++r)
+        s[r][t] = _mm256_sub_epi32(_mm256_madd_epi16(h[r][t], ones), off);
+    }
+  }
+#else
+  (void)xs8c, (void)xs8stride;
+  for (int r = 0; r < R; ++r) {
+    const __m256i off = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(wc + r * rstride + kVnniChunkBytes));
+    for (int t = 0; t < M; ++t) s[r][t] = off;
+  }
+  for (int j = 0; j < 8; ++j) {
+    __m256i wv[R], xv[M];
+    for (int r = 0; r < R; ++r)
+      wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
+    for (int t = 0; t < M; ++t)
+      xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + t * tstride + 32 * j));
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < M; ++t) s[r][t] = LLMK_DPBUSD256(s[r][t], xv[t], wv[r]);
+  }
+#endif
+}
+
+// rows p0 .. p0 + R - 1 of the pack (rows r0 + p0 .. of a) against tokens t0 .. t0 + M - 1: per
+// chunk the R x M block sums (chunk_sums), then per (row, token) one conversion, the products
+// d = s_w * s_x of the 8 blocks and one FMA -- qgemv_rows_w8_g's arithmetic (kernels/quant.hpp)
+template <int R, int M, int Bits>
+inline void vnni_tile(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
+                       std::size_t p0, std::size_t t0) {
+  const std::size_t nch = dot::vnni_chunks(a.w.k), rstride = nch * dot::kVnniPackChunk;
+  const std::uint8_t* wr = pack + p0 * rstride;                 // (R, nch, 320) repacked rows
+  const std::uint8_t* xt = a.act.xi + t0 * nch * kVnniChunkBytes;  // (M, nch, 256) x codes
+  const float* st = a.act.sx8 + t0 * nch * 8;                   // (M, nch, 8) scales
+  const std::int32_t* xs8 = a.act.xs8 ? a.act.xs8 + t0 * nch * 8 : nullptr;  // (M, nch, 8)
+  __m256 acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+  for (std::size_t c = 0; c < nch; ++c) {
+    const std::uint8_t* wc = wr + c * dot::kVnniPackChunk;
+    __m256i s[R][M];
+    chunk_sums<R, M, Bits>(wc, rstride, xt + c * kVnniChunkBytes, nch * kVnniChunkBytes,
+                           xs8 ? xs8 + c * 8 : nullptr, nch * 8, s);
     for (int r = 0; r < R; ++r) {
       const __m256 sw = _mm256_loadu_ps(
           reinterpret_cast<const float*>(wc + r * rstride + kVnniChunkBytes + 32));
@@ -167,15 +239,25 @@ inline void vnni_tile(const qgemv_args& a, const std::uint8_t* pack, std::size_t
     for (int t = 0; t < M; ++t) qstore(a, r0 + p0 + r, t0 + t, qhsum(acc[r][t]));
 }
 
+#if defined(LLMK_DOT_MADDUBS)
+// 16 vector registers: rows x tokens of int sums + the operands (float accumulators spill, touched
+// once per chunk)
+#ifndef LLMK_MADDUBS_R
+#define LLMK_MADDUBS_R 2
+#define LLMK_MADDUBS_M 3
+#endif
+constexpr int kVnniR = LLMK_MADDUBS_R, kVnniM = LLMK_MADDUBS_M;
+#else
 constexpr int kVnniR = 4, kVnniM = 3;  // rows x tokens: 2 x 12 accumulators + 7 operands
+#endif
 
 // pack rows [p0, p1) against tokens t0 .. t0 + M - 1
-template <int M>
+template <int M, int Bits>
 inline void vnni_tokens(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
                          std::size_t nr, std::size_t t0) {
   std::size_t p = 0;
-  for (; p + kVnniR <= nr; p += kVnniR) vnni_tile<kVnniR, M>(a, pack, r0, p, t0);
-  for (; p < nr; ++p) vnni_tile<1, M>(a, pack, r0, p, t0);
+  for (; p + kVnniR <= nr; p += kVnniR) vnni_tile<kVnniR, M, Bits>(a, pack, r0, p, t0);
+  for (; p < nr; ++p) vnni_tile<1, M, Bits>(a, pack, r0, p, t0);
 }
 
 template <int Bits>
@@ -184,16 +266,19 @@ inline void vnni_gemm(const qgemv_args& a, std::uint8_t* pack) {
     const std::size_t nr = std::min(a.w.rows - r0, kVnniRowBlock);
     vnni_pack<Bits>(a.w, r0, nr, pack);
     std::size_t t = 0;
-    for (; t + kVnniM <= a.m; t += kVnniM) vnni_tokens<kVnniM>(a, pack, r0, nr, t);
+    for (; t + kVnniM <= a.m; t += kVnniM) vnni_tokens<kVnniM, Bits>(a, pack, r0, nr, t);
     switch (a.m - t) {
       case 1:
-        vnni_tokens<1>(a, pack, r0, nr, t);
+        vnni_tokens<1, Bits>(a, pack, r0, nr, t);
         break;
       case 2:
-        vnni_tokens<2>(a, pack, r0, nr, t);
+        vnni_tokens<2, Bits>(a, pack, r0, nr, t);
         break;
       case 3:
-        vnni_tokens<3>(a, pack, r0, nr, t);
+        vnni_tokens<3, Bits>(a, pack, r0, nr, t);
+        break;
+      case 4:
+        vnni_tokens<4, Bits>(a, pack, r0, nr, t);
         break;
       default:
         break;
@@ -210,6 +295,7 @@ inline void qgemm_int8_acts(const qgemv_args& a, int bits, std::uint8_t* pack) {
     vnni_gemm<4>(a, pack);
 }
 
+#if !defined(LLMK_DOT_MADDUBS)
 // ---- decode: the int8-weight GEMV with each block's sum on vpdpbusd ----
 // qgemv_rows_w8_g (kernels/quant.hpp) with the integer side on VNNI, for the natural (unpacked)
 // layout: per block, the codes w made unsigned (w ^ 0x80 = w + 128) and one vpdpbusd against the
@@ -475,6 +561,8 @@ inline void qgemm_int8_acts_amx(const qgemv_args& a, int bits, std::uint8_t* pac
   else
     amx_gemm<4>(a, pack);
 }
+
+#endif  // !LLMK_DOT_MADDUBS
 
 }  // namespace
 }  // namespace LLMK_DOT_NS

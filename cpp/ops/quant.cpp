@@ -341,7 +341,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   if (int8_gemv && bits == 8) {
     const Int8Dot d = int8_dot();
     const bool twin = d == Int8Dot::vnni_simde || d == Int8Dot::amx_emu;
-    if (twin || (d != Int8Dot::none && family_isa(Family::quant) >= Isa::avx512)) gemv_dot = d;
+    const bool native = d == Int8Dot::vnni || d == Int8Dot::amx;  // (avx2: the AVX2 GEMV is it)
+    if (twin || (native && family_isa(Family::quant) >= Isa::avx512)) gemv_dot = d;
   }
   {
     // scratch before the parallel region (kernels never allocate): int8 activations, or the
@@ -402,6 +403,13 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
           scaled_block_sums(xs8 + t * nch * 8, xq + t * w.k, nb, nch, 128);
         a.act.xs128 = xs8;
       }
+      if (int8_acts && bits == 4 && dot == Int8Dot::avx2) {  // the nibbles' offsets, as below
+        parallel_for(m, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t t0, std::size_t t1) {
+          for (std::size_t t = t0; t < t1; ++t)
+            scaled_block_sums(xs8 + t * nch * 8, xq + t * w.k, nb, nch, 8);
+        });
+        a.act.xs8 = xs8;
+      }
       if (int8_acts && bits == 4 && !vnni) {  // the pair order of the AVX2 int4 kernel
         parallel_for(m, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t t0, std::size_t t1) {
         for (std::size_t t = t0; t < t1; ++t) {
@@ -429,6 +437,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         auto* xi = base + at;                                                 // (mp, nch, 256)
         auto* sx8 = reinterpret_cast<float*>(xi + mp * nch * dot::kVnniChunkBytes);  // (m, nch, 8)
         vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + mp * nch * 8);
+        // vpdpbusd's unsigned operand is x + 128; AVX2's maddubs takes the codes as they are
+        const std::uint32_t flip = dot == Int8Dot::avx2 ? 0u : 0x80808080u;
         // per token, split across the threads: tokens [t0, t1) of mp (those past m: zero codes)
         parallel_for(mp, 1, 2.0 * static_cast<double>(w.k), [&](std::size_t t0, std::size_t t1) {
         if (amx)  // the codes in 16-token tiles: [tile][block][16][32], tokens past m 0
@@ -452,7 +462,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                 std::uint32_t v = 0;
                 if (b < nb) {
                   std::memcpy(&v, xq + t * w.k + b * kQBlock + 4 * j, 4);
-                  v ^= 0x80808080u;  // + 128: the unsigned operand of vpdpbusd
+                  v ^= flip;
                 }
                 std::memcpy(dst + 32 * j + 4 * l, &v, 4);
               }
@@ -493,6 +503,9 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
               break;
             case Int8Dot::amx_emu:
               dot::qgemm_int8_acts_amx_emu(part, bits, pack);
+              break;
+            case Int8Dot::avx2:
+              dot::qgemm_int8_acts_avx2(part, bits, pack);
               break;
             default:
               dot::qgemm_int8_acts_vnni_simde(part, bits, pack);

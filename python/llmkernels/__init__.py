@@ -197,8 +197,8 @@ def build_info() -> dict[str, Any]:
     it is the automatic choice, the path of each kernel family (``family_norm``, ``family_rope``,
     ``family_attention``, ``family_quant`` (the quantized GEMM), ``family_qgemv`` (the quantized
     GEMVs of decode), ``family_packed``; ``family_other``: the rest), the int8
-    dot product of the quantized prefill (``"vnni"``: AVX512_VNNI's vpdpbusd, else ``"none"``:
-    the float-activation GEMM) and the bf16 one of the bfloat16-weight prefill
+    dot product of the quantized prefill (``"amx"``: AMX's tdpbssd, ``"vnni"``: AVX512_VNNI's
+    vpdpbusd, ``"avx2"``: AVX2's maddubs, ``"none"`` (SSE2): the float-activation GEMM) and the bf16 one of the bfloat16-weight prefill
     (``"amx"``: AMX tiles' tdpbf16ps, ``"avx512bf16"``: vdpbf16ps, both with the activations
     rounded to bfloat16; ``"none"``: exact).
 

@@ -33,9 +33,9 @@ __all__ = ["dequantize", "int8_activations_used", "quantize", "quantized_linear"
 # The activations of quantized_linear's decode path by default: see docs/quantization.md
 DEFAULT_ACTIVATIONS = "int8"
 # Up to this many tokens (rows of x) quantized_linear is the matrix-vector kernel, and
-# activations="int8" quantizes x; above, the GEMM with float32 activations whatever
-# `activations` says. activations="float32" takes the GEMM from FLOAT_GEMV_TOKENS + 1 tokens
-# (the same float32 activations either way). ops/quant.cpp's kGemvMaxTokensInt8 / kGemvMaxTokens.
+# activations="int8" quantizes x; above, the integer prefill kernels (AVX2 and up; SSE2: the
+# GEMM with float32 activations). activations="float32" takes the GEMM from FLOAT_GEMV_TOKENS + 1
+# tokens. ops/quant.cpp's kGemvMaxTokensInt8 / kGemvMaxTokens.
 INT8_ACTIVATION_TOKENS = 16
 FLOAT_GEMV_TOKENS = 8
 
@@ -111,9 +111,10 @@ def dequantize(
 def int8_activations_used(m: int) -> bool:
     """Whether ``quantized_linear(..., activations="int8")`` (and a quantized model's
     projections) quantize the activations of an ``m``-token call on this host: always in the
-    matrix-vector kernel (``m <= INT8_ACTIVATION_TOKENS``); above, where the CPU has an int8
-    dot-product instruction the prefill kernel uses (``llmkernels._core.int8_dot()``: ``"vnni"``,
-    AVX512_VNNI), else the GEMM takes float32 activations."""
+    matrix-vector kernel (``m <= INT8_ACTIVATION_TOKENS``); above, wherever an integer prefill
+    kernel runs (``llmkernels._core.int8_dot()``: ``"amx"``, ``"vnni"`` (AVX512_VNNI) or
+    ``"avx2"``: every CPU with AVX2), else -- on the SSE2 path -- the GEMM takes float32
+    activations."""
     return m <= INT8_ACTIVATION_TOKENS or _core.int8_dot() != "none"
 
 
@@ -138,11 +139,11 @@ def quantized_linear(
     ``reference.INT8_ACTIVATION_SCALE_RANGE``).
     ``activations="float32"`` keeps x in float32 and dequantizes the weights in registers (the
     float64 product of the dequantized weights within float32 rounding), up to 8 tokens
-    (``FLOAT_GEMV_TOKENS``) in the matrix-vector kernel. More tokens: the packed GEMM, the
-    weights dequantized as they are packed and multiplied in float32 (float activations whatever
-    ``activations`` says) -- except on CPUs with AVX512_VNNI, where ``activations="int8"`` takes
-    every token count through integer dot products (``vpdpbusd``), each token's result bit for
-    bit what the matrix-vector kernel gives it alone (:func:`int8_activations_used`).
+    (``FLOAT_GEMV_TOKENS``) in the matrix-vector kernel. More tokens, ``activations="int8"``:
+    integer dot products (AMX ``tdpbssd``, AVX512_VNNI ``vpdpbusd`` or AVX2 ``vpmaddubsw``),
+    each token's result bit for bit what the matrix-vector kernel gives it alone
+    (:func:`int8_activations_used`); ``activations="float32"`` (and the SSE2 path): the packed
+    GEMM, the weights dequantized as they are packed and multiplied in float32.
 
     Examples:
         >>> import numpy as np, llmkernels as lk

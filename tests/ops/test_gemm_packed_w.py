@@ -81,10 +81,13 @@ def float32_packed(x, dense, bias=None, y=None):
 def auto_is_packed(m: int, dtype: str) -> bool:
     """Whether the automatic route takes the packed kernel for m tokens: above 8 tokens for
     16-bit weights, above INT8_ACTIVATION_TOKENS (16) for quantized ones, whose GEMV (int8
-    activations: the modules' path) runs up to there; not on AVX-512, where the packed kernel is
-    not measured yet."""
-    limit = 8 if dtype in FORMATS16 else INT8_ACTIVATION_TOKENS
-    return lk.simd_arch() != "avx512" and m > limit
+    activations: the modules' path) runs up to there, and past it only where no integer prefill
+    kernel takes int8 activations (``_core.int8_dot()``: none on SSE2); not on AVX-512, where the
+    packed kernel is not measured yet."""
+    if dtype in FORMATS16:
+        return lk.simd_arch() != "avx512" and m > 8
+    no_dot = lk._core.int8_dot() == "none"
+    return lk.simd_arch() != "avx512" and m > INT8_ACTIVATION_TOKENS and no_dot
 
 
 def shapes(dtype: str) -> list[tuple[int, int]]:

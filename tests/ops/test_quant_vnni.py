@@ -1,6 +1,6 @@
-"""The int8-activation prefill on VNNI's vpdpbusd and on AMX's tdpbssd (kernels
-cpp/kernels/quant_vnni.hpp, built natively for AVX512_VNNI / AMX and against SIMDe / emulated
-tiles for every host; selection common/dot.hpp).
+"""The int8-activation prefill on VNNI's vpdpbusd, on AMX's tdpbssd and on AVX2's maddubs
+(kernels cpp/kernels/quant_vnni.hpp, built natively for AVX512_VNNI / AMX, against SIMDe /
+emulated tiles for every host, and for AVX2; selection common/dot.hpp).
 
 Integer dot products are exact whatever the instruction, and the kernel keeps the AVX2
 int8-activation GEMV's float arithmetic per (row, token) -- the same lanes, products
@@ -24,7 +24,7 @@ from llmkernels.reference import quantized_linear as ref_quantized_linear
 
 # the portable twins everywhere, the native paths where the CPU has them
 PATHS = (
-    ["vnni_simde", "amx_emu"]
+    ["vnni_simde", "amx_emu", "avx2"]
     + (["vnni"] if lk._core.cpu_has_avx512_vnni else [])
     + (["amx"] if lk._core.cpu_has_amx else [])
 )
@@ -124,6 +124,8 @@ def test_accumulate_into_y(bits, dot, rng):
 def skip_unless_vnni_gemv() -> None:
     """The native VNNI GEMV runs only where the quantized family runs AVX-512 (else the family's
     own GEMV runs: SSE2's arithmetic is not AVX2's); the SIMDe twin wherever it is forced."""
+    if lk._core.int8_dot() == "avx2":
+        pytest.skip("no decode kernel of its own: the AVX2 GEMV is the one it equals")
     if lk._int8_decode_dot() == "none":
         pytest.skip(f"the quantized family runs {lk._core.family_simd_archs()['quant']} here")
 
@@ -162,6 +164,22 @@ def test_gemv_any_int8_code(dot, rng):
     assert np.isnan(got[1]).all() and not np.isnan(got[[0, 2]]).any()
 
 
+def test_prefill_any_int8_code(dot, rng):
+    """Codes of -128 and 127 against activations of +-127 -- the largest pairs AVX2's maddubs
+    takes (|w| = 128 times sign(w) * x: 2 * 128 * 127 < 2^15, no saturation) -- and a NaN
+    activation block, in a prefill."""
+    q = rng.integers(-128, 128, (40, 256)).astype(np.int8)
+    q[:, :40] = -128
+    q[:, 40:80] = 127
+    s = rng.uniform(1e-3, 0.1, (40, 8)).astype(np.float16)
+    x = rng.standard_normal((20, 256)).astype(np.float32)
+    x[:, :80] = np.where(rng.random((20, 80)) < 0.5, -1.0, 1.0)  # codes +-127
+    x[1, 5] = np.nan
+    got = lk.quantized_linear(x, q, s, 8, 32)
+    np.testing.assert_array_equal(got, per_token_avx2(x, q, s, 8, 32))
+    assert np.isnan(got[1]).all() and not np.isnan(np.delete(got, 1, axis=0)).any()
+
+
 def test_out_of_range_scales_fall_back_to_float(dot, rng):
     """A token of |x| ~ 3e38 (its scale past the kernels' range) sends the call to float
     activations, as the GEMV does: 0 where the integer dot is 0, never NaN."""
@@ -178,18 +196,23 @@ def test_out_of_range_scales_fall_back_to_float(dot, rng):
 
 
 def test_selection():
-    assert lk._core.int8_dot() in ("none", "vnni", "amx")  # never a twin unless forced
+    assert lk._core.int8_dot() in ("none", "vnni", "amx", "avx2")  # never a twin unless forced
     if lk.simd_arch() == "avx512":
         if lk._core.cpu_has_amx:
             assert lk._core.int8_dot() == "amx"
         elif lk._core.cpu_has_avx512_vnni:
             assert lk._core.int8_dot() == "vnni"
+        else:
+            assert lk._core.int8_dot() == "avx2"
     assert int8_activations_used(INT8_ACTIVATION_TOKENS)
     assert int8_activations_used(INT8_ACTIVATION_TOKENS + 1) == (lk._core.int8_dot() != "none")
     previous = lk.simd_arch()
-    lk.set_simd_arch("avx2")  # LLMKERNELS_ARCH / set_simd_arch below avx512: no VNNI
     try:
+        lk.set_simd_arch("avx2")  # LLMKERNELS_ARCH / set_simd_arch below avx512: no VNNI
+        assert lk._core.int8_dot() == "avx2"
+        lk.set_simd_arch("sse2")  # no integer prefill kernel
         assert lk._core.int8_dot() == "none"
+        assert not int8_activations_used(INT8_ACTIVATION_TOKENS + 1)
     finally:
         lk.set_simd_arch(previous)
     with pytest.raises(ValueError, match=r"^\[_set_int8_dot\] path must be"):
@@ -198,12 +221,13 @@ def test_selection():
 
 @pytest.mark.parametrize(
     ("value", "want"),
-    [("none", "none"), ("vnni_simde", "vnni_simde"), ("amx_emu", "amx_emu")],
+    [("none", "none"), ("vnni_simde", "vnni_simde"), ("amx_emu", "amx_emu"), ("avx2", "avx2")],
 )
 def test_environment_forces_the_path(value, want):
+    bf16 = {"avx2": "none"}.get(value, value.replace("vnni", "bf16"))  # (bf16 has no avx2 kernel)
     r = run_python(
         "import llmkernels as lk; print(lk._core.int8_dot(), lk._core.bf16_dot())",
-        env={"LLMKERNELS_INT8_DOT": value, "LLMKERNELS_BF16_DOT": value.replace("vnni", "bf16")},
+        env={"LLMKERNELS_INT8_DOT": value, "LLMKERNELS_BF16_DOT": bf16},
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [want, want.replace("vnni", "bf16")]
+    assert r.stdout.split() == [want, bf16]
