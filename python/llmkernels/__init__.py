@@ -196,11 +196,11 @@ def build_info() -> dict[str, Any]:
     family runs on this CPU: ``kernel_paths`` -- the xsimd path of the float kernels, whether
     it is the automatic choice, the path of each kernel family (``family_norm``, ``family_rope``,
     ``family_attention``, ``family_quant`` (the quantized GEMM), ``family_qgemv`` (the quantized
-    GEMVs of decode), ``family_packed``; ``family_other``: the rest), the int8
-    dot product of the quantized prefill (``"amx"``: AMX's tdpbssd, ``"vnni"``: AVX512_VNNI's
-    vpdpbusd, ``"avx2"``: AVX2's maddubs, ``"none"`` (SSE2): the float-activation GEMM) and the bf16 one of the bfloat16-weight prefill
-    (``"amx"``: AMX tiles' tdpbf16ps, ``"avx512bf16"``: vdpbf16ps, both with the activations
-    rounded to bfloat16; ``"none"``: exact).
+    GEMVs of decode), ``family_packed``; ``family_other``: the rest), the int8 dot product of the
+    quantized prefill (``"amx"``: AMX's tdpbssd, ``"vnni"``: AVX512_VNNI's vpdpbusd, ``"avx2"``:
+    AVX2's maddubs, ``"none"`` (SSE2): the float-activation GEMM) and the bf16 one of the
+    bfloat16-weight prefill (``"amx"``: AMX tiles' tdpbf16ps, ``"avx512bf16"``: vdpbf16ps, both
+    with the activations rounded to bfloat16; ``"none"``: exact).
 
     Examples:
         >>> import llmkernels as lk
