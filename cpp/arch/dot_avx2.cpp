@@ -3,12 +3,7 @@
 // without VNNI. Integer sums are exact, so it equals the VNNI kernel -- and the AVX2 GEMV, token
 // by token -- bit for bit.
 #define LLMK_DOT_NS maddubs_avx2
+#define LLMK_DOT_ENTRY avx2_entry
 #define LLMK_DOT_MADDUBS 1
 #include "common/dot.hpp"
 #include "kernels/quant_vnni.hpp"
-
-namespace llmk::dot {
-void qgemm_int8_acts_avx2(const qgemv_args& a, int bits, std::uint8_t* pack) {
-  maddubs_avx2::qgemm_int8_acts(a, bits, pack);
-}
-}  // namespace llmk::dot

@@ -1,18 +1,9 @@
 // kernels/quant_vnni.hpp built for AVX512_VNNI + AVX512VL and AMX (CMakeLists.txt gives the
 // flags; common/dot.cpp calls each kernel only on CPUs that have its instructions).
 #define LLMK_DOT_NS vnni_native
+#define LLMK_DOT_ENTRY native_entry
 #include "common/dot.hpp"
 #include "kernels/quant_vnni.hpp"
-
-namespace llmk::dot {
-void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack) {
-  vnni_native::qgemm_int8_acts(a, bits, pack);
-}
-void qgemm_int8_acts_amx(const qgemv_args& a, int bits, std::uint8_t* pack) {
-  vnni_native::qgemm_int8_acts_amx(a, bits, pack);
-}
-void qgemv_int8_vnni(const qgemv_args& a) { vnni_native::qgemv_int8_vnni(a); }
-}  // namespace llmk::dot
 
 namespace llmk::dot {
 // The roofline of the int8 kernels: 12 independent chains of 256-bit vpdpbusd (the kernels'

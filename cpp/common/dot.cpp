@@ -116,26 +116,19 @@ struct DotChoice {
   void automatic() { forced.store(-1, std::memory_order_relaxed); }
 };
 
-DotChoice& int8_choice() {
-  static DotChoice c{"LLMKERNELS_INT8_DOT",
-                     {{"none", always, 0},
-                      {"vnni", cpu_has_avx512_vnni, 2},
-                      {"vnni_simde", runs_twins, 0},
-                      {"amx", cpu_has_amx, 3},
-                      {"amx_emu", runs_twins, 0},
-                      {"avx2", runs_twins, 1, Isa::avx2}}};
+// the two choices, each value {name, runs here, automatic rank[, lowest xsimd path]}
+DotChoice* choices() {
+  static DotChoice c[2] = {
+      {"LLMKERNELS_INT8_DOT",
+       {{"none", always, 0}, {"vnni", cpu_has_avx512_vnni, 2}, {"vnni_simde", runs_twins, 0},
+        {"amx", cpu_has_amx, 3}, {"amx_emu", runs_twins, 0}, {"avx2", runs_twins, 1, Isa::avx2}}},
+      {"LLMKERNELS_BF16_DOT",
+       {{"none", always, 0}, {"avx512bf16", cpu_has_avx512_bf16, 1}, {"bf16_simde", runs_twins, 0},
+        {"amx", cpu_has_amx, 2}, {"amx_emu", runs_twins, 0}}}};
   return c;
 }
-
-DotChoice& bf16_choice() {
-  static DotChoice c{"LLMKERNELS_BF16_DOT",
-                     {{"none", always, 0},
-                      {"avx512bf16", cpu_has_avx512_bf16, 1},
-                      {"bf16_simde", runs_twins, 0},
-                      {"amx", cpu_has_amx, 2},
-                      {"amx_emu", runs_twins, 0}}};
-  return c;
-}
+DotChoice& int8_choice() { return choices()[0]; }
+DotChoice& bf16_choice() { return choices()[1]; }
 
 std::vector<std::string> names_of(const DotChoice& c) {
   std::vector<std::string> names;
@@ -160,41 +153,67 @@ bool cpu_has_amx() {
   return has;
 }
 
-Int8Dot int8_dot() { return static_cast<Int8Dot>(int8_choice().active()); }
-void set_int8_dot(Int8Dot dot) { int8_choice().force(static_cast<int>(dot)); }
-void set_int8_dot_auto() { int8_choice().automatic(); }
-const char* int8_dot_name(Int8Dot dot) { return int8_choice().values[static_cast<int>(dot)].name; }
-std::vector<std::string> int8_dot_names() { return names_of(int8_choice()); }
-bool int8_dot_available(Int8Dot dot) { return int8_choice().available(static_cast<int>(dot)); }
-bool parse_int8_dot(const std::string& name, Int8Dot* dot) {
-  int v;
-  return int8_choice().parse(name, &v) ? (*dot = static_cast<Int8Dot>(v), true) : false;
-}
-
-Bf16Dot bf16_dot() { return static_cast<Bf16Dot>(bf16_choice().active()); }
-void set_bf16_dot(Bf16Dot dot) { bf16_choice().force(static_cast<int>(dot)); }
-void set_bf16_dot_auto() { bf16_choice().automatic(); }
-const char* bf16_dot_name(Bf16Dot dot) { return bf16_choice().values[static_cast<int>(dot)].name; }
-std::vector<std::string> bf16_dot_names() { return names_of(bf16_choice()); }
-bool bf16_dot_available(Bf16Dot dot) { return bf16_choice().available(static_cast<int>(dot)); }
-bool parse_bf16_dot(const std::string& name, Bf16Dot* dot) {
-  int v;
-  return bf16_choice().parse(name, &v) ? (*dot = static_cast<Bf16Dot>(v), true) : false;
-}
+// The accessors of one choice (common/dot.hpp): fn() the active value, set_fn(), set_fn_auto(),
+// fn_name(), fn_names(), fn_available(), parse_fn()
+#define LLMK_DOT_ACCESSORS(E, fn, choice)                                                          \
+  E fn() { return static_cast<E>(choice().active()); }                                             \
+  void set_##fn(E dot) { choice().force(static_cast<int>(dot)); }                                  \
+  void set_##fn##_auto() { choice().automatic(); }                                                 \
+  const char* fn##_name(E dot) { return choice().values[static_cast<int>(dot)].name; }             \
+  std::vector<std::string> fn##_names() { return names_of(choice()); }                             \
+  bool fn##_available(E dot) { return choice().available(static_cast<int>(dot)); }                 \
+  bool parse_##fn(const std::string& s, E* dot) {                                                  \
+    int v;                                                                                         \
+    return choice().parse(s, &v) ? (*dot = static_cast<E>(v), true) : false;                       \
+  }
+LLMK_DOT_ACCESSORS(Int8Dot, int8_dot, int8_choice)
+LLMK_DOT_ACCESSORS(Bf16Dot, bf16_dot, bf16_choice)
+#undef LLMK_DOT_ACCESSORS
 
 namespace dot {
+// the three builds of kernels/quant_vnni.hpp (cpp/arch/dot_vnni*.cpp, dot_avx2.cpp)
+#define LLMK_INT8_ENTRIES(ns)                                                                      \
+  namespace ns {                                                                                   \
+  void qgemm(const qgemv_args& a, int bits, std::uint8_t* pack);                                   \
+  void qgemm_amx(const qgemv_args& a, int bits, std::uint8_t* pack);                               \
+  void gemv(const qgemv_args& a);                                                                  \
+  }
+LLMK_INT8_ENTRIES(native_entry)
+LLMK_INT8_ENTRIES(simde_entry)
+LLMK_INT8_ENTRIES(avx2_entry)  // (qgemm only)
+#undef LLMK_INT8_ENTRIES
+
+void qgemm_int8_acts(Int8Dot dot, const qgemv_args& a, int bits, std::uint8_t* pack) {
+  switch (dot) {
+    case Int8Dot::vnni:
+      return native_entry::qgemm(a, bits, pack);
+    case Int8Dot::amx:
+      return native_entry::qgemm_amx(a, bits, pack);
+    case Int8Dot::amx_emu:
+      return simde_entry::qgemm_amx(a, bits, pack);
+    case Int8Dot::avx2:
+      return avx2_entry::qgemm(a, bits, pack);
+    default:
+      return simde_entry::qgemm(a, bits, pack);
+  }
+}
+
+void qgemv_int8_vnni(bool twin, const qgemv_args& a) {
+  (twin ? simde_entry::gemv : native_entry::gemv)(a);
+}
+
 // the two builds of kernels/gemm_bf16.hpp (cpp/arch/dot_bf16*.cpp); the choice is made here, in
 // a unit built for the baseline ISA (the AVX-512 unit's own code never runs on a CPU without it)
-#define LLMK_BF16_ENTRIES(ns)                                                                  \
-  namespace ns {                                                                               \
-  void round_x(std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,           \
-               std::size_t m, std::size_t k);                                                 \
-  void block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,             \
-             std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,           \
-             bool accumulate, const float* bias, std::uint32_t* wpack);                       \
-  void block_amx(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,         \
-                 std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,       \
-                 bool accumulate, const float* bias, std::uint32_t* wpack);                   \
+#define LLMK_BF16_ENTRIES(ns)                                                                      \
+  namespace ns {                                                                                   \
+  void round_x(std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,                 \
+               std::size_t m, std::size_t k);                                                      \
+  void block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,                   \
+             std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,                 \
+             bool accumulate, const float* bias, std::uint32_t* wpack);                            \
+  void block_amx(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,               \
+                 std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,             \
+                 bool accumulate, const float* bias, std::uint32_t* wpack);                        \
   }
 LLMK_BF16_ENTRIES(bf16_native_entry)
 LLMK_BF16_ENTRIES(bf16_simde_entry)

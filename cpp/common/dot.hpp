@@ -79,7 +79,8 @@ inline std::size_t vnni_chunks(std::size_t k) { return (k / kQBlock + 7) / 8; }
 inline std::size_t vnni_pack_bytes(std::size_t k) {
   return kVnniRowBlock * vnni_chunks(k) * kVnniPackChunk;
 }
-void qgemm_int8_acts_vnni(const qgemv_args& a, int bits, std::uint8_t* pack);
+// the kernel of `dot` (not none; common/dot.cpp calls the build that has it)
+void qgemm_int8_acts(Int8Dot dot, const qgemv_args& a, int bits, std::uint8_t* pack);
 // the AMX kernel (kernels/quant_vnni.hpp), natively / on emulated tiles: the same contract, any
 // number of rows, with a pack of amx_int8_pack_bytes(k) bytes; act.xi holds the codes in 16-token
 // tiles instead, [ceil(m / 32) * 2 tiles][block][16 tokens][32] (tokens past m zero)
@@ -91,21 +92,18 @@ inline std::size_t int8_pack_bytes(Int8Dot dot, std::size_t k) {
   return dot == Int8Dot::amx || dot == Int8Dot::amx_emu ? amx_int8_pack_bytes(k)
                                                           : vnni_pack_bytes(k);
 }
-void qgemm_int8_acts_amx(const qgemv_args& a, int bits, std::uint8_t* pack);
-void qgemm_int8_acts_amx_emu(const qgemv_args& a, int bits, std::uint8_t* pack);
 // Roofline probes of the instructions (native units only: call where the CPU has them):
 // operations done by `iterations` rounds of 12 independent chains
 double probe_vpdpbusd(std::size_t iterations, int* sink);
 double probe_vdpbf16ps(std::size_t iterations, float* sink);
 double probe_amx(bool int8, std::size_t iterations, float* sink);  // tdpbssd / tdpbf16ps
-void qgemm_int8_acts_vnni_simde(const qgemv_args& a, int bits, std::uint8_t* pack);
-// the same kernel on AVX2's maddubs (cpp/arch/dot_avx2.cpp): act.xi holds the codes as they are
-// (signed, not + 128), and for int4 weights act.xs8 8 * each block's sum (as the AVX2 GEMV's)
-void qgemm_int8_acts_avx2(const qgemv_args& a, int bits, std::uint8_t* pack);
+// (avx2: the same kernel on AVX2's maddubs, cpp/arch/dot_avx2.cpp; act.xi holds the codes as
+// they are -- signed, not + 128 -- and for int4 weights act.xs8 8 * each block's sum, as for
+// the AVX2 GEMV)
 // decode: the int8-weight GEMV (m <= 16) with each block's sum on vpdpbusd, natively / against
 // SIMDe -- bit for bit the AVX2 GEMV; act.xs128 as qacts says
-void qgemv_int8_vnni(const qgemv_args& a);
-void qgemv_int8_vnni_simde(const qgemv_args& a);
+// (twin: the SIMDe build)
+void qgemv_int8_vnni(bool twin, const qgemv_args& a);
 
 // kernels/gemm_bf16.hpp: xb (m, kp) = x rounded to bfloat16 (kp = k rounded up to
 // bf16_k_multiple(dot), the pad 0; the AMX kernel also reads (zero) rows up to m rounded up to

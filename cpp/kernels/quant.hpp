@@ -135,6 +135,23 @@ inline float qhsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// a chunk of n blocks: its whole-chunk variant (no tests per block) when n is 8
+template <class Chunk>
+__attribute__((always_inline)) inline void run_chunk(std::size_t n, Chunk&& chunk) {
+  if (n == 8)
+    chunk(std::true_type{});
+  else
+    chunk(std::false_type{});
+}
+
+// the R x M sums of a row kernel: rows r0 + r * rs, tokens t
+template <int R, int M>
+inline void qstore_all(const qgemv_args& a, std::size_t r0, std::size_t rs,
+                       const __m256 (&acc)[R][M]) {
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
+}
+
 // n float16 scales -> float32, 8 at a time by F16C's vcvtph2ps (the avx2 and avx512 units are
 // built with F16C: kernels/weight16.hpp): exact for every half, subnormals included, without
 // forming a subnormal float (DAZ cannot change it) -- the values of half_to_float. (The lane
@@ -220,6 +237,25 @@ inline void chunk_scales(const std::uint16_t* s0, std::size_t rstride, unsigned 
   }
 }
 
+// (the row kernels' bodies must stay in one function: their accumulators live in registers)
+#define LLMK_ALWAYS_INLINE __attribute__((always_inline))
+
+// the chunks of 8 blocks of rows r0 + r * rs (r < R) against M tokens: body(b0, n, sw, sxv) for
+// blocks b0 .. b0 + n - 1 with their scales (chunk_scales)
+template <int R, int M, bool Group32, class Body>
+LLMK_ALWAYS_INLINE inline void for_each_chunk(const qgemv_args& a, std::size_t r0, std::size_t rs,
+                                              Body&& body) {
+  const std::size_t nb = a.w.k / kQBlock, ng = a.w.k / a.w.group;
+  const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
+  const std::uint16_t* s0 = a.w.scales + r0 * ng;
+  for (std::size_t b0 = 0; b0 < nb; b0 += 8) {
+    const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
+    __m256 sw[R], sxv[M];
+    chunk_scales<R, M, Group32>(s0, rs * ng, sh, a.act.s, nb, b0, n, sw, sxv);
+    body(b0, n, sw, sxv);
+  }
+}
+
 // int8 weights, rows r0 + r * rs (r < R) against M tokens, int8 activations. The blocks of a
 // row go 8 at a time (a chunk), one block per lane: each block's integer dot product
 // sum(code_w * code_x) summed exactly (block_sums8), converted once, multiplied by its
@@ -235,21 +271,15 @@ inline void chunk_scales(const std::uint16_t* s0, std::size_t rstride, unsigned 
 // block, a chunk spends 6 hadd, 2 permutes and an add, and one conversion, product and FMA.
 template <int R, int M, bool Group32>
 inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
-  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k, ng = k / a.w.group;
-  const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
+  const std::size_t k = a.w.k, row_bytes = k;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+  __m256 acc[R][M] = {};  // (zero)
   const std::uint8_t* w0 = a.w.q + r0 * row_bytes;
-  const std::uint16_t* s0 = a.w.scales + r0 * ng;
   const std::int8_t* const xq0 = a.act.q;
-  const float* const sx = a.act.s;
-  for (std::size_t b0 = 0; b0 < nb; b0 += 8) {
-    const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
-    __m256 sw[R], sxv[M];
-    chunk_scales<R, M, Group32>(s0, rs * ng, sh, sx, nb, b0, n, sw, sxv);
-    const auto chunk = [&](auto full) {
+  for_each_chunk<R, M, Group32>(a, r0, rs, [&](std::size_t b0, std::size_t n,
+                                                const __m256 (&sw)[R], const __m256 (&sxv)[M])
+                                    LLMK_ALWAYS_INLINE {
+    const auto chunk = [&](auto full) LLMK_ALWAYS_INLINE {
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * kQBlock;
         if (a.prefetch)  // the chunk's 256 bytes, a.prefetch further on (qgemv_args)
@@ -274,13 +304,9 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
         }
       }
     };
-    if (n == 8)  // a whole chunk: no tests per block
-      chunk(std::true_type{});
-    else
-      chunk(std::false_type{});
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
+    run_chunk(n, chunk);
+  });
+  qstore_all(a, r0, rs, acc);
 }
 
 // int4 weights x int8 activations (rows r0 + r * rs, r < R), with qgemv_rows_w8_g's arithmetic
@@ -298,24 +324,17 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
 template <int R, int M, bool Group32>
 inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
   const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k / 2;
-  const std::size_t ng = k / a.w.group;
-  const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
   const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // [0 2 4 6 1 3 5 7] -> 0..7
   const std::int8_t* const q4 = a.act.q4;
   const std::int32_t* const xs8 = a.act.xs8;
   const std::size_t nch = (nb + 7) / 8;
-  const float* const sx = a.act.s;
-  __m256 acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+  __m256 acc[R][M] = {};  // (zero)
   const std::uint8_t* w0 = a.w.q + r0 * row_bytes;
-  const std::uint16_t* s0 = a.w.scales + r0 * ng;
-  for (std::size_t b0 = 0; b0 < nb; b0 += 8) {
-    const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
-    __m256 sw[R], sxv[M];
-    chunk_scales<R, M, Group32>(s0, rs * ng, sh, sx, nb, b0, n, sw, sxv);
-    const auto chunk = [&](auto full) {
+  for_each_chunk<R, M, Group32>(a, r0, rs, [&](std::size_t b0, std::size_t n,
+                                                const __m256 (&sw)[R], const __m256 (&sxv)[M])
+                                    LLMK_ALWAYS_INLINE {
+    const auto chunk = [&](auto full) LLMK_ALWAYS_INLINE {
       for (int r = 0; r < R; ++r) {
         const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * 16;
         if (a.prefetch)  // the chunk's 128 bytes
@@ -365,13 +384,9 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::si
         }
       }
     };
-    if (n == 8)  // a whole chunk: no tests per pair
-      chunk(std::true_type{});
-    else
-      chunk(std::false_type{});
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
+    run_chunk(n, chunk);
+  });
+  qstore_all(a, r0, rs, acc);
 }
 
 #else  // SSE2 (128-bit): a block of 32 codes is two __m128i of int8.

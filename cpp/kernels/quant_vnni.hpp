@@ -137,6 +137,16 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
   }
 }
 
+// step j of a chunk: vector j of R repacked rows and of M tokens' codes
+template <int R, int M>
+inline void load_step(const std::uint8_t* wc, std::size_t rstride, const std::uint8_t* xc,
+                      std::size_t tstride, int j, __m256i (&wv)[R], __m256i (&xv)[M]) {
+  for (int r = 0; r < R; ++r)
+    wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
+  for (int t = 0; t < M; ++t)
+    xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + t * tstride + 32 * j));
+}
+
 // The integer side of a chunk, R rows x M tokens: s[r][t] lane l = the dot product of block l's
 // codes (exact). With vpdpbusd: chains of 8 from the offsets -128 * sum(w), x + 128 unsigned.
 // On AVX2 (LLMK_DOT_MADDUBS, x as signed codes) maddubs multiplies unsigned by signed bytes into
@@ -150,38 +160,25 @@ inline void chunk_sums(const std::uint8_t* wc, std::size_t rstride, const std::u
                        __m256i (&s)[R][M]) {
 #if defined(LLMK_DOT_MADDUBS)
   const __m256i ones = _mm256_set1_epi16(1);
-  if constexpr (Bits == 8) {
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < M; ++t) s[r][t] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      __m256i wv[R], aw[R], xv[M];
-      for (int r = 0; r < R; ++r) {
-        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
-        aw[r] = _mm256_abs_epi8(wv[r]);
-      }
+  __m256i h[R][M] = {};  // int8 weights: the int32 sums; int4: the int16 ones
+  for (int j = 0; j < 8; ++j) {
+    __m256i wv[R], xv[M];
+    load_step(wc, rstride, xc, tstride, j, wv, xv);
+    for (int r = 0; r < R; ++r) {
+      const __m256i aw = _mm256_abs_epi8(wv[r]);  // (int8 only)
       for (int t = 0; t < M; ++t)
-        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + t * tstride + 32 * j));
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < M; ++t)
-          s[r][t] = _mm256_add_epi32(
-              s[r][t], _mm256_madd_epi16(
-                           _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(xv[t], wv[r])), ones));
-    }
-  } else {
-    __m256i h[R][M];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < M; ++t) h[r][t] = _mm256_setzero_si256();
-    for (int j = 0; j < 8; ++j) {
-      __m256i wv[R], xv[M];
-      for (int r = 0; r < R; ++r)
-        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
-      for (int t = 0; t < M; ++t)
-        xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + t * tstride + 32 * j));
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < M; ++t)
+        if constexpr (Bits == 8)
+          h[r][t] = _mm256_add_epi32(
+              h[r][t],
+              _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv[r])), ones));
+        else
           h[r][t] = _mm256_add_epi16(h[r][t], _mm256_maddubs_epi16(wv[r], xv[t]));
     }
-    for (int t = 0; t < M; ++t) {
+  }
+  for (int t = 0; t < M; ++t) {
+    if constexpr (Bits == 8) {
+      for (int r = 0; r < R; ++r) s[r][t] = h[r][t];
+    } else {
       const __m256i off =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs8c + t * xs8stride));
       for (int r = 0; r < R; ++r)
@@ -197,10 +194,7 @@ inline void chunk_sums(const std::uint8_t* wc, std::size_t rstride, const std::u
   }
   for (int j = 0; j < 8; ++j) {
     __m256i wv[R], xv[M];
-    for (int r = 0; r < R; ++r)
-      wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
-    for (int t = 0; t < M; ++t)
-      xv[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + t * tstride + 32 * j));
+    load_step(wc, rstride, xc, tstride, j, wv, xv);
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < M; ++t) s[r][t] = LLMK_DPBUSD256(s[r][t], xv[t], wv[r]);
   }
@@ -218,9 +212,7 @@ inline void vnni_tile(const qgemv_args& a, const std::uint8_t* pack, std::size_t
   const std::uint8_t* xt = a.act.xi + t0 * nch * kVnniChunkBytes;  // (M, nch, 256) x codes
   const float* st = a.act.sx8 + t0 * nch * 8;                   // (M, nch, 8) scales
   const std::int32_t* xs8 = a.act.xs8 ? a.act.xs8 + t0 * nch * 8 : nullptr;  // (M, nch, 8)
-  __m256 acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+  __m256 acc[R][M] = {};  // (zero)
   for (std::size_t c = 0; c < nch; ++c) {
     const std::uint8_t* wc = wr + c * dot::kVnniPackChunk;
     __m256i s[R][M];
@@ -241,15 +233,12 @@ inline void vnni_tile(const qgemv_args& a, const std::uint8_t* pack, std::size_t
 
 #if defined(LLMK_DOT_MADDUBS)
 // 16 vector registers: rows x tokens of int sums + the operands (float accumulators spill, touched
-// once per chunk)
-#ifndef LLMK_MADDUBS_R
-#define LLMK_MADDUBS_R 2
-#define LLMK_MADDUBS_M 3
-#endif
-constexpr int kVnniR = LLMK_MADDUBS_R, kVnniM = LLMK_MADDUBS_M;
+// once per chunk); the best of 1x4, 2x2, 2x3, 3x2, 4x1, 4x2 measured (Intel, int8 and int4)
+constexpr int kVnniR = 2, kVnniM = 3;
 #else
 constexpr int kVnniR = 4, kVnniM = 3;  // rows x tokens: 2 x 12 accumulators + 7 operands
 #endif
+static_assert(kVnniM <= 3, "vnni_gemm's tail takes up to 2 tokens");
 
 // pack rows [p0, p1) against tokens t0 .. t0 + M - 1
 template <int M, int Bits>
@@ -274,13 +263,7 @@ inline void vnni_gemm(const qgemv_args& a, std::uint8_t* pack) {
       case 2:
         vnni_tokens<2, Bits>(a, pack, r0, nr, t);
         break;
-      case 3:
-        vnni_tokens<3, Bits>(a, pack, r0, nr, t);
-        break;
-      case 4:
-        vnni_tokens<4, Bits>(a, pack, r0, nr, t);
-        break;
-      default:
+      default:  // (none left: kVnniM <= 3)
         break;
     }
   }
@@ -308,19 +291,15 @@ inline void qgemm_int8_acts(const qgemv_args& a, int bits, std::uint8_t* pack) {
 // them (2 stripes of 2 rows, software prefetch per a.prefetch).
 template <int R, int M, bool Group32>
 inline void vnni_gemv_rows_w8(const qgemv_args& a, std::size_t r0, std::size_t rs) {
-  const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k, ng = k / a.w.group;
+  const std::size_t k = a.w.k, row_bytes = k;
   const std::size_t nch = dot::vnni_chunks(k);
-  const unsigned sh = a.w.group == 64 ? 1 : 2;  // blocks per group = 1 << sh (groups of 64, 128)
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), zero = _mm256_setzero_si256();
-  __m256 acc[R][M];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+  __m256 acc[R][M] = {};  // (zero)
   const std::uint8_t* w0 = a.w.q + r0 * row_bytes;
-  const std::uint16_t* s0 = a.w.scales + r0 * ng;
-  for (std::size_t b0 = 0, c = 0; b0 < nb; b0 += 8, ++c) {
-    const std::size_t n = std::min<std::size_t>(8, nb - b0);  // blocks in this chunk
-    __m256 sw[R], sxv[M];
-    chunk_scales<R, M, Group32>(s0, rs * ng, sh, a.act.s, nb, b0, n, sw, sxv);
+  for_each_chunk<R, M, Group32>(a, r0, rs, [&](std::size_t b0, std::size_t n,
+                                                const __m256 (&sw)[R], const __m256 (&sxv)[M])
+                                    LLMK_ALWAYS_INLINE {
+    const std::size_t c = b0 / 8;
     for (int r = 0; r < R; ++r) {
       const std::uint8_t* wp = w0 + r * rs * row_bytes + b0 * kQBlock;
       if (a.prefetch)
@@ -346,9 +325,8 @@ inline void vnni_gemv_rows_w8(const qgemv_args& a, std::size_t r0, std::size_t r
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), d, acc[r][t]);
       }
     }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < M; ++t) qstore(a, r0 + r * rs, t, qhsum(acc[r][t]));
+  });
+  qstore_all(a, r0, rs, acc);
 }
 
 template <int R, int M>
@@ -566,4 +544,17 @@ inline void qgemm_int8_acts_amx(const qgemv_args& a, int bits, std::uint8_t* pac
 
 }  // namespace
 }  // namespace LLMK_DOT_NS
+
+// this build's entries, called by common/dot.cpp's dispatch (namespace LLMK_DOT_ENTRY)
+namespace dot::LLMK_DOT_ENTRY {
+void qgemm(const qgemv_args& a, int bits, std::uint8_t* pack) {
+  LLMK_DOT_NS::qgemm_int8_acts(a, bits, pack);
+}
+#if !defined(LLMK_DOT_MADDUBS)
+void qgemm_amx(const qgemv_args& a, int bits, std::uint8_t* pack) {
+  LLMK_DOT_NS::qgemm_int8_acts_amx(a, bits, pack);
+}
+void gemv(const qgemv_args& a) { LLMK_DOT_NS::qgemv_int8_vnni(a); }
+#endif
+}  // namespace dot::LLMK_DOT_ENTRY
 }  // namespace llmk

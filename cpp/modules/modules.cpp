@@ -257,24 +257,19 @@ void RMSNormModule::forward(const float* x, float* out, std::size_t rows) const 
   });
 }
 
-std::vector<Param> RMSNormModule::params() { return {{"weight", {dim_}, weight_.data()}}; }
-
-LayerNormModule::LayerNormModule(std::size_t dim, double eps, bool bias)
-    : Norm(dim, eps, 1.f), has_bias_(bias), bias_(bias ? dim : 0, 0.f) {}
+std::vector<Param> Norm::params() {
+  std::vector<Param> p{{"weight", {dim_}, weight_.data()}};
+  if (has_bias()) p.push_back({"bias", {dim_}, bias_.data()});
+  return p;
+}
 
 void LayerNormModule::forward(const float* x, float* out, std::size_t rows) const {
   const std::size_t n = dim_;
   const float* w = weight_.data();
-  const float* b = has_bias_ ? bias_.data() : nullptr;
+  const float* b = has_bias() ? bias_.data() : nullptr;
   parallel_for(rows, 1, 2.0 * n, [&](std::size_t r0, std::size_t r1) {
     dispatch(layer_norm_kernel{}, out + r0 * n, x + r0 * n, w, b, r1 - r0, n, eps_, false);
   });
-}
-
-std::vector<Param> LayerNormModule::params() {
-  std::vector<Param> p{{"weight", {dim_}, weight_.data()}};
-  if (has_bias_) p.push_back({"bias", {dim_}, bias_.data()});
-  return p;
 }
 
 // ---------------------------------------------------------------------------------------------

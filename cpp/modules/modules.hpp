@@ -101,19 +101,22 @@ struct StagedWeights {
 
 class Norm {
  public:
-  Norm(std::size_t dim, double eps, float weight0) : dim_(dim), eps_(eps), weight_(dim, weight0) {}
+  Norm(std::size_t dim, double eps, float weight0, bool bias = false)
+      : dim_(dim), eps_(eps), weight_(dim, weight0), bias_(bias ? dim : 0, 0.f) {}
   virtual ~Norm() = default;
   // out (rows, dim) = norm(x (rows, dim)); out may be x
   virtual void forward(const float* x, float* out, std::size_t rows) const = 0;
-  virtual std::vector<Param> params() = 0;
   virtual std::string kind() const = 0;
+  std::vector<Param> params();  // weight (and bias)
   std::size_t dim() const { return dim_; }
   double eps() const { return eps_; }
+  bool has_bias() const { return !bias_.empty(); }
 
  protected:
   std::size_t dim_;
   double eps_;
   std::vector<float> weight_;  // (dim,)
+  std::vector<float> bias_;    // (dim,), or empty: no bias
 };
 
 class RMSNormModule : public Norm {
@@ -121,7 +124,6 @@ class RMSNormModule : public Norm {
   // unit_offset (Gemma): the norm scales by (1 + weight); the parameter stays HF's weight
   RMSNormModule(std::size_t dim, double eps, bool unit_offset = false);
   void forward(const float* x, float* out, std::size_t rows) const override;
-  std::vector<Param> params() override;
   std::string kind() const override { return "rms"; }
   bool unit_offset() const { return unit_offset_; }
 
@@ -131,15 +133,9 @@ class RMSNormModule : public Norm {
 
 class LayerNormModule : public Norm {
  public:
-  LayerNormModule(std::size_t dim, double eps, bool bias);
+  LayerNormModule(std::size_t dim, double eps, bool bias) : Norm(dim, eps, 1.f, bias) {}
   void forward(const float* x, float* out, std::size_t rows) const override;
-  std::vector<Param> params() override;
   std::string kind() const override { return "layer"; }
-  bool has_bias() const { return has_bias_; }
-
- private:
-  bool has_bias_;
-  std::vector<float> bias_;  // (dim,) when has_bias
 };
 
 // SwiGLU MLP: down(silu(gate(x)) * up(x)). gate and up are stored as one (2*hidden, dim)

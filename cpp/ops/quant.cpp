@@ -494,22 +494,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
           part.w.scales = w.scales + r0 * (w.k / group);
           part.w.rows = std::min(w.rows - r0, dot::kVnniRowBlock);
           part.bias = a.bias ? a.bias + r0 : nullptr;
-          switch (dot) {
-            case Int8Dot::vnni:
-              dot::qgemm_int8_acts_vnni(part, bits, pack);
-              break;
-            case Int8Dot::amx:
-              dot::qgemm_int8_acts_amx(part, bits, pack);
-              break;
-            case Int8Dot::amx_emu:
-              dot::qgemm_int8_acts_amx_emu(part, bits, pack);
-              break;
-            case Int8Dot::avx2:
-              dot::qgemm_int8_acts_avx2(part, bits, pack);
-              break;
-            default:
-              dot::qgemm_int8_acts_vnni_simde(part, bits, pack);
-          }
+          dot::qgemm_int8_acts(dot, part, bits, pack);
         }
       });
       return;
@@ -528,9 +513,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                    if (!gemv)
                      dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
                    else if (bits == 8 && int8_acts && gemv_dot != Int8Dot::none)
-                     (gemv_dot == Int8Dot::vnni_simde || gemv_dot == Int8Dot::amx_emu
-                          ? dot::qgemv_int8_vnni_simde
-                          : dot::qgemv_int8_vnni)(part);
+                     dot::qgemv_int8_vnni(
+                         gemv_dot == Int8Dot::vnni_simde || gemv_dot == Int8Dot::amx_emu, part);
                    else if (bits == 8)
                      dispatch(gemv_q8_kernel{}, static_cast<const qgemv_args&>(part));
                    else
