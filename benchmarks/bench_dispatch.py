@@ -186,11 +186,7 @@ def main() -> int:
             + " | ".join(f"{r['us'][p]:.1f} us" for p in paths)
             + f" | {r['auto_path']} | {r['auto_over_fastest']:.2f} |"
         )
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        harness.write_report(Path(args.out), "dispatch", report, text + "\n")
-    return 0
+    return harness.print_report(args.out, "dispatch", report, lines)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ is the smoke test.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import sys
 import tempfile
@@ -199,23 +200,16 @@ def bench_family(
     per_round = max(1, cfg.repeats // cfg.rounds)
     for t in cfg.threads:
         h.set_threads(t)
-        pre, load_pre = h.measure_quietly(
-            {LK: lk_prefill, HF: hf_prefill},
-            cfg.rounds,
-            per_round,
+        quietly = functools.partial(
+            h.measure_quietly,
+            rounds=cfg.rounds,
+            per_round=per_round,
             warmup=cfg.warmup,
             quiet_wait=cfg.quiet_wait,
             torch_inference=True,
         )
-        dec, load_dec = h.measure_quietly(
-            {LK: lk_decode, HF: hf_decode},
-            cfg.rounds,
-            per_round,
-            warmup=cfg.warmup,
-            quiet_wait=cfg.quiet_wait,
-            setup={LK: lk_setup, HF: hf_setup},
-            torch_inference=True,
-        )
+        pre, load_pre = quietly({LK: lk_prefill, HF: hf_prefill})
+        dec, load_dec = quietly({LK: lk_decode, HF: hf_decode}, setup={LK: lk_setup, HF: hf_setup})
         entry = {}
         for name in (LK, HF):
             p, d = statistics.median(pre[name]), statistics.median(dec[name])

@@ -167,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(report: dict[str, Any]) -> str:
-    cfg = report["config"]
-    threads = [str(t) for t in cfg["threads"]]
-    lines = ["# float32 GEMM (projections, W (out, in))", ""]
-    lines += h.machine_lines(report["machine"]) + [""]
+    cfg, threads, lines = h.heading(report, "# float32 GEMM (projections, W (out, in))")
     blas = report["blas"]
     lines += [f"llmkernels' OpenBLAS: {blas['llmkernels_openblas']}"]
     if "numpy_openblas" in blas:

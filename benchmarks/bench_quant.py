@@ -123,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def render(report: dict[str, Any]) -> str:
-    cfg = report["config"]
-    threads = [str(t) for t in cfg["threads"]]
-    lines = ["# Quantized GEMV (decode)", ""]
-    lines += h.machine_lines(report["machine"]) + [""]
+    cfg, threads, lines = h.heading(report, "# Quantized GEMV (decode)")
     lines += [f"m = {cfg['m']} token(s), group size {GROUP}; llama.cpp: {report['llama_cpp']}", ""]
     lines += [
         "triad bandwidth: "

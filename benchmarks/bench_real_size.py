@@ -232,9 +232,13 @@ def main() -> int:
         print("logits check:", report["logits_check"], flush=True)
     # the projections of the 512 tokens: q, o, k, v and the MLP in every layer but the last,
     # which (last_only) projects k and v for all tokens and the rest for the last one only
-    flops = 2 * PREFILL * (
-        (args.layers - 1) * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632)
-        + 2 * 2048 * 256
+    flops = (
+        2
+        * PREFILL
+        * (
+            (args.layers - 1) * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632)
+            + 2 * 2048 * 256
+        )
     )
     # weight bytes a decode step reads (every projection and the head; the embedding row and
     # the norms are negligible): int8 / int4 with a float16 scale per 32 (Q8_0 / Q4_0 alike)
@@ -256,8 +260,11 @@ def main() -> int:
                 if with_peer:
                     samples[case]["peer"].append(run_child("peer", case, t, model_dir,
                                                            gguf(case), args.repeats))  # fmt: skip
-                print(f"threads {t} round {r} {case}: ours {samples[case]['ours'][-1]} "
-                      f"peer {samples[case]['peer'][-1] if with_peer else '-'}", flush=True)
+                print(
+                    f"threads {t} round {r} {case}: ours {samples[case]['ours'][-1]} "
+                    f"peer {samples[case]['peer'][-1] if with_peer else '-'}",
+                    flush=True,
+                )
         for case in cases:
             o, q = samples[case]["ours"], samples[case]["peer"]
             row = {
@@ -322,11 +329,7 @@ def main() -> int:
             f"{100 * r['decode_of_read_probe']:.0f}% | "
             f"{r.get('peer_decode_tok_s', nan):.2f} | {r.get('decode_ratio', nan):.2f} |"
         )
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        harness.write_report(Path(args.out), "real_size", report, text + "\n")
-    return 0
+    return harness.print_report(args.out, "real_size", report, lines)
 
 
 if __name__ == "__main__":

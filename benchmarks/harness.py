@@ -965,6 +965,24 @@ def cpu_flags(wanted: set[str] = DOT_FLAGS) -> list[str]:
     return sorted(set(text.split("flags")[1].split("\n")[0].split()) & wanted)
 
 
+def heading(report: Mapping[str, Any], title: str) -> tuple[dict[str, Any], list[str], list[str]]:
+    """A rendered report's start: its config, its thread counts as strings, and the lines of
+    its title and machine."""
+    cfg = report["config"]
+    return cfg, [str(t) for t in cfg["threads"]], [title, "", *machine_lines(report["machine"]), ""]
+
+
+def print_report(
+    out: str | Path | None, name: str, report: Mapping[str, Any], lines: list[str]
+) -> int:
+    """Print the rendered ``lines`` and, given ``out``, write ``<out>/<name>.md/.json``."""
+    text = "\n".join(lines)
+    print(text)
+    if out:
+        write_report(Path(out), name, report, text + "\n")
+    return 0
+
+
 def write_report(out: Path, name: str, report: Mapping[str, Any], markdown: str) -> None:
     """``<out>/<name>.md`` (the printed report) and ``<out>/<name>.json`` (everything)."""
     out.mkdir(parents=True, exist_ok=True)
