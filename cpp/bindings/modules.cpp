@@ -289,6 +289,52 @@ f32_array attention_forward(const char* fn, const MultiHeadAttentionModule& attn
   return out;
 }
 
+// One forward of a whole model (Transformer.__call__), observed by llmkernels.inspect or not
+f32_array model_forward(const TransformerModule& self, i64_array ids, i64_array positions,
+                        std::optional<u8_array> key_mask, std::vector<KVCache*> caches,
+                        bool last_only, std::optional<f64_array> inv_freq,
+                        const ForwardObserver* observer) {
+  const char* fn = "Transformer";
+  const double* fo =
+      self.blocks.empty()
+          ? nullptr
+          : freq_override(fn, inv_freq, self.blocks[0]->attention->inv_freq.size());
+  for (auto& blk : self.blocks)
+    expect(!fo || blk->attention->head_dim == self.blocks[0]->attention->head_dim, fn,
+           "inv_freq needs one head_dim for all blocks");
+  expect(ids.ndim() == 2, fn, "ids must have shape (B, T)");
+  check_bt(fn, positions, key_mask, ids.shape(0), ids.shape(1));
+  const std::size_t b = ids.shape(0), t = ids.shape(1);
+  expect(caches.empty() || caches.size() == self.blocks.size(), fn,
+         "one cache per block is needed");
+  for (std::size_t i = 0; i < caches.size(); ++i) {
+    expect(caches[i] != nullptr, fn, "cache " + std::to_string(i) + " is None");
+    for (std::size_t j = 0; j < i; ++j)
+      expect(caches[j] != caches[i], fn,
+             "caches " + std::to_string(j) + " and " + std::to_string(i) +
+                 " are the same KVCache: each block needs its own");
+    check_cache(fn, caches[i], b, t, *self.blocks[i]->attention);
+  }
+  const std::int64_t* ip = ids.data();
+  for (std::size_t r = 0; r < b * t; ++r)
+    expect(ip[r] >= 0 && static_cast<std::size_t>(ip[r]) < self.vocab, fn,
+           "token id " + std::to_string(ip[r]) + " out of range [0, " +
+               std::to_string(self.vocab) + ")");
+  f32_array logits({static_cast<py::ssize_t>(b),
+                    static_cast<py::ssize_t>(last_only ? 1 : t),
+                    static_cast<py::ssize_t>(self.vocab)});
+  const std::int64_t* pp = positions.data();
+  const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
+  float* lp = logits.mutable_data();
+  py::gil_scoped_release nogil;
+  CacheSession session(caches);
+  session.check_room(fn, t);
+  session.save_rings(t);
+  if (b * t > 0) self.forward(ip, b, t, pp, mp, caches, last_only, lp, fo, observer);
+  session.commit();
+  return logits;
+}
+
 // f() with the cache's mutex held (taken without the GIL, as a forward holds the mutex without
 // it), so that a forward in another thread does not append while the cache is read
 template <class F>
@@ -620,48 +666,43 @@ void bind_modules(py::module_& m) {
           [](const TransformerModule& self, i64_array ids, i64_array positions,
              std::optional<u8_array> key_mask, std::vector<KVCache*> caches, bool last_only,
              std::optional<f64_array> inv_freq) {
-            const char* fn = "Transformer";
-            const double* fo =
-                self.blocks.empty()
-                    ? nullptr
-                    : freq_override(fn, inv_freq, self.blocks[0]->attention->inv_freq.size());
-            for (auto& blk : self.blocks)
-              expect(!fo || blk->attention->head_dim == self.blocks[0]->attention->head_dim, fn,
-                     "inv_freq needs one head_dim for all blocks");
-            expect(ids.ndim() == 2, fn, "ids must have shape (B, T)");
-            check_bt(fn, positions, key_mask, ids.shape(0), ids.shape(1));
-            const std::size_t b = ids.shape(0), t = ids.shape(1);
-            expect(caches.empty() || caches.size() == self.blocks.size(), fn,
-                   "one cache per block is needed");
-            for (std::size_t i = 0; i < caches.size(); ++i) {
-              expect(caches[i] != nullptr, fn, "cache " + std::to_string(i) + " is None");
-              for (std::size_t j = 0; j < i; ++j)
-                expect(caches[j] != caches[i], fn,
-                       "caches " + std::to_string(j) + " and " + std::to_string(i) +
-                           " are the same KVCache: each block needs its own");
-              check_cache(fn, caches[i], b, t, *self.blocks[i]->attention);
-            }
-            const std::int64_t* ip = ids.data();
-            for (std::size_t r = 0; r < b * t; ++r)
-              expect(ip[r] >= 0 && static_cast<std::size_t>(ip[r]) < self.vocab, fn,
-                     "token id " + std::to_string(ip[r]) + " out of range [0, " +
-                         std::to_string(self.vocab) + ")");
-            f32_array logits({static_cast<py::ssize_t>(b),
-                              static_cast<py::ssize_t>(last_only ? 1 : t),
-                              static_cast<py::ssize_t>(self.vocab)});
-            const std::int64_t* pp = positions.data();
-            const std::uint8_t* mp = key_mask ? key_mask->data() : nullptr;
-            float* lp = logits.mutable_data();
-            py::gil_scoped_release nogil;
-            CacheSession session(caches);
-            session.check_room(fn, t);
-            session.save_rings(t);
-            if (b * t > 0) self.forward(ip, b, t, pp, mp, caches, last_only, lp, fo);
-            session.commit();
-            return logits;
+            return model_forward(self, ids, positions, key_mask, std::move(caches), last_only,
+                                 inv_freq, nullptr);
           },
           "ids"_a, "positions"_a, "key_mask"_a, "caches"_a, "last_only"_a,
           "inv_freq"_a = py::none())
+      // the forward of llmkernels.inspect: (logits, weights (n_layers, B, Hq, T, T) or None,
+      // rms (5 n_layers + 3, B, T) float64) -- see ForwardObserver
+      .def(
+          "observe",
+          [](const TransformerModule& self, i64_array ids, i64_array positions,
+             std::optional<u8_array> key_mask, bool last_only, std::optional<f64_array> inv_freq,
+             bool weights) {
+            const char* fn = "Transformer";
+            expect(ids.ndim() == 2, fn, "ids must have shape (B, T)");
+            const auto b = ids.shape(0), t = ids.shape(1);
+            const auto layers = static_cast<py::ssize_t>(self.blocks.size());
+            const auto hq = static_cast<py::ssize_t>(
+                self.blocks.empty() ? 0 : self.blocks[0]->attention->n_heads);
+            for (auto& blk : self.blocks)
+              expect(!weights || static_cast<py::ssize_t>(blk->attention->n_heads) == hq, fn,
+                     "return_attention needs one head count for all blocks");
+            py::object w = py::none();
+            ForwardObserver observer;
+            if (weights) {
+              py::array a = new_output<float>({layers, b, hq, t, t});
+              std::memset(a.mutable_data(), 0, static_cast<std::size_t>(a.nbytes()));
+              observer.weights = static_cast<float*>(a.mutable_data());
+              w = a;
+            }
+            const auto points = static_cast<py::ssize_t>(ForwardObserver::kPoints);
+            f64_array rms(std::vector<py::ssize_t>{points * layers + 3, b, t});
+            observer.rms = rms.mutable_data();
+            py::array logits =
+                model_forward(self, ids, positions, key_mask, {}, last_only, inv_freq, &observer);
+            return py::make_tuple(logits, w, rms);
+          },
+          "ids"_a, "positions"_a, "key_mask"_a, "last_only"_a, "inv_freq"_a, "weights"_a)
       .def("params", params_of<TransformerModule>())
       .def_readonly("vocab", &TransformerModule::vocab)
       .def_readonly("dim", &TransformerModule::dim)

@@ -235,6 +235,19 @@ WeightBuffer convert_matrix(const WeightBuffer& src, std::size_t k, WeightFormat
   return dst;
 }
 
+// out[r] = sqrt(mean(h[r]**2)) over the dim features of each of the rows, in float64 (the
+// statistics an observed forward keeps: ForwardObserver)
+void row_rms(const float* h, std::size_t rows, std::size_t dim, double* out) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < dim; ++i) {
+      const double v = h[r * dim + i];
+      s += v * v;
+    }
+    out[r] = std::sqrt(s / static_cast<double>(dim));
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -498,7 +511,8 @@ const std::vector<std::int64_t> kZeroTableRows(4096, 0);
 void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
                                        const std::int64_t* positions, const std::uint8_t* key_mask,
                                        KVCache* cache, float* out, const float* residual,
-                                       const double* inv_freq_override, bool last_only) const {
+                                       const double* inv_freq_override, bool last_only,
+                                       float* weights) const {
   const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
   // partial rotary (HF partial_rotary_factor): the first 2 * len(inv_freq) features of each head
   // are rotated, the rest pass through (the constructor checks len(inv_freq) <= head_dim / 2)
@@ -574,6 +588,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   p.window = window;
   p.softcap = softcap;
   p.sinks = sinks ? sinks_.data() : nullptr;
+  p.weights = weights;
   std::optional<ScratchLease> window_lease;  // the K/V a chunk sees past a rolling cache's end
   if (cache) {
     const std::size_t C = cache->slots, len = cache->length.load();
@@ -712,41 +727,61 @@ TransformerBlockModule::TransformerBlockModule(std::shared_ptr<MultiHeadAttentio
 void TransformerBlockModule::forward(const float* x, std::size_t batch, std::size_t seq,
                                      const std::int64_t* positions, const std::uint8_t* key_mask,
                                      KVCache* cache, float* out,
-                                     const double* inv_freq_override, bool last_only) const {
+                                     const double* inv_freq_override, bool last_only,
+                                     float* weights, double* rms) const {
   ScratchScope scope;
   const std::size_t m = batch * seq, dim = attention->dim;
   last_only = last_only && seq > 1;
   const std::size_t mo = last_only ? batch : m;  // rows of out
   float* tmp = scratch(kNormOut, m * dim);
+  // the RMS of the residual stream at point i (ForwardObserver), when observed
+  auto seen = [&](std::size_t i, const float* h) {
+    if (rms) row_rms(h, m, dim, rms + i * m);
+  };
   if (post_attention_norm) {
     // sandwich (Gemma 2): h = x + post1(attn(norm1(x))); y = h + post2(ffn(norm2(h)))
     float* a = scratch(kSandwich, mo * dim);  // (mo, dim)
+    seen(0, x);
     attention_norm->forward(x, tmp, m);
+    seen(1, tmp);
     attention->forward(tmp, batch, seq, positions, key_mask, cache, a, nullptr, inv_freq_override,
-                       last_only);
+                       last_only, weights);
     post_attention_norm->forward(a, a, mo);
     for (std::size_t r = 0; r < mo; ++r) {
       const float* xr = x + (last_only ? r * seq + seq - 1 : r) * dim;
       for (std::size_t i = 0; i < dim; ++i) out[r * dim + i] = xr[i] + a[r * dim + i];
     }
+    seen(2, out);
     ffn_norm->forward(out, tmp, mo);
+    seen(3, tmp);
     feed_forward->forward(tmp, mo, a, nullptr);
     post_ffn_norm->forward(a, a, mo);
     for (std::size_t i = 0; i < mo * dim; ++i) out[i] += a[i];
+    seen(4, out);
   } else if (pre_norm) {
     // h = x + attn(norm1(x)); y = h + ffn(norm2(h))    (h lives in out)
+    seen(0, x);
     attention_norm->forward(x, tmp, m);
+    seen(1, tmp);
     attention->forward(tmp, batch, seq, positions, key_mask, cache, out, x, inv_freq_override,
-                       last_only);
+                       last_only, weights);
+    seen(2, out);
     ffn_norm->forward(out, tmp, mo);
+    seen(3, tmp);
     feed_forward->forward(tmp, mo, out, out);
+    seen(4, out);
   } else {
     // h = norm1(x + attn(x)); y = norm2(h + ffn(h))
     attention->forward(x, batch, seq, positions, key_mask, cache, tmp, x, inv_freq_override,
-                       last_only);
+                       last_only, weights);
+    seen(0, tmp);
     attention_norm->forward(tmp, out, mo);
+    seen(1, out);
     feed_forward->forward(out, mo, tmp, out);
+    seen(2, tmp);
     ffn_norm->forward(tmp, out, mo);
+    seen(3, out);
+    seen(4, out);
   }
 }
 
@@ -803,9 +838,11 @@ std::vector<Param> TransformerModule::params() {
 void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                                 const std::int64_t* positions, const std::uint8_t* key_mask,
                                 std::vector<KVCache*> caches, bool last_only, float* logits,
-                                const double* inv_freq_override) const {
+                                const double* inv_freq_override,
+                                const ForwardObserver* observer) const {
   ScratchScope scope;
   const std::size_t m = batch * seq;
+  double* rms = observer ? observer->rms : nullptr;  // (5 n_layers + 3, B*T) or null
   float* x = scratch(kResidual, m * dim);  // (B*T, dim)
   float* y = scratch(kBlockTmp, m * dim);
   if (embed_.format() == WeightFormat::f32) {
@@ -823,15 +860,32 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
   // last_only: the last block computes the last position of each sequence only (every
   // position's key and value still, which the cache keeps and the last query reads): its
   // output is (B, dim) -- as llama.cpp skips the last layer's unused outputs
+  // (an observed forward runs every position through every block: it records them all)
+  if (rms) row_rms(x, m, dim, rms);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const bool last_block = last_only && i + 1 == blocks.size();
+    const bool last_block = last_only && !observer && i + 1 == blocks.size();
+    float* weights = nullptr;
+    if (observer && observer->weights) {
+      const std::size_t per_layer = m * blocks[i]->attention->n_heads * seq;  // (B, Hq, T, T)
+      weights = observer->weights + i * per_layer;
+    }
     blocks[i]->forward(x, batch, seq, positions, key_mask, caches.empty() ? nullptr : caches[i], y,
-                       inv_freq_override, last_block);
+                       inv_freq_override, last_block, weights,
+                       rms ? rms + (1 + ForwardObserver::kPoints * i) * m : nullptr);
     std::swap(x, y);
   }
   const WeightBuffer lm_head = lm_head_.load();  // empty when tied (and not quantized)
   const WeightRef head = lm_head.size() ? lm_head.ref() : embed_.ref();
-  if (last_only) {  // x: the last position of each sequence (B, dim); normalise only those
+  if (rms) {  // every position normed (and recorded); the head reads the last ones if asked
+    double* fin = rms + (1 + ForwardObserver::kPoints * blocks.size()) * m;
+    row_rms(x, m, dim, fin);
+    final_norm->forward(x, y, m);
+    row_rms(y, m, dim, fin + m);
+    if (last_only)
+      for (std::size_t b = 0; b < batch; ++b)
+        std::memmove(y + b * dim, y + (b * seq + seq - 1) * dim, dim * sizeof(float));
+    project(y, last_only ? batch : m, dim, head, vocab, nullptr, logits, false);
+  } else if (last_only) {  // x: the last position of each sequence (B, dim); normalise only those
     if (blocks.empty())
       for (std::size_t b = 0; b < batch; ++b)
         std::memmove(x + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));

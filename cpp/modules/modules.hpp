@@ -222,9 +222,12 @@ class MultiHeadAttentionModule {
   // scaling: dynamic NTK, longrope).
   // last_only: only the last token of each sequence is a query (the K/V of all are computed,
   // appended and attended): out (B, dim) = [the last rows of residual +] attn.
+  // weights: null, or (B, Hq, T, T) zeros that take the softmax weights (inspection: no cache,
+  // not last_only; the kernel's weights path instead of its streaming one).
   void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
                const std::uint8_t* key_mask, KVCache* cache, float* out, const float* residual,
-               const double* inv_freq_override = nullptr, bool last_only = false) const;
+               const double* inv_freq_override = nullptr, bool last_only = false,
+               float* weights = nullptr) const;
   std::vector<Param> params();
   WeightFormat format() const { return w_o_.load().format(); }  // of the QKV and O matrices
   std::size_t group() const { return w_o_.load().group(); }
@@ -255,6 +258,20 @@ class MultiHeadAttentionModule {
   std::vector<float> q_norm_, k_norm_;  // (head_dim,) each, when qk_norm
 };
 
+// What an inspection of a forward keeps (llmkernels.inspect), for one block or a whole model:
+// null members are not recorded. The model's own forward records nothing; with an observer it
+// runs every layer on every position (no last_only inside the blocks) and without a cache.
+struct ForwardObserver {
+  // The residual stream's per-token RMS at the points a block meets (in this order): pre-norm
+  // and sandwich blocks x, norm1(x), h, norm2(h), y; post-norm blocks x + attn(x), h = norm1(.),
+  // h + ffn(h), y, y
+  static constexpr std::size_t kPoints = 5;
+  float* weights = nullptr;  // (n_layers, B, Hq, T, T) zeros: softmax weights of each layer
+  // (5 n_layers + 3, B*T) float64: the embedding, each layer's kPoints, the final norm's input
+  // and output
+  double* rms = nullptr;
+};
+
 class TransformerBlockModule {
  public:
   TransformerBlockModule(std::shared_ptr<MultiHeadAttentionModule> attention,
@@ -264,9 +281,12 @@ class TransformerBlockModule {
                          std::shared_ptr<Norm> post_ffn_norm = nullptr);
   // out (B*T, dim) = block(x (B*T, dim)); out may not alias x. last_only: out (B, dim), the
   // last position of each sequence (the cache still takes every token's K/V)
+  // weights: null or (B, Hq, T, T) zeros; rms: null or (ForwardObserver::kPoints, B*T) (both
+  // need last_only false)
   void forward(const float* x, std::size_t batch, std::size_t seq, const std::int64_t* positions,
                const std::uint8_t* key_mask, KVCache* cache, float* out,
-               const double* inv_freq_override = nullptr, bool last_only = false) const;
+               const double* inv_freq_override = nullptr, bool last_only = false,
+               float* weights = nullptr, double* rms = nullptr) const;
   std::shared_ptr<MultiHeadAttentionModule> attention;
   std::shared_ptr<FeedForwardModule> feed_forward;
   std::shared_ptr<Norm> attention_norm, ffn_norm;
@@ -286,7 +306,8 @@ class TransformerModule {
   void forward(const std::int64_t* ids, std::size_t batch, std::size_t seq,
                const std::int64_t* positions, const std::uint8_t* key_mask,
                std::vector<KVCache*> caches, bool last_only, float* logits,
-               const double* inv_freq_override = nullptr) const;
+               const double* inv_freq_override = nullptr,
+               const ForwardObserver* observer = nullptr) const;
   // embed_tokens, lm_head (a view of the embedding when tied, unless the head is quantized)
   std::vector<Param> params();
   WeightFormat format() const { return embed_.format(); }  // of the embedding

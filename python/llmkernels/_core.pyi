@@ -202,6 +202,8 @@ class TransformerImpl:
         """
     def forward(self, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, caches: collections.abc.Sequence[KVCacheImpl], last_only: bool, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None = None) -> numpy.typing.NDArray[numpy.float32]:
         ...
+    def observe(self, ids: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], positions: typing.Annotated[numpy.typing.ArrayLike, numpy.int64], key_mask: typing.Annotated[numpy.typing.ArrayLike, numpy.uint8] | None, last_only: bool, inv_freq: typing.Annotated[numpy.typing.ArrayLike, numpy.float64] | None, weights: bool) -> tuple[numpy.ndarray, typing.Any, numpy.typing.NDArray[numpy.float64]]:
+        ...
     def params(self) -> dict:
         ...
     @property
@@ -316,7 +318,7 @@ def get_num_threads() -> int:
     """
 def int8_dot() -> str:
     """
-    The int8 dot-product path of the prefill: 'none', 'vnni', 'vnni_simde', 'amx', 'amx_emu' (the native ones on a CPU with AVX512_VNNI or AMX).
+    The int8 dot-product path of the prefill: 'none', 'vnni', 'vnni_simde', 'amx', 'amx_emu', 'avx2' (the native ones on a CPU with AVX512_VNNI or AMX).
     """
 def layer_norm(x: numpy.ndarray, weight: numpy.ndarray | None, bias: numpy.ndarray | None, eps: typing.SupportsFloat | typing.SupportsIndex, out: numpy.ndarray) -> None:
     """
@@ -379,7 +381,7 @@ cpu_has_amx: bool = True
 cpu_has_avx512_bf16: bool = True
 cpu_has_avx512_vnni: bool = True
 cpu_splits_512: bool = False
-int8_dot_names: tuple = ('none', 'vnni', 'vnni_simde', 'amx', 'amx_emu')
+int8_dot_names: tuple = ('none', 'vnni', 'vnni_simde', 'amx', 'amx_emu', 'avx2')
 isa_names: tuple = ('sse2', 'avx2', 'avx512')
 max_threads: int = 1024
 xsimd_version: str = '8.1.0'

@@ -2,13 +2,11 @@
 residual stream around every norm, and a classification of attention heads.
 
 The model's own forward (one C++ call per token batch) never stores a score matrix. For a prompt
-you want to look at, :func:`trace` runs the same model layer by layer with the package's public
-kernels instead — the model's norm and feed-forward modules, :func:`llmkernels.rope` with the
-model's rotary frequencies (rope scaling included, dynamic/longrope schedules as the model
-computes them), and the fused attention kernel's weights path,
-``llmkernels.attention(q, k, v, causal=True, return_weights=True)`` (grouped-query heads read
-their key/value head in place) — and keeps what it sees. Its logits equal ``model(ids)``
-within the block contract (same weights, same kernels, float32)::
+you want to look at, :func:`trace` runs that same C++ forward with an observer: every block on
+every position, the attention through the fused kernel's weights path (the one
+``llmkernels.attention(..., return_weights=True)`` runs) instead of its streaming one, and the
+RMS of the residual stream recorded around every norm (float64). Its logits equal
+``model(ids)`` within the block contract (same weights, same kernels, float32)::
 
     logits, weights = model(ids, return_attention=True)   # weights[l]: (B, Hq, T, T)
     logits, stats = model(ids, return_stats=True)          # a ResidualStats
@@ -27,16 +25,12 @@ attention and extended with heads that park their attention on the first token (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ._ops import attention as _attention
-from ._ops import rope as _rope
-from ._rope_scaling import rope_attention_factor, rope_inv_freq
-from .nn import MultiHeadAttention, Transformer
+from .nn import Transformer
 from .nn.model import set_tracer
 
 __all__ = [
@@ -142,98 +136,8 @@ class Trace:
 
 
 # ----------------------------------------------------------------------------------------------
-# the layer-by-layer forward
+# the observed forward
 # ----------------------------------------------------------------------------------------------
-
-
-def _rms(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Per-token RMS over the last axis in float64, NaN where ``mask`` (B, T) is False."""
-    x64 = x.astype(np.float64)
-    r = np.sqrt(np.mean(x64 * x64, axis=-1))
-    return np.where(mask, r, np.nan)
-
-
-def _linear(x: np.ndarray, params: Mapping[str, np.ndarray], name: str) -> np.ndarray:
-    """``x @ W.T (+ b)`` in float32, ``W (out, in)`` from a module's zero-copy state dict."""
-    if name + ".qweight" in params:  # int8 / int4: the model's own quantized kernels
-        from .quant import quantized_linear
-
-        q, scales = params[name + ".qweight"], params[name + ".scales"]
-        bits = 8 if q.dtype == np.int8 else 4
-        group = x.shape[-1] // scales.shape[1]
-        lead = x.shape[:-1]
-        y = quantized_linear(x.reshape(-1, x.shape[-1]), q, scales, bits, group)
-        y = y.reshape(*lead, y.shape[-1])
-    else:
-        # bf16 / f16 weight storage: widened here (the inspection path is NumPy, not the kernels)
-        y = x @ params[name + ".weight"].astype(np.float32, copy=False).T
-    bias = params.get(name + ".bias")
-    return y + bias if bias is not None else y
-
-
-def _static_rope(attn: MultiHeadAttention) -> tuple[np.ndarray, float]:
-    """The frequencies and cos/sin factor the attention module was built with (as its
-    constructor computes them)."""
-    scaling = attn.rope_scaling
-    inv_freq = rope_inv_freq(attn.head_dim, attn.rope_theta, scaling)
-    factor = float(rope_attention_factor(scaling)) if scaling else 1.0
-    return inv_freq, factor
-
-
-def _head_rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """Qwen3's q/k norm: RMSNorm of each head's features (last axis), in float32."""
-    ms = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)
-    return (x / np.sqrt(ms + np.float32(eps)) * weight).astype(np.float32)
-
-
-def _self_attention(
-    attn: MultiHeadAttention,
-    x: np.ndarray,
-    pos: np.ndarray,
-    key_mask: np.ndarray | None,
-    inv_freq: np.ndarray,
-    factor: float,
-    keep_weights: bool = True,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """The attention of ``x (B, T, dim)`` float32: ``(out (B, T, dim), weights (B, Hq, T,
-    T) or None)``. The formula of ``reference._self_attention``, run on the package's
-    kernels, with every feature the module has: fused q/k/v (Phi-3), q/k norms (Qwen3), the
-    sliding window, soft-capping and score scale (Gemma 2), sinks, and non-causal modules."""
-    b, t, _ = x.shape
-    impl = attn._impl
-    hq, hkv, hd = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    p = attn.state_dict()
-    if "qkv_proj.weight" in p or "qkv_proj.qweight" in p:  # Phi-3: [q | k | v] rows
-        qkv = _linear(x, p, "qkv_proj")
-        q, k, v = np.split(qkv, [hq * hd, (hq + hkv) * hd], axis=-1)
-    else:
-        q, k, v = (_linear(x, p, f"{n}_proj") for n in "qkv")
-    q = q.reshape(b, t, hq, hd)
-    k = k.reshape(b, t, hkv, hd)
-    v = v.reshape(b, t, hkv, hd)
-    if impl.qk_norm:
-        q = _head_rms_norm(q, p["q_norm.weight"], impl.qk_norm_eps)
-        k = _head_rms_norm(k, p["k_norm.weight"], impl.qk_norm_eps)
-    q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
-    # half-split RoPE on the first 2 * len(inv_freq) features (partial rotary leaves the rest)
-    rope_kw = {"inv_freq": inv_freq, "rotary_dim": 2 * len(inv_freq), "attention_factor": factor}
-    q = _rope(q, pos[:, None, :], **rope_kw)
-    k = _rope(k, pos[:, None, :], **rope_kw)
-    mask = None if key_mask is None else key_mask.astype(bool)[:, None, None, :]
-    kw = {
-        "causal": bool(impl.causal),
-        "mask": mask,
-        "scale": impl.scale or None,
-        "window": impl.window or None,
-        "softcap": impl.softcap or None,
-        "sinks": p["sinks"] if impl.sinks else None,
-    }
-    if keep_weights:
-        out, weights = _attention(q, k, v, return_weights=True, **kw)
-    else:  # stats only: the streaming kernel, no score matrix
-        out, weights = _attention(q, k, v, **kw), None
-    out = np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(b, t, hq * hd)
-    return _linear(out, p, "o_proj"), weights
 
 
 def _forward(
@@ -244,70 +148,33 @@ def _forward(
     last_only: bool,
     keep_weights: bool = True,
 ) -> Trace:
-    """The layer-by-layer forward on validated inputs: ``ids (B, T)`` int, ``pos (B, T)`` int64,
-    ``key_mask (B, T)`` uint8 or None (as ``Transformer.__call__`` prepares them)."""
+    """The model's own C++ forward with an observer, on validated inputs: ``ids (B, T)`` int,
+    ``pos (B, T)`` int64, ``key_mask (B, T)`` uint8 or None (as ``Transformer.__call__``
+    prepares them). Every block runs on every position and records the RMS of the residual
+    stream at its five points (float64) and, with ``keep_weights``, its attention weights (the
+    attention kernel's weights path instead of its streaming one)."""
     b, t = ids.shape
     real = np.ones((b, t), bool) if key_mask is None else key_mask.astype(bool)
-    params = model.state_dict()
-    x = params["model.embed_tokens.weight"][ids].astype(np.float32, copy=False)  # (B, T, dim)
-    if model.config.embed_scale:  # Gemma: sqrt(dim), rounded to float32 (as transformers)
-        x = x * np.float32(np.sqrt(model.config.dim))
-    # one rotary schedule for the model (dynamic NTK / longrope frequencies depend on the
-    # positions), exactly as Transformer.__call__ asks it
-    per_call = model._rope.frequencies(pos)
-    stats: dict[str, list[np.ndarray]] = {name: [] for name in STAT_NAMES}
-    embedding = _rms(x, real)
-    weights_per_layer = []
-    for block in model.blocks:
-        inv_freq, factor = _static_rope(block.attention)
-        if per_call is not None:
-            inv_freq = per_call
-        if block.norm_position in ("pre", "sandwich"):
-            # h = x + attn(norm1(x)); y = h + ffn(norm2(h)); sandwich (Gemma 2): each branch's
-            # output normed too before it is added
-            n1 = block.attention_norm(x)
-            a, w = _self_attention(
-                block.attention, n1, pos, key_mask, inv_freq, factor, keep_weights
-            )
-            if block.post_attention_norm is not None:
-                a = block.post_attention_norm(a)
-            h = x + a
-            n2 = block.ffn_norm(h)
-            f = block.feed_forward(n2)
-            if block.post_ffn_norm is not None:
-                f = block.post_ffn_norm(f)
-            y = h + f
-            seen = (x, n1, h, n2, y)
-        else:
-            # h = norm1(x + attn(x)); y = norm2(h + ffn(h))
-            a, w = _self_attention(
-                block.attention, x, pos, key_mask, inv_freq, factor, keep_weights
-            )
-            s1 = x + a
-            h = block.attention_norm(s1)
-            s2 = h + block.feed_forward(h)
-            y = block.ffn_norm(s2)
-            seen = (s1, h, s2, y, y)
-        for name, value in zip(STAT_NAMES, seen, strict=True):
-            stats[name].append(_rms(value, real))
-        if w is not None:
-            weights_per_layer.append(w)
-        x = y
-    final = model.norm(x)
-    # tied: lm_head.weight is the embedding (unless the head is quantized: its own codes)
-    logits = _linear(final[:, -1:] if last_only else final, params, "lm_head")
-    if model.config.final_softcap:  # Gemma 2: logits / c, tanh, * c (transformers' order)
-        c = np.float32(model.config.final_softcap)
-        logits = np.tanh(logits.astype(np.float32) / c) * c
+    logits, weights, rms = model._impl.observe(
+        np.ascontiguousarray(ids, dtype=np.int64),
+        pos,
+        key_mask,
+        bool(last_only),
+        model._rope.frequencies(pos),  # the model's rotary schedule, as __call__ asks it
+        bool(keep_weights),
+    )
+    rms[:, ~real] = np.nan  # (5 L + 3, B, T): padded tokens have no statistics
+    n = len(model.blocks)
+    per_point = rms[1 : 1 + len(STAT_NAMES) * n].reshape(n, len(STAT_NAMES), b, t)
     return Trace(
-        logits=np.ascontiguousarray(logits, dtype=np.float32),
-        attention=weights_per_layer,
+        logits=logits,
+        attention=list(weights) if weights is not None else [],
         stats=ResidualStats(
             norm_position=model.config.norm_position,
-            embedding=embedding,
-            **{name: np.stack(v) if v else np.zeros((0, b, t)) for name, v in stats.items()},
-            final_norm_in=_rms(x, real),
-            final_norm_out=_rms(final, real),
+            embedding=rms[0],
+            **{name: per_point[:, i] for i, name in enumerate(STAT_NAMES)},
+            final_norm_in=rms[-2],
+            final_norm_out=rms[-1],
             mask=real,
         ),
     )
@@ -328,8 +195,8 @@ def trace(
     mask: Any = None,
     last_only: bool = False,
 ) -> Trace:
-    """Run ``model`` on a prompt layer by layer and keep every layer's attention weights and
-    the residual-stream RMS around every norm.
+    """Run ``model`` on a prompt and keep every layer's attention weights and the
+    residual-stream RMS around every norm (the model's C++ forward with an observer).
 
     Args:
         model: a :class:`~llmkernels.Transformer`.

@@ -482,8 +482,8 @@ class Transformer(Module):
         Its logits equal the full forward's last row within rounding (with int8 / int4 weights
         those rows take the decode kernels: activations rounded to int8 per token).
 
-        ``return_attention`` / ``return_stats`` (no cache): run layer by layer through
-        :func:`llmkernels.inspect.trace` and return ``(logits, weights)``, ``(logits, stats)``
+        ``return_attention`` / ``return_stats`` (no cache): run the forward with an observer
+        (:func:`llmkernels.inspect.trace`) and return ``(logits, weights)``, ``(logits, stats)``
         or ``(logits, weights, stats)``: ``weights`` a list of ``(B, Hq, T, T)`` arrays, one per
         layer; ``stats`` a :class:`llmkernels.inspect.ResidualStats`.
 
