@@ -182,23 +182,23 @@ def render(report: dict[str, Any]) -> str:
         "GFLOP/s (fraction of the FMA peak) and time ratio peer / lk auto (> 1: lk auto faster).",
         "",
     ]
+
+    def cells(st: dict[str, Any]) -> list[str]:
+        gflops = f"{st['gflops']:.1f} ({100 * st['peak']:.0f}%)"
+        return [fmt_time(st["median_s"]), gflops, fmt(st["ratio"])]
+
     rows = []
     for c in report["cases"]:
-        first = True
-        for name in c["threads"][threads[0]]["peers"]:
-            row = [f"{c['k']} -> {c['n']}, m={c['m']}" if first else "", name]
-            for t in threads:
-                st = c["threads"][t]["peers"][name]
-                row += [
-                    fmt_time(st["median_s"]),
-                    f"{st['gflops']:.1f} ({100 * st['peak']:.0f}%)",
-                    fmt(st["ratio"]),
-                ]
-            rows.append(row)
-            first = False
-    header = ["shape (in -> out), tokens", "peer"]
-    for t in threads:
-        header += [f"{t}T time", f"{t}T GFLOP/s", f"{t}T ratio"]
+        per_t = c["threads"]
+        rows += h.grouped(
+            f"{c['k']} -> {c['n']}, m={c['m']}",
+            [
+                [name, *(x for t in threads for x in cells(per_t[t]["peers"][name]))]
+                for name in per_t[threads[0]]["peers"]
+            ],
+        )
+    lead = ["shape (in -> out), tokens", "peer"]
+    header = h.thread_header(lead, ["time", "GFLOP/s", "ratio"], threads)
     lines += md_table(header, rows)
     return "\n".join(lines) + "\n"
 

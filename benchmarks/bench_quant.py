@@ -130,19 +130,22 @@ def render(report: dict[str, Any]) -> str:
         + ", ".join(f"{t}T {h.roof(report['probe'], 'GB/s', t):.1f} GB/s" for t in threads),
         "",
     ]
+
+    def cells(st: dict[str, Any]) -> list[str]:
+        return [fmt_time(st["median_s"]), fmt(st["gbs"], 1), f"{100 * st['roof']:.0f}%"]
+
     rows = []
     for c in report["cases"]:
-        first = True
-        for name in c["bytes"]:
-            row = [f"{c['k']} -> {c['rows']}" if first else "", name, h.fmt_bytes(c["bytes"][name])]
-            for t in threads:
-                st = c["threads"][t]["peers"][name]
-                row += [fmt_time(st["median_s"]), fmt(st["gbs"], 1), f"{100 * st['roof']:.0f}%"]
-            rows.append(row)
-            first = False
-    header = ["shape (in -> out)", "weights", "bytes"]
-    for t in threads:
-        header += [f"{t}T time", f"{t}T GB/s", f"{t}T of triad"]
+        rows += h.grouped(
+            f"{c['k']} -> {c['rows']}",
+            [
+                [name, h.fmt_bytes(size)]
+                + [x for t in threads for x in cells(c["threads"][t]["peers"][name])]
+                for name, size in c["bytes"].items()
+            ],
+        )
+    lead = ["shape (in -> out)", "weights", "bytes"]
+    header = h.thread_header(lead, ["time", "GB/s", "of triad"], threads)
     lines += md_table(header, rows)
     return "\n".join(lines) + "\n"
 

@@ -40,7 +40,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -455,30 +455,27 @@ def op_table(ops: Sequence[Mapping[str, Any]], threads: Sequence[int]) -> list[s
     fraction per thread count, its time over llmkernels', its own thread speedup next to the
     probe's, and the load of other processes."""
     lo, hi = str(min(threads)), str(max(threads))
+
+    def cells(s: Mapping[str, Any]) -> list[str]:
+        return [fmt_time(s["median_s"]), fmt(s["rate"], 1), f"{100 * s['fraction_of_roof']:.0f}%"]
+
     rows = []
     for op in ops:
-        first = True
-        for name, st in op["impls"].items():
-            label = f"**{op['op']}** {op['shape']} [{op['metric']}]" if first else ""
-            row = [label, name]
-            for t in threads:
-                s = st[str(t)]
-                row += [
-                    fmt_time(s["median_s"]),
-                    fmt(s["rate"], 1),
-                    f"{100 * s['fraction_of_roof']:.0f}%",
-                ]
-            row += [fmt(st[t]["time_vs_llmkernels"]) for t in (lo, hi)]
-            row += [fmt(st["thread_speedup"]), fmt(op["roof_scaling"]) if first else ""]
-            others = op["other_processes_cpus"]
-            row += [fmt_cpus([others[str(t)] for t in threads]) if first else ""]
-            rows.append(row)
-            first = False
-    header = ["op", "impl"]
-    for t in threads:
-        header += [f"{t}T time", f"{t}T rate", f"{t}T roof"]
-    header += [f"x lk {lo}T", f"x lk {hi}T", f"{lo}T/{hi}T", "probe", "others"]
-    return md_table(header, rows)
+        others = op["other_processes_cpus"]
+        per_op = [fmt(op["roof_scaling"]), fmt_cpus([others[str(t)] for t in threads])]
+        rows += grouped(
+            f"**{op['op']}** {op['shape']} [{op['metric']}]",
+            [
+                [name]
+                + [c for t in threads for c in cells(st[str(t)])]
+                + [fmt(st[t]["time_vs_llmkernels"]) for t in (lo, hi)]
+                + [fmt(st["thread_speedup"])]
+                + (per_op if i == 0 else ["", ""])
+                for i, (name, st) in enumerate(op["impls"].items())
+            ],
+        )
+    tail = [f"x lk {lo}T", f"x lk {hi}T", f"{lo}T/{hi}T", "probe", "others"]
+    return md_table(thread_header(["op", "impl"], ["time", "rate", "roof"], threads, tail), rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -772,6 +769,19 @@ def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """Rows of a markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def thread_header(
+    lead: Sequence[str], columns: Sequence[str], threads: Sequence[int], tail: Sequence[str] = ()
+) -> list[str]:
+    """A table header: ``lead``, then ``columns`` once per thread count (``"2T time"``), then
+    ``tail``."""
+    return [*lead, *(f"{t}T {c}" for t in threads for c in columns), *tail]
+
+
+def grouped(label: str, rows: Iterable[Sequence[str]]) -> list[list[str]]:
+    """The rows of one case of a table: ``label`` leads the first, the others start empty."""
+    return [[label if i == 0 else "", *r] for i, r in enumerate(rows)]
 
 
 # --------------------------------------------------------------------------------------
