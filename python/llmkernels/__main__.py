@@ -1,4 +1,4 @@
-"""Command line: ``llmkernels info | generate | chat`` (also ``python -m llmkernels``).
+"""Command line: ``llmkernels info | generate | chat | serve`` (also ``python -m llmkernels``).
 
 ``info`` prints :func:`llmkernels.build_info`: version, SIMD path, threads and BLAS.
 
@@ -8,7 +8,9 @@ tokenizer has one, unless ``--ignore-chat-template``), then prints the prompt an
 speeds and the peak memory to stderr. ``chat --model DIR`` is a REPL (``/reset`` starts over,
 ``q``, ``exit`` or end of input quits) that keeps the KV cache across turns: each turn prefills
 only the new tokens (:class:`llmkernels.ChatSession`). Both show a progress bar while loading
-a large checkpoint on a terminal.
+a large checkpoint on a terminal. ``serve --model DIR`` runs an OpenAI-compatible HTTP server
+(:mod:`llmkernels.serve`; the ``serve`` extra) on 127.0.0.1:8000 until Ctrl-C or SIGTERM, which
+let the running generations finish first.
 
 The seed demo and the side-by-side timing table are scripts of the source tree
 (``examples/demo.py``, ``make demo``), as are the benchmarks (``benchmarks/``, ``make bench``).
@@ -214,6 +216,68 @@ def _text_command(lk: Any, args: argparse.Namespace) -> int:
             print(_stats(last, session.prefilled), file=sys.stderr, flush=True)
 
 
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", required=True, help="HF model directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16", "int8", "int4"),
+        help="weights dtype (default: the checkpoint's)",
+    )
+    p.add_argument(
+        "--kv-dtype", default=None, choices=("float32", "bfloat16", "float16"),
+        help="KV cache dtype (default float32)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-sequences", type=int, default=4, help="generations run at once (default 4)"
+    )
+    p.add_argument(
+        "--queue-size", type=int, default=64,
+        help="requests that may wait for a free sequence; more get HTTP 503 (default 64)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ctx", type=int, default=None,
+        help="tokens of each sequence's KV cache, prompt + reply (default: the model's "
+        "max_position_embeddings, at most 4096); every cache is allocated at start",
+    )  # fmt: skip
+    p.add_argument(
+        "--api-key", default=os.environ.get("LLMKERNELS_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $LLMKERNELS_API_KEY; none: open)",
+    )  # fmt: skip
+    p.add_argument(
+        "--model-id", default=None,
+        help="the model name clients give (default: the directory's name)",
+    )  # fmt: skip
+
+
+def _serve_command(lk: Any, args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from llmkernels.serve import create_app
+    except ImportError as exc:
+        print(
+            f"error: `serve` needs the serve extra ({exc}): pip install 'llmkernels[serve]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        model, tokenizer = lk.load(args.model, dtype=args.dtype)
+        model_id = args.model_id or os.path.basename(os.path.normpath(args.model))
+        app = create_app(
+            model, tokenizer, model_id=model_id, max_sequences=args.max_sequences,
+            queue_size=args.queue_size, ctx=args.ctx, kv_dtype=args.kv_dtype,
+            api_key=args.api_key or None,
+        )  # fmt: skip
+    except (ValueError, OSError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=30)
+    return 0
+
+
 def _prog() -> str:
     """The name the usage shows: how the command was run (the ``llmkernels`` script, or
     ``python -m llmkernels``)."""
@@ -231,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     parser = argparse.ArgumentParser(
         prog=_prog(),
-        description="llmkernels: build info, text generation and chat with an HF model directory.",
+        description="llmkernels: build info, text generation, chat and an OpenAI-compatible "
+        "server for an HF model directory.",
     )
     parser.add_argument("--version", action="version", version=f"llmkernels {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -252,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat_p = sub.add_parser("chat", help="chat REPL with an HF model dir (KV cache kept)")
     _text_arguments(chat_p)
     chat_p.add_argument("--system", default=None, help="system prompt")
+    serve_p = sub.add_parser("serve", help="OpenAI-compatible HTTP server for an HF model dir")
+    _serve_arguments(serve_p)
     args = parser.parse_args(argv)
 
     import llmkernels as lk
@@ -260,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "info":
             _info(lk, as_json=args.json)
             return 0
+        if args.command == "serve":
+            return _serve_command(lk, args)
         return _text_command(lk, args)
     except KeyboardInterrupt:  # Ctrl-C: stop quietly, as a shell tool does
         print(file=sys.stderr)

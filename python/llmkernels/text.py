@@ -219,8 +219,11 @@ def _check_prompt(fn: str, model: Transformer, ids: list[int], limit: int) -> No
         )
 
 
-def _sampling(fn: str, tokenizer: Tokenizer, **given: Any) -> Sampling:
-    """Parameters left to ``None`` from generation_config.json, as transformers reads it."""
+def sampling_params(fn: str, tokenizer: Tokenizer, **given: Any) -> Sampling:
+    """The checked :class:`~llmkernels.nn.sampling.Sampling` of ``given`` (temperature, top_k,
+    top_p, min_p, repetition_penalty, seed): those left to ``None`` from
+    generation_config.json, as transformers reads it. Errors name ``fn``. (Shared by
+    :func:`generate`, :class:`ChatSession` and the server.)"""
     gc = tokenizer.generation_config
 
     def value(key: str, default: Any) -> Any:  # null or absent: transformers' default
@@ -268,7 +271,7 @@ def _check_model(fn: str, model: Any, tokenizer: Any) -> None:
         raise TypeError(f"[{fn}] tokenizer must be an llmkernels Tokenizer (from lk.load)")
 
 
-def _stream(
+def stream_pieces(
     fn: str,
     model: Transformer,
     tokenizer: Tokenizer,
@@ -279,8 +282,10 @@ def _stream(
     session: ChatSession | None = None,
     kv_dtype: str = "float32",
 ) -> Iterator[GenerationResponse]:
-    """Generate for one prompt; with ``session``, reuse its KV cache where the new prompt
-    extends the tokens it holds (else a new cache of ``kv_dtype``)."""
+    """The pieces of one generation for the prompt ``ids`` (the one streaming loop of
+    :func:`stream_generate`, :func:`generate`, :class:`ChatSession` and the server); with
+    ``session``, reuse its KV cache where the new prompt extends the tokens it holds (else a
+    new cache of ``kv_dtype``)."""
     # special tokens named by a stop string end the generation as an EOS does (decoding skips
     # them, so the text never shows the stop string)
     eos = set(tokenizer.eos_token_ids) | tokenizer.stop_token_ids(stops)
@@ -348,7 +353,7 @@ def _arguments(
     strings."""
     _check_model(fn, model, tokenizer)
     steps = check_max_tokens(fn, "max_tokens", max_tokens)
-    return steps, _sampling(fn, tokenizer, **sampling), _stop_list(fn, stop)
+    return steps, sampling_params(fn, tokenizer, **sampling), _stop_list(fn, stop)
 
 
 def stream_generate(
@@ -394,7 +399,7 @@ def stream_generate(
     ids = _prompt_ids(fn, tokenizer, prompt)
     _check_prompt(fn, model, ids, limit)
     check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
-    return _stream(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv)
+    return stream_pieces(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv)
 
 
 def generate(
@@ -449,7 +454,7 @@ def generate(
         ids = _prompt_ids(fn, tokenizer, prompt)
         _check_prompt(fn, model, ids, limit)
         pieces, last = [], None
-        for r in _stream(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv):
+        for r in stream_pieces(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv):
             pieces.append(r.text)
             last = r
         if verbose and last is not None:
@@ -632,7 +637,7 @@ class ChatSession:
         unknown = set(sampling) - set(names)
         if unknown:
             raise TypeError(f"[{fn}] unknown arguments {sorted(unknown)}")
-        params = _sampling(fn, self.tokenizer, **{k: sampling.get(k) for k in names})
+        params = sampling_params(fn, self.tokenizer, **{k: sampling.get(k) for k in names})
         stops = _stop_list(fn, stop)
         # a turn that fails before any reply (a template error, max_tokens past the model's
         # length, an interrupted prefill) leaves the conversation as it was
@@ -653,7 +658,7 @@ class ChatSession:
         last: GenerationResponse | None = None
         failed = False
         try:
-            for r in _stream(fn, self.model, self.tokenizer, ids, steps, params, stops, self):
+            for r in stream_pieces(fn, self.model, self.tokenizer, ids, steps, params, stops, self):
                 reply.append(r.text)
                 last = r
                 yield r
@@ -667,16 +672,21 @@ class ChatSession:
                 self.messages.pop()
             else:
                 self.messages.append({"role": "assistant", "content": "".join(reply)})
-            # the cache holds this prompt + the reply's tokens unless a stop string cut the
-            # reply (then the cache holds text the conversation does not): next turn re-prefills
-            eos = set(self.tokenizer.eos_token_ids)
-            clean = (
-                last is not None
-                and last.finish_reason is not None
-                and (last.finish_reason == "length" or last.token in eos)
-            )
-            if clean:
-                self._prompt_text, self._reply_end = text, "".join(reply)
+            self._settle(text, "".join(reply), last)
+
+    def _settle(self, text: str | None, reply: str, last: GenerationResponse | None) -> None:
+        """After the reply ``reply`` (ending with the piece ``last``) to the rendered prompt
+        ``text``: the next prompt that extends ``text + reply`` reuses the cache
+        (:meth:`_continuation`) -- unless a stop string cut the reply (the cache then holds text
+        the conversation does not) or it did not end (an error, a client gone)."""
+        eos = set(self.tokenizer.eos_token_ids)
+        clean = (
+            text is not None
+            and last is not None
+            and last.finish_reason is not None
+            and (last.finish_reason == "length" or last.token in eos)
+        )
+        self._prompt_text, self._reply_end = (text, reply) if clean else (None, None)
 
     def _continuation(self, text: str) -> list[int] | None:
         """Ids for the rendered conversation ``text`` that start with the tokens the cache holds:
