@@ -335,6 +335,54 @@ f32_array model_forward(const TransformerModule& self, i64_array ids, i64_array 
   return logits;
 }
 
+// One decode step of independent sequences (Transformer.decode): ids (B,), positions (B,),
+// caches[b]: sequence b's own caches, one per block, each of batch 1 -> logits (B, vocab)
+f32_array model_forward_rows(const TransformerModule& self, i64_array ids, i64_array positions,
+                             std::vector<std::vector<KVCache*>> caches,
+                             std::optional<f64_array> inv_freq) {
+  const char* fn = "Transformer.decode";
+  const std::size_t layers = self.blocks.size();
+  const double* fo =
+      layers == 0 ? nullptr : freq_override(fn, inv_freq, self.blocks[0]->attention->inv_freq.size());
+  expect(ids.ndim() == 1, fn, "ids must have shape (B,)");
+  const std::size_t b = ids.shape(0);
+  expect(positions.ndim() == 1 && static_cast<std::size_t>(positions.shape(0)) == b, fn,
+         "positions must have shape (B,)");
+  expect(caches.size() == b, fn, "one list of caches per sequence is needed");
+  std::vector<std::vector<KVCache*>> by_layer(layers, std::vector<KVCache*>(b));
+  std::vector<KVCache*> all;
+  for (std::size_t r = 0; r < b; ++r) {
+    expect(caches[r].size() == layers, fn, "each sequence needs one cache per block");
+    for (std::size_t i = 0; i < layers; ++i) {
+      KVCache* c = caches[r][i];
+      expect(c != nullptr, fn, "a cache is None");
+      expect(c->batch == 1, fn, "each sequence's caches hold one sequence (batch 1)");
+      check_cache(fn, c, 1, 1, *self.blocks[i]->attention);
+      by_layer[i][r] = c;
+      all.push_back(c);
+    }
+  }
+  std::vector<KVCache*> sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  expect(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), fn,
+         "a cache appears twice: every sequence and block needs its own");
+  const std::int64_t* ip = ids.data();
+  for (std::size_t r = 0; r < b; ++r)
+    expect(ip[r] >= 0 && static_cast<std::size_t>(ip[r]) < self.vocab, fn,
+           "token id " + std::to_string(ip[r]) + " out of range [0, " +
+               std::to_string(self.vocab) + ")");
+  f32_array logits(
+      std::vector<py::ssize_t>{static_cast<py::ssize_t>(b), static_cast<py::ssize_t>(self.vocab)});
+  const std::int64_t* pp = positions.data();
+  float* lp = logits.mutable_data();
+  py::gil_scoped_release nogil;
+  CacheSession session(all);
+  session.check_room(fn, 1);
+  if (b > 0) self.forward_rows(ip, b, pp, by_layer, lp, fo);
+  session.commit();
+  return logits;
+}
+
 // f() with the cache's mutex held (taken without the GIL, as a forward holds the mutex without
 // it), so that a forward in another thread does not append while the cache is read
 template <class F>
@@ -703,6 +751,8 @@ void bind_modules(py::module_& m) {
             return py::make_tuple(logits, w, rms);
           },
           "ids"_a, "positions"_a, "key_mask"_a, "last_only"_a, "inv_freq"_a, "weights"_a)
+      .def("forward_rows", &model_forward_rows, "ids"_a, "positions"_a, "caches"_a,
+           "inv_freq"_a = py::none())
       .def("params", params_of<TransformerModule>())
       .def_readonly("vocab", &TransformerModule::vocab)
       .def_readonly("dim", &TransformerModule::dim)

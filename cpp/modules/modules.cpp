@@ -508,47 +508,16 @@ namespace {
 const std::vector<std::int64_t> kZeroTableRows(4096, 0);
 }  // namespace
 
-void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
-                                       const std::int64_t* positions, const std::uint8_t* key_mask,
-                                       KVCache* cache, float* out, const float* residual,
-                                       const double* inv_freq_override, bool last_only,
-                                       float* weights) const {
-  const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
-  // partial rotary (HF partial_rotary_factor): the first 2 * len(inv_freq) features of each head
-  // are rotated, the rest pass through (the constructor checks len(inv_freq) <= head_dim / 2)
-  const std::size_t m = batch * seq, hd = head_dim, half = inv_freq.size();
-  const std::size_t hq = n_heads, hkv = n_kv_heads;
-  const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
-  last_only = last_only && seq > 1;
-  const std::size_t mo = last_only ? batch : m;  // query rows (and rows of out)
+// RoPE (after Qwen3's q / k norms) in place on the q and k parts of the rows of qkv
+// (m = B*T, width): cos / sin of each token's position in float64; with last_only only the last
+// token of each sequence has a query
+void MultiHeadAttentionModule::rotate(float* qkv, std::size_t m, std::size_t seq,
+                                      const std::int64_t* positions, const double* freqs,
+                                      bool last_only) const {
+  const std::size_t hd = head_dim, half = inv_freq.size(), hq = n_heads, hkv = n_kv_heads;
+  const std::size_t width = (hq + 2 * hkv) * hd;
   ScratchScope scope;
-  float* qkv = scratch(kQKV, m * width);          // (B*T, width)
-  float* rope_tab = scratch(kRope, m * hd);       // (B*T, [cos half | sin half])
-  float* attn = scratch(kAttnOut, mo * hq * hd);  // (mo, Hq*hd)
-  const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
-  const float* b_qkv = qkv_bias ? b_qkv_.data() : nullptr;
-  if (!last_only) {
-    project(x, m, dim, w_qkv.ref(), width, b_qkv, qkv, false);
-  } else {
-    // Only the last token's query is asked for (and every token's key and value, which the
-    // cache keeps or the last query reads): k and v of all B*T tokens, q of B of them, each
-    // copied into its token's [q | k | v] (the q of the other tokens is never read)
-    float* last = scratch(kLastRows, batch * (dim + hq * hd));  // (B, dim), then (B, Hq*hd)
-    float* kv = scratch(kKV, m * 2 * hkv * hd);                  // (B*T, 2*Hkv*hd)
-    project(x, m, dim, weight_rows(w_qkv.ref(), hq * hd, dim), 2 * hkv * hd,
-            b_qkv ? b_qkv + hq * hd : nullptr, kv, false);
-    for (std::size_t b = 0; b < batch; ++b)
-      std::memcpy(last + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));
-    float* q_last = last + batch * dim;
-    project(last, batch, dim, w_qkv.ref(), hq * hd, b_qkv, q_last, false);
-    for (std::size_t r = 0; r < m; ++r)
-      std::memcpy(qkv + r * width + hq * hd, kv + r * 2 * hkv * hd, 2 * hkv * hd * sizeof(float));
-    for (std::size_t b = 0; b < batch; ++b)
-      std::memcpy(qkv + (b * seq + seq - 1) * width, q_last + b * hq * hd,
-                  hq * hd * sizeof(float));
-  }
-
-  // RoPE in place on the q and k parts of each token; cos/sin of its position in float64
+  float* rope_tab = scratch(kRope, m * hd);  // (B*T, [cos half | sin half])
   const std::vector<std::int64_t>& zeros = kZeroTableRows;
   parallel_for(m, 1, 40.0 * half + 4.0 * width, [&](std::size_t b, std::size_t e) {
     for (std::size_t r = b; r < e; ++r) {
@@ -574,7 +543,17 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
       }
     }
   });
+}
 
+// The attention of one call's rotated qkv (B*T, width) into attn (mo, Hq*hd): with a cache, the
+// new keys and values are appended to it first and attention covers it; weights: null or
+// (B, Hq, T, T) (MultiHeadAttentionModule::forward)
+void MultiHeadAttentionModule::attend(const float* qkv, std::size_t batch, std::size_t seq,
+                                      const std::uint8_t* key_mask, KVCache* cache,
+                                      bool last_only, float* weights, float* attn) const {
+  const std::size_t m = batch * seq, hd = head_dim, hq = n_heads, hkv = n_kv_heads;
+  const std::size_t width = (hq + 2 * hkv) * hd;
+  const std::size_t mo = last_only ? batch : m;
   attn_params<float> p{};
   // last_only: one query per sequence, the last token's, which the bottom-right alignment of
   // the causal and window masks places after every key (as a decode step's)
@@ -694,6 +673,49 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   }
   attention<float>(p);
   if (cache) cache->length += seq;
+}
+
+void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::size_t seq,
+                                       const std::int64_t* positions, const std::uint8_t* key_mask,
+                                       KVCache* cache, float* out, const float* residual,
+                                       const double* inv_freq_override, bool last_only,
+                                       float* weights) const {
+  const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
+  // partial rotary (HF partial_rotary_factor): the first 2 * len(inv_freq) features of each head
+  // are rotated, the rest pass through (the constructor checks len(inv_freq) <= head_dim / 2)
+  const std::size_t m = batch * seq, hd = head_dim;
+  const std::size_t hq = n_heads, hkv = n_kv_heads;
+  const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
+  last_only = last_only && seq > 1;
+  const std::size_t mo = last_only ? batch : m;  // query rows (and rows of out)
+  ScratchScope scope;
+  float* qkv = scratch(kQKV, m * width);          // (B*T, width)
+  float* attn = scratch(kAttnOut, mo * hq * hd);  // (mo, Hq*hd)
+  const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
+  const float* b_qkv = qkv_bias ? b_qkv_.data() : nullptr;
+  if (!last_only) {
+    project(x, m, dim, w_qkv.ref(), width, b_qkv, qkv, false);
+  } else {
+    // Only the last token's query is asked for (and every token's key and value, which the
+    // cache keeps or the last query reads): k and v of all B*T tokens, q of B of them, each
+    // copied into its token's [q | k | v] (the q of the other tokens is never read)
+    float* last = scratch(kLastRows, batch * (dim + hq * hd));  // (B, dim), then (B, Hq*hd)
+    float* kv = scratch(kKV, m * 2 * hkv * hd);                  // (B*T, 2*Hkv*hd)
+    project(x, m, dim, weight_rows(w_qkv.ref(), hq * hd, dim), 2 * hkv * hd,
+            b_qkv ? b_qkv + hq * hd : nullptr, kv, false);
+    for (std::size_t b = 0; b < batch; ++b)
+      std::memcpy(last + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));
+    float* q_last = last + batch * dim;
+    project(last, batch, dim, w_qkv.ref(), hq * hd, b_qkv, q_last, false);
+    for (std::size_t r = 0; r < m; ++r)
+      std::memcpy(qkv + r * width + hq * hd, kv + r * 2 * hkv * hd, 2 * hkv * hd * sizeof(float));
+    for (std::size_t b = 0; b < batch; ++b)
+      std::memcpy(qkv + (b * seq + seq - 1) * width, q_last + b * hq * hd,
+                  hq * hd * sizeof(float));
+  }
+
+  rotate(qkv, m, seq, positions, freqs, last_only);
+  attend(qkv, batch, seq, key_mask, cache, last_only, weights, attn);
 
   if (residual && last_only) {  // the last row of each sequence (in place: rows move down)
     for (std::size_t b = 0; b < batch; ++b)
@@ -702,6 +724,30 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
     std::memcpy(out, residual, m * dim * sizeof(float));
   }
   project(attn, mo, hq * hd, w_o.ref(), dim, o_bias ? b_o_.data() : nullptr, out,
+          residual != nullptr);
+}
+
+// One decode step of `rows` independent sequences, each with its own cache (batch 1): the
+// projections run once over all rows (each weight read once for every sequence), attention
+// row by row over that row's cache. x (rows, dim), positions (rows,), caches (rows,).
+void MultiHeadAttentionModule::forward_rows(const float* x, std::size_t rows,
+                                            const std::int64_t* positions,
+                                            KVCache* const* caches, float* out,
+                                            const float* residual,
+                                            const double* inv_freq_override) const {
+  const double* freqs = inv_freq_override ? inv_freq_override : inv_freq.data();
+  const std::size_t hd = head_dim, hq = n_heads, hkv = n_kv_heads;
+  const std::size_t width = (hq + 2 * hkv) * hd;  // one token's [q | k | v]
+  ScratchScope scope;
+  float* qkv = scratch(kQKV, rows * width);         // (rows, width)
+  float* attn = scratch(kAttnOut, rows * hq * hd);  // (rows, Hq*hd)
+  const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
+  project(x, rows, dim, w_qkv.ref(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
+  rotate(qkv, rows, 1, positions, freqs, false);
+  for (std::size_t r = 0; r < rows; ++r)
+    attend(qkv + r * width, 1, 1, nullptr, caches[r], false, nullptr, attn + r * hq * hd);
+  if (residual && residual != out) std::memcpy(out, residual, rows * dim * sizeof(float));
+  project(attn, rows, hq * hd, w_o.ref(), dim, o_bias ? b_o_.data() : nullptr, out,
           residual != nullptr);
 }
 
@@ -724,65 +770,89 @@ TransformerBlockModule::TransformerBlockModule(std::shared_ptr<MultiHeadAttentio
     throw std::invalid_argument("[TransformerBlock] a sandwich block needs both post norms");
 }
 
-void TransformerBlockModule::forward(const float* x, std::size_t batch, std::size_t seq,
-                                     const std::int64_t* positions, const std::uint8_t* key_mask,
-                                     KVCache* cache, float* out,
-                                     const double* inv_freq_override, bool last_only,
-                                     float* weights, double* rms) const {
+namespace {
+
+// A block's forward around its attention call attend(in, out, residual) (out = [residual +]
+// attention(in), mo rows): m rows in x, mo rows out (the last row of each sequence of `seq`
+// with last_only); rms: null or (ForwardObserver::kPoints, m)
+template <class Attend>
+void block_forward(const TransformerBlockModule& blk, const float* x, std::size_t m,
+                   std::size_t seq, bool last_only, float* out, double* rms, Attend&& attend) {
   ScratchScope scope;
-  const std::size_t m = batch * seq, dim = attention->dim;
-  last_only = last_only && seq > 1;
-  const std::size_t mo = last_only ? batch : m;  // rows of out
+  const std::size_t dim = blk.attention->dim;
+  const std::size_t mo = last_only ? m / seq : m;  // rows of out
   float* tmp = scratch(kNormOut, m * dim);
   // the RMS of the residual stream at point i (ForwardObserver), when observed
   auto seen = [&](std::size_t i, const float* h) {
     if (rms) row_rms(h, m, dim, rms + i * m);
   };
-  if (post_attention_norm) {
+  if (blk.post_attention_norm) {
     // sandwich (Gemma 2): h = x + post1(attn(norm1(x))); y = h + post2(ffn(norm2(h)))
     float* a = scratch(kSandwich, mo * dim);  // (mo, dim)
     seen(0, x);
-    attention_norm->forward(x, tmp, m);
+    blk.attention_norm->forward(x, tmp, m);
     seen(1, tmp);
-    attention->forward(tmp, batch, seq, positions, key_mask, cache, a, nullptr, inv_freq_override,
-                       last_only, weights);
-    post_attention_norm->forward(a, a, mo);
+    attend(tmp, a, nullptr);
+    blk.post_attention_norm->forward(a, a, mo);
     for (std::size_t r = 0; r < mo; ++r) {
       const float* xr = x + (last_only ? r * seq + seq - 1 : r) * dim;
       for (std::size_t i = 0; i < dim; ++i) out[r * dim + i] = xr[i] + a[r * dim + i];
     }
     seen(2, out);
-    ffn_norm->forward(out, tmp, mo);
+    blk.ffn_norm->forward(out, tmp, mo);
     seen(3, tmp);
-    feed_forward->forward(tmp, mo, a, nullptr);
-    post_ffn_norm->forward(a, a, mo);
+    blk.feed_forward->forward(tmp, mo, a, nullptr);
+    blk.post_ffn_norm->forward(a, a, mo);
     for (std::size_t i = 0; i < mo * dim; ++i) out[i] += a[i];
     seen(4, out);
-  } else if (pre_norm) {
+  } else if (blk.pre_norm) {
     // h = x + attn(norm1(x)); y = h + ffn(norm2(h))    (h lives in out)
     seen(0, x);
-    attention_norm->forward(x, tmp, m);
+    blk.attention_norm->forward(x, tmp, m);
     seen(1, tmp);
-    attention->forward(tmp, batch, seq, positions, key_mask, cache, out, x, inv_freq_override,
-                       last_only, weights);
+    attend(tmp, out, x);
     seen(2, out);
-    ffn_norm->forward(out, tmp, mo);
+    blk.ffn_norm->forward(out, tmp, mo);
     seen(3, tmp);
-    feed_forward->forward(tmp, mo, out, out);
+    blk.feed_forward->forward(tmp, mo, out, out);
     seen(4, out);
   } else {
     // h = norm1(x + attn(x)); y = norm2(h + ffn(h))
-    attention->forward(x, batch, seq, positions, key_mask, cache, tmp, x, inv_freq_override,
-                       last_only, weights);
+    attend(x, tmp, x);
     seen(0, tmp);
-    attention_norm->forward(tmp, out, mo);
+    blk.attention_norm->forward(tmp, out, mo);
     seen(1, out);
-    feed_forward->forward(out, mo, tmp, out);
+    blk.feed_forward->forward(out, mo, tmp, out);
     seen(2, tmp);
-    ffn_norm->forward(tmp, out, mo);
+    blk.ffn_norm->forward(tmp, out, mo);
     seen(3, out);
     seen(4, out);
   }
+}
+
+}  // namespace
+
+void TransformerBlockModule::forward(const float* x, std::size_t batch, std::size_t seq,
+                                     const std::int64_t* positions, const std::uint8_t* key_mask,
+                                     KVCache* cache, float* out,
+                                     const double* inv_freq_override, bool last_only,
+                                     float* weights, double* rms) const {
+  last_only = last_only && seq > 1;
+  block_forward(*this, x, batch * seq, seq, last_only, out, rms,
+                [&](const float* in, float* o, const float* residual) {
+                  attention->forward(in, batch, seq, positions, key_mask, cache, o, residual,
+                                     inv_freq_override, last_only, weights);
+                });
+}
+
+void TransformerBlockModule::forward_rows(const float* x, std::size_t rows,
+                                          const std::int64_t* positions, KVCache* const* caches,
+                                          float* out, const double* inv_freq_override) const {
+  block_forward(*this, x, rows, 1, false, out, nullptr,
+                [&](const float* in, float* o, const float* residual) {
+                  attention->forward_rows(in, rows, positions, caches, o, residual,
+                                          inv_freq_override);
+                });
 }
 
 TransformerModule::TransformerModule(std::size_t vocab_, std::size_t dim_,
@@ -845,18 +915,7 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
   double* rms = observer ? observer->rms : nullptr;  // (5 n_layers + 3, B*T) or null
   float* x = scratch(kResidual, m * dim);  // (B*T, dim)
   float* y = scratch(kBlockTmp, m * dim);
-  if (embed_.format() == WeightFormat::f32) {
-    for (std::size_t r = 0; r < m; ++r)
-      std::memcpy(x + r * dim, embed_.at(ids[r] * dim), dim * sizeof(float));
-  } else {  // each looked-up row widened to float32 (the matrix stays 16-bit)
-    for (std::size_t r = 0; r < m; ++r)
-      dispatch(widen_w16_kernel{}, x + r * dim,
-               static_cast<const std::uint16_t*>(embed_.at(ids[r] * dim)), embed_.format(), dim);
-  }
-  if (embed_scale != 0.0) {
-    const float sc = static_cast<float>(embed_scale);
-    for (std::size_t i = 0; i < m * dim; ++i) x[i] *= sc;
-  }
+  embed(ids, m, x);
   // last_only: the last block computes the last position of each sequence only (every
   // position's key and value still, which the cache keeps and the last query reads): its
   // output is (B, dim) -- as llama.cpp skips the last layer's unused outputs
@@ -885,23 +944,63 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
       for (std::size_t b = 0; b < batch; ++b)
         std::memmove(y + b * dim, y + (b * seq + seq - 1) * dim, dim * sizeof(float));
     project(y, last_only ? batch : m, dim, head, vocab, nullptr, logits, false);
+    cap(logits, (last_only ? batch : m) * vocab);
   } else if (last_only) {  // x: the last position of each sequence (B, dim); normalise only those
     if (blocks.empty())
       for (std::size_t b = 0; b < batch; ++b)
         std::memmove(x + b * dim, x + (b * seq + seq - 1) * dim, dim * sizeof(float));
-    final_norm->forward(x, y, batch);
-    project(y, batch, dim, head, vocab, nullptr, logits, false);
+    head_logits(x, y, batch, logits);
   } else {
-    final_norm->forward(x, x, m);
-    project(x, m, dim, head, vocab, nullptr, logits, false);
+    head_logits(x, x, m, logits);
   }
-  if (final_softcap != 0.0) {  // Gemma 2: logits / c, tanh, * c (transformers' order)
-    const float c = static_cast<float>(final_softcap);
-    const std::size_t n = (last_only ? batch : m) * vocab;
-    parallel_for(n, 1024, 20.0, [&](std::size_t b, std::size_t e) {
-      for (std::size_t i = b; i < e; ++i) logits[i] = std::tanh(logits[i] / c) * c;
-    });
+}
+
+void TransformerModule::forward_rows(const std::int64_t* ids, std::size_t rows,
+                                     const std::int64_t* positions,
+                                     const std::vector<std::vector<KVCache*>>& caches,
+                                     float* logits, const double* inv_freq_override) const {
+  ScratchScope scope;
+  float* x = scratch(kResidual, rows * dim);  // (rows, dim)
+  float* y = scratch(kBlockTmp, rows * dim);
+  embed(ids, rows, x);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i]->forward_rows(x, rows, positions, caches[i].data(), y, inv_freq_override);
+    std::swap(x, y);
   }
+  head_logits(x, y, rows, logits);  // (as a last_only decode step of one sequence)
+}
+
+void TransformerModule::embed(const std::int64_t* ids, std::size_t m, float* x) const {
+  if (embed_.format() == WeightFormat::f32) {
+    for (std::size_t r = 0; r < m; ++r)
+      std::memcpy(x + r * dim, embed_.at(ids[r] * dim), dim * sizeof(float));
+  } else {  // each looked-up row widened to float32 (the matrix stays 16-bit)
+    for (std::size_t r = 0; r < m; ++r)
+      dispatch(widen_w16_kernel{}, x + r * dim,
+               static_cast<const std::uint16_t*>(embed_.at(ids[r] * dim)), embed_.format(), dim);
+  }
+  if (embed_scale != 0.0) {
+    const float sc = static_cast<float>(embed_scale);
+    for (std::size_t i = 0; i < m * dim; ++i) x[i] *= sc;
+  }
+}
+
+void TransformerModule::head_logits(const float* x, float* y, std::size_t rows,
+                                    float* logits) const {
+  const WeightBuffer lm_head = lm_head_.load();  // empty when tied (and not quantized)
+  const WeightRef head = lm_head.size() ? lm_head.ref() : embed_.ref();
+  final_norm->forward(x, y, rows);
+  project(y, rows, dim, head, vocab, nullptr, logits, false);
+  cap(logits, rows * vocab);
+}
+
+void TransformerModule::cap(float* logits, std::size_t n) const {
+  if (final_softcap == 0.0) return;
+  // Gemma 2: logits / c, tanh, * c (transformers' order)
+  const float c = static_cast<float>(final_softcap);
+  parallel_for(n, 1024, 20.0, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) logits[i] = std::tanh(logits[i] / c) * c;
+  });
 }
 
 }  // namespace llmk

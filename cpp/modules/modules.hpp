@@ -228,6 +228,12 @@ class MultiHeadAttentionModule {
                const std::uint8_t* key_mask, KVCache* cache, float* out, const float* residual,
                const double* inv_freq_override = nullptr, bool last_only = false,
                float* weights = nullptr) const;
+  // One decode step of `rows` independent sequences, one token each: x (rows, dim), positions
+  // (rows,), caches (rows,): each sequence's own cache (batch 1), appended to at its own
+  // length. The projections run over all rows at once; attention row by row.
+  void forward_rows(const float* x, std::size_t rows, const std::int64_t* positions,
+                    KVCache* const* caches, float* out, const float* residual,
+                    const double* inv_freq_override = nullptr) const;
   std::vector<Param> params();
   WeightFormat format() const { return w_o_.load().format(); }  // of the QKV and O matrices
   std::size_t group() const { return w_o_.load().group(); }
@@ -256,6 +262,11 @@ class MultiHeadAttentionModule {
   std::vector<float> b_o_;              // (dim,)
   std::vector<float> sinks_;            // (Hq,) when sinks
   std::vector<float> q_norm_, k_norm_;  // (head_dim,) each, when qk_norm
+  // the stages of forward: RoPE of the projected rows, then attention (appending to cache)
+  void rotate(float* qkv, std::size_t m, std::size_t seq, const std::int64_t* positions,
+              const double* freqs, bool last_only) const;
+  void attend(const float* qkv, std::size_t batch, std::size_t seq, const std::uint8_t* key_mask,
+              KVCache* cache, bool last_only, float* weights, float* attn) const;
 };
 
 // What an inspection of a forward keeps (llmkernels.inspect), for one block or a whole model:
@@ -287,6 +298,10 @@ class TransformerBlockModule {
                const std::uint8_t* key_mask, KVCache* cache, float* out,
                const double* inv_freq_override = nullptr, bool last_only = false,
                float* weights = nullptr, double* rms = nullptr) const;
+  // one decode step of independent sequences (MultiHeadAttentionModule::forward_rows)
+  void forward_rows(const float* x, std::size_t rows, const std::int64_t* positions,
+                    KVCache* const* caches, float* out,
+                    const double* inv_freq_override = nullptr) const;
   std::shared_ptr<MultiHeadAttentionModule> attention;
   std::shared_ptr<FeedForwardModule> feed_forward;
   std::shared_ptr<Norm> attention_norm, ffn_norm;
@@ -308,6 +323,11 @@ class TransformerModule {
                std::vector<KVCache*> caches, bool last_only, float* logits,
                const double* inv_freq_override = nullptr,
                const ForwardObserver* observer = nullptr) const;
+  // logits (rows, vocab) of one decode step of `rows` independent sequences: ids (rows,),
+  // positions (rows,), caches[layer][row] (each sequence's own, batch 1)
+  void forward_rows(const std::int64_t* ids, std::size_t rows, const std::int64_t* positions,
+                    const std::vector<std::vector<KVCache*>>& caches, float* logits,
+                    const double* inv_freq_override = nullptr) const;
   // embed_tokens, lm_head (a view of the embedding when tied, unless the head is quantized)
   std::vector<Param> params();
   WeightFormat format() const { return embed_.format(); }  // of the embedding
@@ -330,6 +350,12 @@ class TransformerModule {
  private:
   WeightBuffer embed_;    // (vocab, dim), float formats only
   WeightBuffer lm_head_;  // (vocab, dim); empty when tied (and not quantized)
+  // x (m, dim) = the (scaled) embedding rows of ids (m,)
+  void embed(const std::int64_t* ids, std::size_t m, float* x) const;
+  // logits (rows, vocab) = head(y), y (rows, dim) = final_norm(x (rows, dim)) (y may be x)
+  void head_logits(const float* x, float* y, std::size_t rows, float* logits) const;
+  // Gemma 2's final soft-capping of n logits (none when final_softcap is 0)
+  void cap(float* logits, std::size_t n) const;
 };
 
 }  // namespace llmk

@@ -271,6 +271,93 @@ def _check_model(fn: str, model: Any, tokenizer: Any) -> None:
         raise TypeError(f"[{fn}] tokenizer must be an llmkernels Tokenizer (from lk.load)")
 
 
+class TextGeneration:
+    """One prompt's generation as text, token by token: the KV cache it runs on (``session``'s,
+    reused where the prompt extends the tokens it holds, else a new one of ``kv_dtype``), its
+    sampler, and the pieces of text each sampled token gives (stop strings, EOS, max_tokens).
+    :func:`stream_pieces` drives it with :func:`~llmkernels.nn.generation.generate_step`; the
+    server's engine with batched decode steps (``Transformer.decode``).
+
+    Protocol: prefill ``todo`` into ``cache`` and call :meth:`prefilled`; then for each token
+    sampled with ``sampler``, :meth:`add` gives its piece (``finished`` once it ended); feed an
+    unfinished one to the model and call :meth:`fed`; :meth:`close` at the end."""
+
+    def __init__(
+        self,
+        fn: str,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        ids: list[int],
+        max_tokens: int,
+        params: Sampling,
+        stops: list[str],
+        session: ChatSession | None = None,
+        kv_dtype: str = "float32",
+    ) -> None:
+        # special tokens named by a stop string end the generation as an EOS does (decoding
+        # skips them, so the text never shows the stop string)
+        self.eos = set(tokenizer.eos_token_ids) | tokenizer.stop_token_ids(stops)
+        self.sampler = params.sampler(1, model.config.vocab_size)
+        self.sampler.see(np.asarray([ids]))
+        self.t0 = time.perf_counter()
+        self.session, self.max_tokens, self.prompt_tokens = session, max_tokens, len(ids)
+        if session is not None:
+            self.cache, self.todo = session._prepare(ids, max_tokens)
+        else:
+            check_cache_size(fn, "max_tokens", model.config, 1, len(ids), max_tokens)
+            self.cache, self.todo = model.new_cache(1, len(ids) + max(max_tokens, 1), kv_dtype), ids
+        self.detok, self.stop_text = Detokenizer(tokenizer), StopText(stops)
+        self.n = 0  # tokens generated
+        self.tokens: list[int] = list(ids)  # tokens the cache holds
+        self.prompt_tps = 0.0
+        self.t_first = self.t0
+        self.finished = max_tokens == 0
+
+    def prefilled(self) -> None:
+        t1 = time.perf_counter()
+        self.prompt_tps = len(self.todo) / max(t1 - self.t0, 1e-9)
+        self.t_first = t1
+
+    def _response(self, text: str, token: int | None, reason: str | None) -> GenerationResponse:
+        elapsed = time.perf_counter() - self.t_first
+        n = self.n
+        tps = (n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0
+        return GenerationResponse(
+            text, token, self.prompt_tokens, self.prompt_tps, n, tps, _peak_memory_gb(), reason
+        )
+
+    def add(self, token: int) -> GenerationResponse:
+        """The piece of text the sampled ``token`` completes."""
+        if self.session is not None:  # sampled, not yet in the cache
+            self.session._unfed = [] if token in self.eos else [token]
+        self.n += 1
+        if self.n == 1:
+            self.t_first = time.perf_counter()
+        if token in self.eos:
+            self.finished = True
+            return self._response(late_text(self.detok, self.stop_text), token, "stop")
+        text, stopped = self.stop_text.add(self.detok.add(token))
+        if stopped:
+            self.finished = True
+            return self._response(text, token, "stop")
+        if self.n == self.max_tokens:
+            self.finished = True
+            tail, stopped = self.stop_text.add(self.detok.flush())
+            tail += "" if stopped else self.stop_text.rest()
+            return self._response(text + tail, token, "stop" if stopped else "length")
+        return self._response(text, token, None)
+
+    def fed(self, token: int) -> None:
+        """``token`` is in the cache now."""
+        self.tokens.append(token)
+        if self.session is not None:
+            self.session._unfed = []
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session._cached = self.tokens
+
+
 def stream_pieces(
     fn: str,
     model: Transformer,
@@ -283,65 +370,23 @@ def stream_pieces(
     kv_dtype: str = "float32",
 ) -> Iterator[GenerationResponse]:
     """The pieces of one generation for the prompt ``ids`` (the one streaming loop of
-    :func:`stream_generate`, :func:`generate`, :class:`ChatSession` and the server); with
-    ``session``, reuse its KV cache where the new prompt extends the tokens it holds (else a
-    new cache of ``kv_dtype``)."""
-    # special tokens named by a stop string end the generation as an EOS does (decoding skips
-    # them, so the text never shows the stop string)
-    eos = set(tokenizer.eos_token_ids) | tokenizer.stop_token_ids(stops)
-    sampler = params.sampler(1, model.config.vocab_size)
-    sampler.see(np.asarray([ids]))
-    t0 = time.perf_counter()
-    if session is not None:
-        cache, todo = session._prepare(ids, max_tokens)
-    else:
-        check_cache_size(fn, "max_tokens", model.config, 1, len(ids), max_tokens)
-        cache, todo = model.new_cache(1, len(ids) + max(max_tokens, 1), kv_dtype), ids
-    step = generate_step(model, np.asarray([todo], np.int64), cache, sampler)
-    nxt = next(step)  # the prefill (and the first token)
-    t1 = time.perf_counter()
-    prompt_tps = len(todo) / max(t1 - t0, 1e-9)
-    detok, stop_text = Detokenizer(tokenizer), StopText(stops)
-    n = 0
-    fed: list[int] = list(ids)  # tokens the cache holds
-    t_first = t1
-
-    def response(text: str, token: int | None, reason: str | None) -> GenerationResponse:
-        elapsed = time.perf_counter() - t_first
-        tps = (n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0
-        return GenerationResponse(
-            text, token, len(ids), prompt_tps, n, tps, _peak_memory_gb(), reason
-        )
-
+    :func:`stream_generate`, :func:`generate` and :class:`ChatSession`): a
+    :class:`TextGeneration` driven by :func:`~llmkernels.nn.generation.generate_step`."""
+    gen = TextGeneration(fn, model, tokenizer, ids, max_tokens, params, stops, session, kv_dtype)
+    step = generate_step(model, np.asarray([gen.todo], np.int64), gen.cache, gen.sampler)
     try:
-        while n < max_tokens:
+        nxt = next(step)  # the prefill (and the first token)
+        gen.prefilled()
+        while not gen.finished:
             token = int(nxt[0])
-            if session is not None:
-                session._unfed = [] if token in eos else [token]  # sampled, not yet in the cache
-            n += 1
-            if n == 1:
-                t_first = time.perf_counter()
-            if token in eos:
-                yield response(late_text(detok, stop_text), token, "stop")
+            yield gen.add(token)
+            if gen.finished:
                 return
-            text, stopped = stop_text.add(detok.add(token))
-            if stopped:
-                yield response(text, token, "stop")
-                return
-            if n == max_tokens:
-                tail, stopped = stop_text.add(detok.flush())
-                tail += "" if stopped else stop_text.rest()
-                yield response(text + tail, token, "stop" if stopped else "length")
-                return
-            yield response(text, token, None)
             nxt = next(step)
-            fed.append(token)
-            if session is not None:
-                session._unfed = []
+            gen.fed(token)
     finally:
         step.close()
-        if session is not None:
-            session._cached = fed
+        gen.close()
 
 
 def _arguments(

@@ -3,9 +3,10 @@ quantization, dtype conversion, Hugging Face checkpoints and ``generate``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -537,6 +538,80 @@ class Transformer(Module):
             )
             for c in cache.layers if cache is not None else []:
                 c._commit(nxt)
+        return logits
+
+    def decode(self, ids: Any, caches: Sequence[ModelCache]) -> np.ndarray:
+        """One decode step of several independent sequences in one forward: ``ids (B,)``, the
+        next token of each, and ``caches``, each sequence's own :class:`ModelCache` (from
+        ``new_cache(1, ...)``) holding its tokens so far, at its own length and positions.
+        Returns the logits ``(B, vocab)``: row ``b`` is what
+        ``model(ids[b:b+1, None], cache=caches[b], last_only=True)[0, -1]`` gives, and each
+        cache advances by one token as it would. The projections run once over the B tokens,
+        so each weight is read once for all the sequences (a server's continuous batching);
+        attention reads each sequence's own cache.
+
+        With int8 / int4 weights every row is bitwise the single-sequence step (activations
+        are quantized per token, sums are exact). With float weights the projection kernels
+        group tokens, so a row can differ from the single-sequence step in the last bits of
+        float32 (and with bf16 weights on AVX512-BF16 / AMX CPUs, above 8 tokens, by bf16
+        activation rounding): greedy tokens then agree except at near-ties. A model whose RoPE
+        frequencies depend on the sequence length (dynamic NTK, longrope) runs the rows one by
+        one, each with its own frequencies.
+
+        Examples:
+            >>> import llmkernels as lk, numpy as np
+            >>> model = lk.Transformer({"dim": 32, "n_layers": 2, "n_heads": 4,
+            ...                         "n_kv_heads": 2, "hidden_dim": 64, "vocab_size": 50},
+            ...                        seed=0)
+            >>> a, b = model.new_cache(1, 16), model.new_cache(1, 16)
+            >>> _ = model([[1, 2, 3]], cache=a); _ = model([[4]], cache=b)
+            >>> model.decode([7, 8], [a, b]).shape, a.length, b.length
+            ((2, 50), 4, 2)
+        """
+        fn = "Transformer.decode"
+        arr = np.asarray(ids)
+        if arr.size == 0:  # [] (no sequence): not floats
+            arr = arr.astype(np.int64)
+        if arr.dtype.kind not in "iu" or arr.ndim != 1:
+            raise TypeError(f"[{fn}] ids must be a 1-D array of integer token ids")
+        if isinstance(caches, ModelCache) or not isinstance(caches, Sequence):
+            raise TypeError(f"[{fn}] caches must be a list of ModelCache, one per sequence")
+        if len(caches) != len(arr):
+            raise ValueError(f"[{fn}] {len(arr)} ids but {len(caches)} caches")
+        for c in caches:
+            if not isinstance(c, ModelCache) or len(c.layers) != len(self.blocks):
+                raise TypeError(f"[{fn}] each cache must come from this model's new_cache()")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError(f"[{fn}] a cache appears twice: each sequence needs its own")
+        if not len(arr):
+            return np.zeros((0, self.config.vocab_size), np.float32)
+        ids64 = np.ascontiguousarray(arr, dtype=np.int64)
+        with contextlib.ExitStack() as locks:  # (taken in one order: no deadlock)
+            for c in sorted(caches, key=id):
+                locks.enter_context(holding(c, fn))
+            for c in caches:
+                check_layers_in_step(fn, c)
+                if c.layers[0].batch != 1:
+                    raise ValueError(f"[{fn}] each cache holds one sequence (new_cache(1, ...))")
+            if self._rope.kind != "static":  # frequencies of each row's own length
+                rows = [self._decode_rows(ids64[i : i + 1], [c]) for i, c in enumerate(caches)]
+                return np.concatenate(rows)
+            return self._decode_rows(ids64, caches)
+
+    def _decode_rows(self, ids: np.ndarray, caches: Sequence[ModelCache]) -> np.ndarray:
+        """:meth:`decode` on checked ids and caches, their locks held."""
+        pos = np.array([c.next_positions[0] for c in caches], np.int64)
+        freqs = self._rope.frequencies(pos[:, None])
+        nxt = [p[None] + 1 for p in pos]
+        for c, n in zip(caches, nxt, strict=True):
+            for layer in c.layers:
+                layer._begin(n)
+        logits = self._impl.forward_rows(
+            ids, pos, [[layer._impl for layer in c.layers] for c in caches], freqs
+        )
+        for c, n in zip(caches, nxt, strict=True):
+            for layer in c.layers:
+                layer._commit(n)
         return logits
 
     def generate(

@@ -1,19 +1,23 @@
 """The generation engine of the server: one thread runs the model for every request.
 
-Each active generation holds a *slot*: a :class:`~llmkernels.ChatSession` whose KV cache of
+Each running generation holds a *slot*: a :class:`~llmkernels.ChatSession` whose KV cache of
 ``ctx`` positions is allocated when the engine starts, so the memory of all slots -- the KV
-budget -- is fixed up front and no request can make the server allocate more cache. A step
-advances every active generation by one token (its prefill on its first step), then finished
-and cancelled generations leave and waiting ones join (continuous scheduling: a request does
-not wait for a whole earlier generation to end). Requests beyond ``max_sequences`` wait in a
-queue of ``queue_size``; past that, :meth:`Engine.submit` raises :class:`Overloaded`.
+budget -- is fixed up front and no request can make the server allocate more cache. Every
+step, requests waiting for a slot join (their prompts prefilled, each in its own forward), then
+**one batched forward** (:meth:`~llmkernels.Transformer.decode`) advances every running
+generation by one token: each projection reads its weights once for all of them, attention reads
+each one's own cache at its own length (no padding). Finished and cancelled generations leave
+between steps (continuous batching). Requests beyond ``max_sequences`` wait in a queue of
+``queue_size``; past that, :meth:`Engine.submit` raises :class:`Overloaded`.
 
-Every generation runs the same code as :func:`llmkernels.stream_generate` on its own KV cache,
-so its tokens do not depend on the other requests: greedy output equals ``lk.generate`` run
-alone. A slot keeps the tokens it holds when its generation ends; a later prompt that extends
-them (the next turn of the same conversation, as an OpenAI client sends it: the whole
-conversation again) is prefilled from where they end, as :class:`~llmkernels.ChatSession`
-does in-process.
+A generation's tokens do not depend on which others share its steps where the model's decode
+is batch-invariant: with int8 / int4 weights (activations quantized per token, exact integer
+sums) greedy output equals ``lk.generate`` run alone, bit for bit. With float weights a batched
+row can differ from a lone one in the last bits of float32 (``Transformer.decode``), so greedy
+output can differ at near-ties. A slot keeps the tokens it holds when its generation ends; a
+later prompt that extends them (the next turn of the same conversation, as an OpenAI client
+sends it: the whole conversation again) is prefilled from where they end, as
+:class:`~llmkernels.ChatSession` does in-process.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from ..nn import Transformer
 from ..nn.sampling import Sampling
-from ..text import ChatSession, GenerationResponse, stream_pieces
+from ..text import ChatSession, GenerationResponse, TextGeneration
 from ..tokenizer import Tokenizer
 
 __all__ = ["Engine", "GenerationRequest", "Overloaded"]
@@ -60,7 +66,8 @@ class GenerationRequest:
 class _Active:
     request: GenerationRequest
     slot: ChatSession
-    pieces: Iterator[GenerationResponse]
+    gen: TextGeneration
+    pending: int | None = None  # the token sampled last, to feed in the next step
     reply: list[str] = dataclasses.field(default_factory=list)
     last: GenerationResponse | None = None
 
@@ -147,53 +154,82 @@ class Engine:
                 return slot, request.ids
         return self._free.popleft(), request.ids
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[_Active]:
+        """Waiting requests into free slots (the engine's lock held): the ones that joined."""
+        joined = []
         while self._waiting and self._free:
             request = self._waiting.popleft()
             if request.cancelled.is_set():
                 request.push(None)
                 continue
             slot, ids = self._take_slot(request)  # type: ignore[misc]
-            pieces = stream_pieces(
-                "serve",
-                self.model,
-                self.tokenizer,
-                ids,
-                request.max_tokens,
-                request.params,
-                request.stops,
-                session=slot,
-            )
-            self._active.append(_Active(request, slot, pieces))
+            try:
+                gen = TextGeneration(
+                    "serve", self.model, self.tokenizer, ids, request.max_tokens,
+                    request.params, request.stops, session=slot,
+                )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - reported to its client
+                self._free.append(slot)
+                request.push(exc)
+                continue
+            joined.append(_Active(request, slot, gen))
+        self._active += joined
+        return joined
 
     def _finish(self, a: _Active, error: BaseException | None = None) -> None:
         self._active.remove(a)
         try:
-            a.pieces.close()  # (the slot learns the tokens its cache holds)
+            a.gen.close()  # (the slot learns the tokens its cache holds)
         finally:
             a.slot._settle(a.request.text, "".join(a.reply), a.last if error is None else None)
             with self._cond:
                 self._free.append(a.slot)
             a.request.push(error)
 
-    def _step(self, a: _Active) -> None:
-        """One token of ``a`` (its prefill first)."""
-        if a.request.cancelled.is_set():
-            self._finish(a)
-            return
-        try:
-            piece = next(a.pieces)
-        except StopIteration:
-            self._finish(a)
-            return
-        except Exception as exc:  # noqa: BLE001 - reported to its client; the server goes on
-            self._finish(a, exc)
-            return
+    def _emit(self, a: _Active, token: int) -> None:
+        """The piece of the token ``a`` sampled, to its client."""
+        piece = a.gen.add(token)
         a.reply.append(piece.text)
         a.last = piece
         a.request.push(piece)
-        if piece.finish_reason is not None:
+        if a.gen.finished:
             self._finish(a)
+        else:
+            a.pending = token
+
+    def _prefill(self, a: _Active) -> None:
+        """A joining generation's prompt, and its first token."""
+        if a.request.cancelled.is_set() or a.gen.finished:  # (max_tokens 0: nothing to say)
+            self._finish(a)
+            return
+        try:
+            prompt = np.asarray([a.gen.todo], np.int64)
+            logits = self.model(prompt, cache=a.gen.cache, last_only=True)[:, -1]
+            a.gen.prefilled()
+            token = int(a.gen.sampler(logits)[0])
+        except Exception as exc:  # noqa: BLE001 - reported to its client; the server goes on
+            self._finish(a, exc)
+            return
+        self._emit(a, token)
+
+    def _decode(self) -> None:
+        """One batched step of every running generation that has a token to feed."""
+        for a in [a for a in self._active if a.request.cancelled.is_set()]:
+            self._finish(a)
+        batch = [a for a in self._active if a.pending is not None]
+        if not batch:
+            return
+        tokens = np.array([a.pending for a in batch], np.int64)
+        try:
+            logits = self.model.decode(tokens, [a.gen.cache for a in batch])
+        except Exception as exc:  # noqa: BLE001 - reported to their clients
+            for a in batch:
+                self._finish(a, exc)
+            return
+        for i, a in enumerate(batch):
+            a.gen.fed(int(tokens[i]))
+            a.pending = None
+            self._emit(a, int(a.gen.sampler(logits[i : i + 1])[0]))
 
     def _run(self) -> None:
         while True:
@@ -202,7 +238,7 @@ class Engine:
                     self._cond.wait()
                 if self._closing and not self._active and not self._waiting:
                     return
-                self._admit()
-                active = list(self._active)
-            for a in active:
-                self._step(a)
+                joined = self._admit()
+            for a in joined:
+                self._prefill(a)
+            self._decode()
