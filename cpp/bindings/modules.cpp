@@ -342,8 +342,9 @@ f32_array model_forward_rows(const TransformerModule& self, i64_array ids, i64_a
                              std::optional<f64_array> inv_freq) {
   const char* fn = "Transformer.decode";
   const std::size_t layers = self.blocks.size();
-  const double* fo =
-      layers == 0 ? nullptr : freq_override(fn, inv_freq, self.blocks[0]->attention->inv_freq.size());
+  const double* fo = layers == 0 ? nullptr
+                                 : freq_override(fn, inv_freq,
+                                                 self.blocks[0]->attention->inv_freq.size());
   expect(ids.ndim() == 1, fn, "ids must have shape (B,)");
   const std::size_t b = ids.shape(0);
   expect(positions.ndim() == 1 && static_cast<std::size_t>(positions.shape(0)) == b, fn,

@@ -293,10 +293,13 @@ class TextGeneration:
         stops: list[str],
         session: ChatSession | None = None,
         kv_dtype: str = "float32",
+        ignore_eos: bool = False,
     ) -> None:
         # special tokens named by a stop string end the generation as an EOS does (decoding
-        # skips them, so the text never shows the stop string)
-        self.eos = set(tokenizer.eos_token_ids) | tokenizer.stop_token_ids(stops)
+        # skips them, so the text never shows the stop string); ignore_eos (a benchmark's
+        # fixed reply length): only those
+        eos = set() if ignore_eos else set(tokenizer.eos_token_ids)
+        self.eos = eos | tokenizer.stop_token_ids(stops)
         self.sampler = params.sampler(1, model.config.vocab_size)
         self.sampler.see(np.asarray([ids]))
         self.t0 = time.perf_counter()

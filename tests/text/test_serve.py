@@ -168,7 +168,10 @@ def test_stop_strings_and_sampling(server: LiveServer) -> None:
     r1 = chat(client, max_tokens=16, **kw).choices[0].message.content
     r2 = chat(client, max_tokens=16, **kw).choices[0].message.content
     assert r1 == r2 == lk.generate(MODEL, TOK, QUESTION, max_tokens=16, **kw)
-    # extensions: top_k, min_p, repetition_penalty
+    # extensions: ignore_eos (the reply ends at EOS after 23 tokens without it), top_k,
+    # min_p, repetition_penalty
+    r = chat(client, max_tokens=30, temperature=0, extra_body={"ignore_eos": True})
+    assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (30, "length")
     ext = {"top_k": 5, "min_p": 0.05, "repetition_penalty": 1.3}
     r = chat(client, max_tokens=16, seed=3, temperature=0.8, extra_body=ext)
     assert r.choices[0].message.content == lk.generate(

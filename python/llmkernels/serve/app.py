@@ -5,7 +5,8 @@
 server-sent events (``data: {...}`` chunks, then ``data: [DONE]``); ``GET /v1/models`` and
 ``GET /health``. Parameters: ``max_tokens`` (chat also ``max_completion_tokens``),
 ``temperature``, ``top_p``, ``stop``, ``seed``, ``n`` (1), ``stream_options.include_usage``,
-and as extensions ``top_k``, ``min_p`` and ``repetition_penalty``; left out, sampling follows
+and as extensions ``top_k``, ``min_p``, ``repetition_penalty`` and ``ignore_eos`` (generate
+``max_tokens`` whatever the model says, as llama.cpp's server); left out, sampling follows
 the checkpoint's ``generation_config.json`` as :func:`llmkernels.generate` does. Every reply
 carries ``usage`` (prompt and completion tokens).
 
@@ -45,7 +46,7 @@ __all__ = ["create_app"]
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
 _COMMON = {
     "model", "max_tokens", "stop", "n", "stream", "stream_options", "user", "presence_penalty",
-    "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", *_SAMPLING,
+    "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "ignore_eos", *_SAMPLING,
 }  # fmt: skip
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "response_format"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix"}
@@ -345,7 +346,12 @@ class _Server:
             param = next((n for n in _SAMPLING if n in message), None)
             raise _bad(message, param) from None
         stream, include_usage = _stream_flags(body)
-        request = GenerationRequest(ids, text, max_tokens, params, _stop(body), push=_no_push)
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise _bad("ignore_eos must be a boolean", "ignore_eos")
+        request = GenerationRequest(
+            ids, text, max_tokens, params, _stop(body), push=_no_push, ignore_eos=ignore_eos
+        )
         return request, {"stream": stream, "include_usage": include_usage}
 
     async def _generate(self, request: Request, chat: bool) -> Response:

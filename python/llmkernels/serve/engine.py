@@ -60,6 +60,7 @@ class GenerationRequest:
     stops: list[str]
     push: Callable[[GenerationResponse | BaseException | None], None]
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    ignore_eos: bool = False  # generate max_tokens whatever the model says (benchmarks)
 
 
 @dataclasses.dataclass
@@ -166,7 +167,7 @@ class Engine:
             try:
                 gen = TextGeneration(
                     "serve", self.model, self.tokenizer, ids, request.max_tokens,
-                    request.params, request.stops, session=slot,
+                    request.params, request.stops, session=slot, ignore_eos=request.ignore_eos,
                 )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - reported to its client
                 self._free.append(slot)
