@@ -12,7 +12,7 @@ then talk to the model over HTTP::
     )
 
 :func:`create_app` builds the ASGI app (Starlette) for a loaded model; :class:`Engine` runs
-the generations (``llmkernels.serve.engine``). Needs the ``serve`` extra:
+the generations with continuous batching (``llmkernels.serve.engine``). Needs the ``serve`` extra:
 ``pip install "llmkernels[serve]"``.
 """
 
