@@ -361,21 +361,10 @@ class TextGeneration:
             self.session._cached = self.tokens
 
 
-def stream_pieces(
-    fn: str,
-    model: Transformer,
-    tokenizer: Tokenizer,
-    ids: list[int],
-    max_tokens: int,
-    params: Sampling,
-    stops: list[str],
-    session: ChatSession | None = None,
-    kv_dtype: str = "float32",
-) -> Iterator[GenerationResponse]:
-    """The pieces of one generation for the prompt ``ids`` (the one streaming loop of
-    :func:`stream_generate`, :func:`generate` and :class:`ChatSession`): a
-    :class:`TextGeneration` driven by :func:`~llmkernels.nn.generation.generate_step`."""
-    gen = TextGeneration(fn, model, tokenizer, ids, max_tokens, params, stops, session, kv_dtype)
+def stream_pieces(model: Transformer, gen: TextGeneration) -> Iterator[GenerationResponse]:
+    """The pieces of the generation ``gen`` (the one streaming loop of :func:`stream_generate`,
+    :func:`generate` and :class:`ChatSession`), driven by
+    :func:`~llmkernels.nn.generation.generate_step`."""
     step = generate_step(model, np.asarray([gen.todo], np.int64), gen.cache, gen.sampler)
     try:
         nxt = next(step)  # the prefill (and the first token)
@@ -447,7 +436,8 @@ def stream_generate(
     ids = _prompt_ids(fn, tokenizer, prompt)
     _check_prompt(fn, model, ids, limit)
     check_cache_size(fn, "max_tokens", model.config, 1, len(ids), steps)  # before iterating
-    return stream_pieces(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv)
+    gen = TextGeneration(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv)
+    return stream_pieces(model, gen)
 
 
 def generate(
@@ -502,7 +492,8 @@ def generate(
         ids = _prompt_ids(fn, tokenizer, prompt)
         _check_prompt(fn, model, ids, limit)
         pieces, last = [], None
-        for r in stream_pieces(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv):
+        gen = TextGeneration(fn, model, tokenizer, ids, steps, params, stops, kv_dtype=kv)
+        for r in stream_pieces(model, gen):
             pieces.append(r.text)
             last = r
         if verbose and last is not None:
@@ -706,7 +697,8 @@ class ChatSession:
         last: GenerationResponse | None = None
         failed = False
         try:
-            for r in stream_pieces(fn, self.model, self.tokenizer, ids, steps, params, stops, self):
+            gen = TextGeneration(fn, self.model, self.tokenizer, ids, steps, params, stops, self)
+            for r in stream_pieces(self.model, gen):
                 reply.append(r.text)
                 last = r
                 yield r

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import numbers
@@ -62,25 +63,18 @@ _ROLES = ("system", "user", "assistant", "developer", "tool")
 _COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
+@dataclasses.dataclass
 class ApiError(Exception):
     """An OpenAI error reply: HTTP ``status`` and the error object's fields."""
 
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status,
-            message,
-            param,
-            code,
-            kind,
-        )
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    kind: str = "invalid_request_error"
+
+    def __str__(self) -> str:
+        return self.message
 
     def response(self) -> JSONResponse:
         body = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
