@@ -796,20 +796,11 @@ def test_legacy_4x_config_dict() -> None:
 
 
 def test_to_hf_dict_round_trip() -> None:
-    cfg = ModelConfig(
-        dim=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=1,
-        head_dim=32,
-        hidden_dim=96,
-        vocab_size=128,
-        rope_theta=500000.0,
-        rope_scaling=dict(LLAMA3_ROPE),
-        attention_bias=True,
-        tie_embeddings=True,
-        max_seq_len=16384,
-    )
+    # TINY's shape (one KV head of 32 features), LLaMA 3 RoPE, biases, a tied head
+    sizes = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 1, "head_dim": 32,
+             "hidden_dim": 96, "vocab_size": 128, "max_seq_len": 16384}  # fmt: skip
+    cfg = ModelConfig(**sizes, rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE),
+                      attention_bias=True, tie_embeddings=True)  # fmt: skip
     hf = LlamaConfig(**cfg.to_hf_dict())
     assert ModelConfig.from_dict(hf.to_dict()) == cfg
     assert ModelConfig.from_dict(cfg.to_hf_dict()) == cfg

@@ -144,6 +144,8 @@ class TransformerBlock(Module):
         sandwich = c.norm_position == "sandwich"
         rng = seeded_rng(seed)
         seeds = rng.integers(0, 2**63 - 1, size=2)
+        # both sublayers: the block's weight storage, the fused-projection names
+        shared = {"dtype": wdtype, "group_size": group_size, "fused_names": c.fused_projections}
         return cls(
             attention=MultiHeadAttention(
                 c.dim,
@@ -157,22 +159,18 @@ class TransformerBlock(Module):
                 window=c.layer_window(layer),
                 softcap=c.attn_softcap,
                 scale=c.attn_scale,
-                fused_names=c.fused_projections,
                 qk_norm=c.qk_norm,
                 qk_norm_eps=c.norm_eps,
-                dtype=wdtype,
-                group_size=group_size,
                 seed=int(seeds[0]),
+                **shared,
             ),
             feed_forward=FeedForward(
                 c.dim,
                 c.hidden_dim,
                 bias=c.mlp_bias,
-                fused_names=c.fused_projections,
                 activation=c.activation,
-                dtype=wdtype,
-                group_size=group_size,
                 seed=int(seeds[1]),
+                **shared,
             ),
             attention_norm=norm(),
             ffn_norm=norm(),
