@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "bindings/bindings.hpp"
-#include "ops/attention.hpp"
+#include "drivers/attend.hpp"
 
 namespace llmk::bind {
 namespace {
@@ -369,7 +369,7 @@ py::array cache_view(py::object owner, const KVCache& c, const WeightBuffer& a) 
   return out;
 }
 
-// y (m, n) = x (m, k) . w^T [+ bias] [+ y]: the modules' projection path (ops/linear.hpp) on
+// y (m, n) = x (m, k) . w^T [+ bias] [+ y]: the modules' projection path (drivers/linear.hpp) on
 // (n, k) weights given as float32, as the uint16 words of bf16 / f16 (`dtype`), or as int8 /
 // int4 codes (dtype "int8": w int8 (n, k); "int4": w uint8 (n, k / 2)) with `scales` float16
 // (n, k / group) and `group`; for tests.

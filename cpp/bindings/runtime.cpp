@@ -3,8 +3,8 @@
 #include "common/dot.hpp"
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
-#include "ops/linear.hpp"
-#include "ops/ops.hpp"
+#include "drivers/gemm_routes.hpp"
+#include "ops/entry.hpp"
 
 extern "C" char* openblas_get_config(void);
 
@@ -108,7 +108,7 @@ void bind_runtime(py::module_& m) {
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);
   m.def("_probe_read_gbs", &probe_read_gbs, "threads"_a, "n"_a, "repeats"_a);
   m.def("_probe_dot_gops", &probe_dot_gops, "instruction"_a, "threads"_a, "iterations"_a);
-  // ops/linear.hpp GemmRoute, by name; returns the previous one (tests, bench_gemm.py)
+  // drivers/gemm_routes.hpp GemmRoute, by name; returns the previous one (tests, bench_gemm.py)
   m.def(
       "_set_gemm_route",
       [](const std::string& name) {
