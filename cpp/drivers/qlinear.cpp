@@ -1,15 +1,14 @@
 // The quantized-weight drivers (no Python): the group-wise int8 / int4 quantizer and its inverse
 // (quantize_rows / dequantize_rows), and qlinear, the quantized projection -- the activations
-// prepared (quantized per block of 32, repacked for the int4 / VNNI / AMX kernels) and the
-// product split over the thread pool. The quantization itself is scalar code here (it runs once
-// per weight matrix), written so that llmkernels.quant's NumPy twin gives the same bits: float32
-// max, division and rint (round half to even), float16 scales rounded up in magnitude.
+// prepared (quantized per block of 32 by kernels/quant_acts.hpp, repacked for the int4 / VNNI /
+// AMX kernels) and the product split over the thread pool. The weight quantization itself is
+// scalar code here (it runs once per weight matrix), written so that llmkernels.quant's NumPy
+// twin gives the same bits: float32 max, division and rint (round half to even), float16 scales
+// rounded up in magnitude.
 // Calls go one way: drivers/linear.cpp and the quantize / dequantize / quantized_linear entries
 // (ops/quant.cpp) call these; these call the GEMM routes (drivers/gemm_routes.hpp: the packed
 // GEMM of a prefill) and kernels, never drivers/linear.
 #include "drivers/qlinear.hpp"
-
-#include <emmintrin.h>
 
 #include <algorithm>
 #include <atomic>
@@ -131,67 +130,6 @@ RowStatus quantize_row(const float* w, std::size_t k, std::size_t group, int bit
   return st;
 }
 
-// The activation scales the int8 kernels take: 0 (a zero block), NaN (a block holding NaN or Inf)
-// or within [2^-100, 2^100]. Their products d = s_w * s_x (|s_w| in [2^-24, 65504] or 0) are
-// then finite normal floats: one token of |x| ~ 3e38 made d = inf, and inf * 0 = NaN for a row
-// whose integer dot product is 0 (the reference: 0); a block of subnormal x made s_x and d
-// subnormal, a few significant bits (3% off on every row). A call with a scale outside the range
-// takes float activations instead (llmkernels.quant.INT8_ACTIVATION_SCALE_RANGE).
-constexpr float kActScaleMin = 0x1p-100f, kActScaleMax = 0x1p100f;
-
-// Per token, per block of 32: s = max|x| / 127 (float32), q = rint(x / s) (0 when s == 0);
-// a block holding NaN or Inf gets s = NaN (its products are NaN, as in float arithmetic).
-// Returns whether every s is 0, NaN or within [kActScaleMin, kActScaleMax].
-// q (m, k) int8, q16 (m, k) the same codes as int16 (or null: not written), s (m, k / kQBlock).
-// Each token on its own (the caller splits the tokens across threads). SSE2, 4 floats at a
-// time (this file is built for the baseline ISA): the same values as the scalar formula --
-// max of |x| is exact, the division is IEEE, cvtps2dq rounds half to even as nearbyint does
-// (round-to-nearest, the mode ExactSubnormals leaves), and the clamp to [-127, 127] is kept.
-// Scalar, it cost ~3% of an int8 decode step (one call per projection, before the threads).
-bool quantize_acts(const float* x, std::size_t m, std::size_t k, std::int8_t* q, std::int16_t* q16,
-                   float* s) {
-  bool in_range = true;
-  const std::size_t nb = k / kQBlock;
-  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
-  const __m128 fmax = _mm_set1_ps(std::numeric_limits<float>::max());
-  const __m128i lim_hi = _mm_set1_epi16(127), lim_lo = _mm_set1_epi16(-127);
-  for (std::size_t t = 0; t < m; ++t)
-    for (std::size_t b = 0; b < nb; ++b) {
-      const float* xb = x + t * k + b * kQBlock;
-      __m128 amax4 = _mm_setzero_ps(), bad = _mm_setzero_ps();
-      for (std::size_t i = 0; i < kQBlock; i += 4) {
-        const __m128 a = _mm_and_ps(_mm_loadu_ps(xb + i), abs_mask);
-        bad = _mm_or_ps(bad, _mm_cmpnle_ps(a, fmax));  // NaN or Inf
-        amax4 = _mm_max_ps(amax4, a);
-      }
-      amax4 = _mm_max_ps(amax4, _mm_movehl_ps(amax4, amax4));
-      amax4 = _mm_max_ss(amax4, _mm_shuffle_ps(amax4, amax4, 0x55));
-      const bool finite = _mm_movemask_ps(bad) == 0;
-      const float d = _mm_cvtss_f32(amax4) / 127.f;
-      s[t * nb + b] = finite ? d : std::numeric_limits<float>::quiet_NaN();
-      if (finite && d != 0.f && !(d >= kActScaleMin && d <= kActScaleMax)) in_range = false;
-      std::int8_t* qb = q + t * k + b * kQBlock;
-      std::int16_t* q16b = q16 ? q16 + t * k + b * kQBlock : nullptr;
-      if (!finite || d == 0.f) {
-        std::memset(qb, 0, kQBlock);
-        if (q16) std::memset(q16b, 0, kQBlock * sizeof(std::int16_t));
-        continue;
-      }
-      const __m128 dv = _mm_set1_ps(d);
-      for (std::size_t i = 0; i < kQBlock; i += 16) {
-        __m128i h[2];
-        for (int j = 0; j < 2; ++j) {
-          const __m128i c0 = _mm_cvtps_epi32(_mm_div_ps(_mm_loadu_ps(xb + i + 8 * j), dv));
-          const __m128i c1 = _mm_cvtps_epi32(_mm_div_ps(_mm_loadu_ps(xb + i + 8 * j + 4), dv));
-          h[j] = _mm_max_epi16(_mm_min_epi16(_mm_packs_epi32(c0, c1), lim_hi), lim_lo);
-          if (q16) _mm_storeu_si128(reinterpret_cast<__m128i*>(q16b + i + 8 * j), h[j]);
-        }
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + i), _mm_packs_epi16(h[0], h[1]));
-      }
-    }
-  return in_range;
-}
-
 // x (m, k) -> panels of kQPanel tokens, each transposed (k, kQPanel), zero past token m
 void pack_panels(const float* x, std::size_t m, std::size_t k, float* xt) {
   constexpr std::size_t P = kQPanel, kTile = 16;
@@ -227,7 +165,8 @@ QuantStatus quantize_rows(const float* wp, std::size_t rows, std::size_t k, std:
   parallel_for(rows, 1, 4.0 * static_cast<double>(k), [&](std::size_t r0, std::size_t r1) {
     ExactSubnormals exact;  // float16 rounding of tiny scales must not see DAZ
     for (std::size_t r = r0; r < r1; ++r)
-      status[r] = quantize_row(wp + r * k, k, group, bits, qp + r * row_bytes, sp + r * (k / group));
+      status[r] =
+          quantize_row(wp + r * k, k, group, bits, qp + r * row_bytes, sp + r * (k / group));
   });
   QuantStatus st;
   for (std::size_t r = 0; r < rows; ++r)
@@ -336,16 +275,18 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       auto* xq = reinterpret_cast<std::int8_t*>(sc + m * nb);   // (m, k)
       auto* q4 = xq + m * w.k;                                  // (m, k)
       {
-        // scales out of the int8 kernels' range (kActScaleMin): float activations, a.act null.
+        // scales out of the int8 kernels' range (kActScaleMin, kernels/quant_acts.hpp): float
+        // activations, a.act null.
         // The tokens split across the threads (a prefill of 512 tokens at k = 2048 took ~1 ms on
         // one thread, ~10% of the product itself at two); q16 only for the SSE2 GEMV.
         std::atomic<bool> in_range{true};
         std::int16_t* q16w = vnni ? nullptr : q16;
         parallel_for(m, 1, 16.0 * static_cast<double>(w.k), [&](std::size_t t0, std::size_t t1) {
           ExactSubnormals exact;
-          if (!quantize_acts(a.x + t0 * w.k, t1 - t0, w.k, xq + t0 * w.k,
-                             q16w ? q16w + t0 * w.k : nullptr, sc + t0 * nb))
-            in_range.store(false, std::memory_order_relaxed);
+          bool ok = true;
+          dispatch(quantize_acts_kernel{}, xq + t0 * w.k, q16w ? q16w + t0 * w.k : nullptr,
+                   sc + t0 * nb, &ok, a.x + t0 * w.k, t1 - t0, w.k);
+          if (!ok) in_range.store(false, std::memory_order_relaxed);
         });
         int8_acts = in_range.load();
       }
