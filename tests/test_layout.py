@@ -1,9 +1,11 @@
 """The package's shape, held: no Python file over 800 lines, no import cycle between its
-modules, no module importing another's private names, one file per model family."""
+modules, no module importing another's private names, one file per model family; in cpp/, no
+include cycle and no two headers of one name."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import llmkernels
@@ -12,6 +14,7 @@ from llmkernels.families import FAMILIES
 
 PACKAGE = Path(llmkernels.__file__).parent
 MAX_LINES = 800
+CPP = Path(__file__).resolve().parent.parent / "cpp"
 
 
 def _modules() -> dict[str, Path]:
@@ -98,3 +101,47 @@ def test_each_family_is_one_file(model_type: str) -> None:
     module = type(family).__module__
     assert module == f"llmkernels.families.{model_type}", module
     assert (PACKAGE / "families" / f"{model_type}.py").is_file()
+
+
+def _cpp_files() -> list[Path]:
+    if not CPP.is_dir():  # an installed wheel without the sources
+        pytest.skip("cpp/ not found next to tests/")
+    return sorted(f for f in CPP.rglob("*") if f.suffix in {".hpp", ".cpp", ".in"})
+
+
+def test_no_two_cpp_headers_share_a_name() -> None:
+    names: dict[str, list[str]] = {}
+    for f in _cpp_files():
+        if f.suffix == ".hpp":
+            names.setdefault(f.name, []).append(str(f.relative_to(CPP)))
+    shared = {n: paths for n, paths in names.items() if len(paths) > 1}
+    assert not shared, shared
+
+
+def test_no_cpp_include_cycle() -> None:
+    """The graph of `#include "..."` lines under cpp/, a .cpp and its .hpp one node (so two .cpp
+    files that include each other's headers are a cycle too), is acyclic."""
+    include = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+    graph: dict[str, set[str]] = {}
+    for f in _cpp_files():
+        node = str(f.relative_to(CPP).with_suffix(""))
+        targets = graph.setdefault(node, set())
+        for inc in include.findall(f.read_text(encoding="utf-8")):
+            assert (CPP / inc).is_file(), f"{f.relative_to(CPP)} includes missing {inc}"
+            target = str(Path(inc).with_suffix(""))
+            if target != node:
+                targets.add(target)
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = 1
+        for t in sorted(graph.get(n, ())):
+            if state.get(t) == 1:
+                pytest.fail("include cycle: " + " -> ".join([*path[path.index(t) :], t]))
+            if t not in state:
+                visit(t, [*path, t])
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])

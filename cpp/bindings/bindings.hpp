@@ -2,7 +2,7 @@
 // (cpp/ops/<op>.cpp) with their docstrings; module.cpp calls every bind_<op>.
 #pragma once
 
-#include "ops/ops.hpp"
+#include "ops/entry.hpp"
 
 namespace llmk::bind {
 

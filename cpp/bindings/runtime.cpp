@@ -3,8 +3,7 @@
 #include "common/dot.hpp"
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
-#include "ops/linear.hpp"
-#include "ops/ops.hpp"
+#include "ops/entry.hpp"
 
 extern "C" char* openblas_get_config(void);
 
@@ -81,15 +80,8 @@ void bind_runtime(py::module_& m) {
         "Force a SIMD path (must be supported by the CPU), or 'auto'.");
   m.def("simd_arch_automatic", &isa_automatic,
         "Whether the path is the automatic choice (each kernel family on its fastest path).");
-  m.def(
-      "family_simd_archs",
-      [] {
-        py::dict d;
-        for (int f = 0; f < static_cast<int>(Family::count); ++f)
-          d[family_name(static_cast<Family>(f))] = isa_name(family_isa(static_cast<Family>(f)));
-        return d;
-      },
-      "The SIMD path each kernel family runs now ('other': every kernel of no family).");
+  m.def("family_simd_archs", &family_simd_archs,
+        "The SIMD path each kernel family runs now ('other': every kernel of no family).");
   m.attr("cpu_splits_512") = cpu_splits_512();
   // common/dot.hpp: the dot-product paths of the int8-activation and the bfloat16 prefill
   bind_dot<Int8Dot>(m, "int8_dot", "AVX512_VNNI or AMX", "The int8 dot-product path of the prefill",
@@ -108,20 +100,8 @@ void bind_runtime(py::module_& m) {
   m.def("_probe_triad_gbs", &probe_triad_gbs, "threads"_a, "n"_a, "repeats"_a);
   m.def("_probe_read_gbs", &probe_read_gbs, "threads"_a, "n"_a, "repeats"_a);
   m.def("_probe_dot_gops", &probe_dot_gops, "instruction"_a, "threads"_a, "iterations"_a);
-  // ops/linear.hpp GemmRoute, by name; returns the previous one (tests, bench_gemm.py)
-  m.def(
-      "_set_gemm_route",
-      [](const std::string& name) {
-        static const char* const names[] = {"auto", "blas", "packed", "tokens"};
-        const int previous = static_cast<int>(gemm_route());
-        for (int i = 0; i < 4; ++i)
-          if (name == names[i]) {
-            set_gemm_route(static_cast<GemmRoute>(i));
-            return std::string(names[previous]);
-          }
-        throw py::value_error("[_set_gemm_route] route must be one of auto, blas, packed, tokens");
-      },
-      "route"_a);
+  // drivers/gemm_routes.hpp GemmRoute, by name; returns the previous one (tests, bench_gemm.py)
+  m.def("_set_gemm_route", &set_gemm_route_by_name, "route"_a);
 }
 
 }  // namespace llmk::bind

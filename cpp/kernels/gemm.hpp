@@ -13,7 +13,7 @@
 //
 // Both compute every output as the same arithmetic -- one fma chain over k, see gemm_xt_block --
 // whatever block, kernel or thread it falls in: results do not depend on the thread count, and
-// the routing between the two kernels (ops/linear.cpp) changes no bit.
+// the routing between the two kernels (drivers/gemm_routes.cpp) changes no bit.
 #pragma once
 
 #include <algorithm>

@@ -12,6 +12,7 @@
 #include "kernels/layer_norm.hpp"
 #include "kernels/probe.hpp"
 #include "kernels/quant.hpp"
+#include "kernels/quant_acts.hpp"
 #include "kernels/rms_norm.hpp"
 #include "kernels/rope.hpp"
 #include "kernels/silu.hpp"

@@ -41,8 +41,9 @@
                          bool accumulate, const T* bias))
 
 // Kernels of float only (the roofline probes; projections with 16-bit weights, kernels/
-// weight16.hpp; the quantized-weight products of quant.hpp; the packed GEMM on weights of any
-// WeightFormat, gemm_packed_w.hpp): X(functor, (parameters)),
+// weight16.hpp; the quantized-weight products of quant.hpp and their activation quantizer,
+// quant_acts.hpp; the packed GEMM on weights of any WeightFormat, gemm_packed_w.hpp):
+// X(functor, (parameters)),
 // operator() a template over the architecture tag alone.
 #define LLMK_FLOAT_KERNELS(X)                                                                 \
   X(fma_probe_kernel, (std::size_t iterations, double* flops, float* sink))                  \
@@ -58,6 +59,8 @@
   X(gemv_q8_kernel, (const qgemv_args& a))                                                   \
   X(gemv_q4_kernel, (const qgemv_args& a))                                                   \
   X(gemm_q_kernel, (const qgemv_args& a, int bits))                                         \
+  X(quantize_acts_kernel, (std::int8_t* q, std::int16_t* q16, float* s, bool* in_range,      \
+                           const float* x, std::size_t m, std::size_t k))                    \
   X(gemm_packed_w_kernel, (float* y, std::size_t ldy, const float* xp, std::size_t m,       \
                            std::size_t k, const WeightRef& w, std::size_t n, float* wpack,  \
                            bool accumulate, const float* bias))

@@ -2,7 +2,7 @@
 // functor's operator() is a template over the xsimd architecture tag and the element type; its
 // body lives in the op's header (kernels/<op>.hpp) and is instantiated once per ISA
 // (kernels/instantiate.hpp). Call through llmk::dispatch (common/isa.hpp). This header also
-// holds the types the attention kernel shares with its driver (ops/attention.cpp).
+// holds the types the attention kernel shares with its driver (drivers/attend.cpp).
 #pragma once
 
 #include "common/isa.hpp"  // Family
@@ -17,7 +17,7 @@
 
 namespace llmk {
 
-// How a projection's weights are stored (cpp/modules, ops/linear.hpp): float32, or 16 bits per
+// How a projection's weights are stored (cpp/modules, drivers/linear.hpp): float32, or 16 bits per
 // weight -- bfloat16 (the checkpoints' usual dtype) or IEEE float16 -- converted to float32 in
 // registers by the kernels of kernels/weight16.hpp, or group-wise quantized int8 / int4 codes
 // with float16 scales (kernels/quant.hpp, docs/quantization.md).
@@ -28,7 +28,7 @@ inline bool is_quantized(WeightFormat f) { return f == WeightFormat::q8 || f == 
 // A projection's weights as the modules store them: (n, k) row-major (HF's (out, in) layout) in
 // `format`: float32, 16-bit bf16 / f16 words, or int8 / int4 codes (q8: (n, k) int8; q4: (n, k /
 // 2) bytes of two nibbles) with `scales` (n, k / group) float16 bits (docs/quantization.md). The
-// operand of ops/linear.hpp's linear and of gemm_packed_w_kernel (kernels/gemm_packed_w.hpp).
+// operand of drivers/linear.hpp's linear and of gemm_packed_w_kernel (kernels/gemm_packed_w.hpp).
 struct WeightRef {
   const void* data;
   WeightFormat format;

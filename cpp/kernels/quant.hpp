@@ -27,10 +27,10 @@
 //          the 8 * x this adds taken off in int16 -- then _mm256_madd_epi16; SSE2:
 //          _mm_madd_epi16 on int16), each block's sum(code_w * code_x) scaled by s_w * s_x (AVX2:
 //          8 blocks a step, one block per lane, as the VNNI prefill: qgemv_rows_w8_g).
-//          The caller (ops/quant.cpp's qlinear) gives these kernels activation scales s_x of 0,
-//          NaN or within [2^-100, 2^100] only (else the call takes float activations), so that
-//          d = s_w * s_x is a finite normal float: a d of inf met a zero integer dot product
-//          (inf * 0 = NaN where the reference gives 0), a subnormal d had a few bits.
+//          The caller (drivers/qlinear.cpp's qlinear) gives these kernels activation scales s_x
+//          of 0, NaN or within [2^-100, 2^100] only (else the call takes float activations), so
+//          that d = s_w * s_x is a finite normal float: a d of inf met a zero integer dot
+//          product (inf * 0 = NaN where the reference gives 0), a subnormal d had a few bits.
 // ISA paths: the integer code below is written with SSE2 intrinsics and with AVX2 ones; each
 // per-ISA translation unit compiles the one its flags allow (#if __AVX2__: the avx2 and avx512
 // units run the 256-bit code; AVX-512 has no cheaper int8 dot product without VNNI). The float
@@ -595,7 +595,7 @@ constexpr std::size_t kQGemvShortRowBytes = 2048;
 // 16.1-16.8 against 14.3-14.7, 32000 x 2048 17.3-17.7 against 16.6; with the software prefetch
 // kept on each stripe, slower than either (int8 16.0-16.4, int4 14.0).
 // On Intel each stripe keeps a software prefetch 2 KiB ahead (a.prefetch; the figures are in
-// ops/quant.cpp).
+// drivers/qlinear.cpp).
 template <int Bits, bool Int8Acts, int M>
 inline void qgemv_tokens(const qgemv_args& a) {
 #if defined(__AVX2__)

@@ -1,5 +1,5 @@
 // The operands of the quantized matrix kernels (kernels/quant.hpp), shared with their entry
-// (ops/quant.cpp). The format is described in kernels/quant.hpp and docs/quantization.md.
+// (drivers/qlinear.cpp). The format is described in kernels/quant.hpp and docs/quantization.md.
 #pragma once
 
 #include <cstddef>

@@ -17,9 +17,9 @@
 #include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
-#include "ops/attention.hpp"
-#include "ops/linear.hpp"
-#include "ops/quant.hpp"
+#include "drivers/attend.hpp"
+#include "drivers/linear.hpp"
+#include "drivers/qlinear.hpp"
 
 namespace llmk {
 
@@ -158,7 +158,7 @@ float* scratch(Slot which, std::size_t n) {
   return t_scratch.slot[which].get();
 }
 
-// y (m, n) [+]= x (m, k) . w^T [+ bias]: the package's one projection path (ops/linear.hpp),
+// y (m, n) [+]= x (m, k) . w^T [+ bias]: the package's one projection path (drivers/linear.hpp),
 // weights in HF's (out, in) layout, float32, 16-bit or int8 / int4 (converted in registers)
 void project(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
              const float* bias, float* y, bool accumulate) {
@@ -182,7 +182,7 @@ void add_matrix(std::vector<Param>& p, const std::string& name, const WeightBuff
 }
 
 // The matrix src, seen as (src.size() / k, k), in format `to`: int8 / int4 in groups of `group`
-// (ops/quant.hpp's quantizer, the bits of lk.quantize) or float32 (exact from every format).
+// (drivers/qlinear.hpp's quantizer, the bits of lk.quantize) or float32 (exact from every format).
 // Row blocks are widened to a float32 tile (at most 1 MiB) and encoded from it: never a float32
 // copy of the whole matrix. Throws std::invalid_argument("[fn] <what> ...") for weights that
 // cannot be quantized (non-finite, or beyond float16 scales).
@@ -211,7 +211,7 @@ WeightBuffer convert_matrix(const WeightBuffer& src, std::size_t k, WeightFormat
       if (is_quantized(from)) {
         const qweights qw{static_cast<const std::uint8_t*>(src.at(r0 * k)), src.scales_at(r0 * k),
                           nr, k, src.group()};
-        ops::dequantize_rows(qw, from == WeightFormat::q8 ? 8 : 4, tile.data());
+        dequantize_rows(qw, from == WeightFormat::q8 ? 8 : 4, tile.data());
       } else {
         dispatch(widen_w16_kernel{}, tile.data(),
                  static_cast<const std::uint16_t*>(src.at(r0 * k)), from, nr * k);
@@ -223,13 +223,13 @@ WeightBuffer convert_matrix(const WeightBuffer& src, std::size_t k, WeightFormat
       continue;
     }
     const int bits = to == WeightFormat::q8 ? 8 : 4;
-    ops::QuantStatus st =
-        ops::quantize_rows(f, nr, k, group, bits, static_cast<std::uint8_t*>(dst.at(r0 * k)),
+    QuantStatus st =
+        quantize_rows(f, nr, k, group, bits, static_cast<std::uint8_t*>(dst.at(r0 * k)),
                            dst.scales_at(r0 * k));
     if (st.code) {
       st.row += r0;
       throw std::invalid_argument("[" + fn + "] " + what + " cannot be quantized: " +
-                                  ops::quant_status_message(st, bits));
+                                  quant_status_message(st, bits));
     }
   }
   return dst;

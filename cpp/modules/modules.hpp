@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/linear.hpp"
+#include "drivers/linear.hpp"
 
 namespace llmk {
 

@@ -2,7 +2,7 @@
 // (kernels/layer_norm.hpp)
 #include "kernels/ops.hpp"
 #include "ops/norm.hpp"
-#include "ops/ops.hpp"
+#include "ops/entry.hpp"
 
 namespace llmk::ops {
 

@@ -1,7 +1,7 @@
 // rms_norm: out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight (kernels/rms_norm.hpp)
 #include "kernels/ops.hpp"
 #include "ops/norm.hpp"
-#include "ops/ops.hpp"
+#include "ops/entry.hpp"
 
 namespace llmk::ops {
 

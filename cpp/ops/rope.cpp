@@ -12,7 +12,7 @@
 #include "common/rope_tables.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
-#include "ops/ops.hpp"
+#include "ops/entry.hpp"
 
 namespace llmk::ops {
 namespace {

@@ -7,8 +7,9 @@
 #include "common/dot.hpp"
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
+#include "drivers/gemm_routes.hpp"
 #include "kernels/ops.hpp"
-#include "ops/ops.hpp"
+#include "ops/entry.hpp"
 
 namespace llmk::ops {
 namespace {
@@ -140,6 +141,24 @@ double probe_dot_gops(const std::string& instruction, int threads, std::size_t i
   double total = 0;
   for (double o : ops) total += o;
   return total / secs * 1e-9;
+}
+
+py::dict family_simd_archs() {
+  py::dict d;
+  for (int f = 0; f < static_cast<int>(Family::count); ++f)
+    d[family_name(static_cast<Family>(f))] = isa_name(family_isa(static_cast<Family>(f)));
+  return d;
+}
+
+std::string set_gemm_route_by_name(const std::string& name) {
+  static const char* const names[] = {"auto", "blas", "packed", "tokens"};
+  const int previous = static_cast<int>(gemm_route());
+  for (int i = 0; i < 4; ++i)
+    if (name == names[i]) {
+      set_gemm_route(static_cast<GemmRoute>(i));
+      return std::string(names[previous]);
+    }
+  throw py::value_error("[_set_gemm_route] route must be one of auto, blas, packed, tokens");
 }
 
 }  // namespace llmk::ops

@@ -3,7 +3,7 @@
 #include "common/isa.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
-#include "ops/ops.hpp"
+#include "ops/entry.hpp"
 
 namespace llmk::ops {
 namespace {

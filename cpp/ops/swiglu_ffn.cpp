@@ -1,10 +1,10 @@
 // swiglu_ffn: the functional SwiGLU feed-forward. The projections and the activation are the
-// modules' own (ops/linear.cpp: linear, swiglu_rows).
+// modules' own (drivers/linear.hpp: linear, swiglu_rows).
 #include <utility>
 #include <vector>
 
-#include "ops/linear.hpp"
-#include "ops/ops.hpp"
+#include "drivers/linear.hpp"
+#include "ops/entry.hpp"
 
 namespace llmk::ops {
 

@@ -1,4 +1,11 @@
-#include "ops/linear.hpp"
+// The GEMM routes: which matrix product a projection of m tokens takes (BLAS blocks, the packed
+// GEMM, packed tokens, matrix-vector products) and the products themselves, for float32 /
+// float64 weights (linear<T>) and 16-bit weights (linear_w16), plus the packed GEMM on weights of
+// any WeightFormat (linear_packed_w). The bottom of the driver stack: it calls only kernels and
+// common/. drivers/qlinear.cpp (quantized weights) uses packed_route_w / linear_packed_w from
+// here, drivers/linear.cpp (the projection router) all of it; neither is called from here, so
+// the calls go one way: linear -> qlinear -> gemm_routes, linear -> gemm_routes.
+#include "drivers/gemm_routes.hpp"
 
 #include <cblas.h>
 
@@ -13,7 +20,6 @@
 #include "common/scratch.hpp"
 #include "common/thread_pool.hpp"
 #include "kernels/ops.hpp"
-#include "ops/quant.hpp"
 
 namespace llmk {
 namespace {
@@ -166,8 +172,8 @@ Path choose_path(std::size_t m, bool trans_w) {
 // the BLAS (16-bit only), tokens = gemm_xt_w16 / gemm_q (x packed, weights converted in place /
 // in a tile), gemv. The forced routes apply as for float32 (blas: 16-bit only, quantized weights
 // then take the automatic choice). Quantized weights up to kGemvMaxRows tokens always take the
-// GEMV (their activations may be quantized, ops/quant.cpp), whatever the route; with int8
-// activations the automatic route keeps them on it up to 16 tokens (ops/quant.cpp decides).
+// GEMV (their activations may be quantized, drivers/qlinear.cpp), whatever the route; with int8
+// activations the automatic route keeps them on it up to 16 tokens (drivers/qlinear.cpp decides).
 Path choose_path_w(std::size_t m, bool quantized) {
   switch (gemm_route()) {
     case GemmRoute::blas:
@@ -294,20 +300,9 @@ void linear_bf16_dot(Bf16Dot dot, const float* x, std::size_t m, std::size_t k,
 }
 }  // namespace
 
-void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
-            const float* bias, float* y, bool accumulate) {
-  if (w.format == WeightFormat::f32) {
-    linear<float>(x, m, k, static_cast<const float*>(w.data), WeightLayout::out_in, n, bias, y,
-                  accumulate);
-    return;
-  }
+void linear_w16(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
+                const float* bias, float* y, bool accumulate) {
   if (m == 0 || n == 0) return;
-  if (is_quantized(w.format)) {
-    const qweights qw{static_cast<const std::uint8_t*>(w.data), w.scales, n, k, w.group};
-    ops::qlinear(x, m, qw, w.format == WeightFormat::q8 ? 8 : 4, bias, y, accumulate,
-                 /*int8_acts=*/true);
-    return;
-  }
   const auto* wp = static_cast<const std::uint16_t*>(w.data);
   const WeightFormat fmt = w.format;
   const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
@@ -375,50 +370,9 @@ void linear_packed_w(const float* x, std::size_t m, std::size_t k, const WeightR
   gemm_packed<float>(x, m, k, PackedWeights<float>{nullptr, false, w}, n, bias, y, accumulate);
 }
 
-namespace {
-template <class K, class T>
-void gated_rows(K kernel, T* act, const T* gate, const T* up, std::size_t m, std::size_t h,
-                std::size_t ld) {
-  if (ld == h) {  // contiguous rows: one flat map, chunks on multiples of 64 elements
-    parallel_for(m * h, 64, 4.0, [&](std::size_t b, std::size_t e) {
-      dispatch(kernel, act + b, gate + b, up + b, e - b, false);
-    });
-    return;
-  }
-  parallel_for(m, 1, 4.0 * h, [&](std::size_t b, std::size_t e) {
-    for (std::size_t r = b; r < e; ++r)
-      dispatch(kernel, act + r * h, gate + r * ld, up + r * ld, h, false);
-  });
-}
-}  // namespace
-
-template <class T>
-void swiglu_rows(T* act, const T* gate, const T* up, std::size_t m, std::size_t h, std::size_t ld,
-                 bool gelu_tanh) {
-  if (gelu_tanh)
-    gated_rows(geglu_kernel{}, act, gate, up, m, h, ld);
-  else
-    gated_rows(swiglu_kernel{}, act, gate, up, m, h, ld);
-}
-
-template <class T>
-void swiglu_ffn(const T* x, std::size_t m, std::size_t k, const T* w_gate, const T* w_up,
-                std::size_t h, const T* w_down, std::size_t n, const T* b_gate, const T* b_up,
-                const T* b_down, T* gate, T* up, T* out) {
-  linear<T>(x, m, k, w_gate, WeightLayout::in_out, h, b_gate, gate, false);  // gate: (m, h)
-  linear<T>(x, m, k, w_up, WeightLayout::in_out, h, b_up, up, false);        // up:   (m, h)
-  swiglu_rows<T>(gate, gate, up, m, h, h);  // hidden = silu(gate) * up, in place in gate
-  if (w_down) linear<T>(gate, m, h, w_down, WeightLayout::in_out, n, b_down, out, false);
-}
-
-#define LLMK_LINEAR_INSTANTIATE(T)                                                                 \
-  template void linear<T>(const T*, std::size_t, std::size_t, const T*, WeightLayout, std::size_t, \
-                          const T*, T*, bool);                                                     \
-  template void swiglu_rows<T>(T*, const T*, const T*, std::size_t, std::size_t, std::size_t,      \
-                               bool);                                                              \
-  template void swiglu_ffn<T>(const T*, std::size_t, std::size_t, const T*, const T*, std::size_t, \
-                              const T*, std::size_t, const T*, const T*, const T*, T*, T*, T*);
-LLMK_LINEAR_INSTANTIATE(float)
-LLMK_LINEAR_INSTANTIATE(double)
+template void linear<float>(const float*, std::size_t, std::size_t, const float*, WeightLayout,
+                            std::size_t, const float*, float*, bool);
+template void linear<double>(const double*, std::size_t, std::size_t, const double*,
+                             WeightLayout, std::size_t, const double*, double*, bool);
 
 }  // namespace llmk

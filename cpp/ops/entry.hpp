@@ -49,6 +49,11 @@ double probe_fma_gflops(int threads, std::size_t iterations);
 double probe_triad_gbs(int threads, std::size_t n, int repeats);
 double probe_read_gbs(int threads, std::size_t n, int repeats);
 double probe_dot_gops(const std::string& instruction, int threads, std::size_t iterations);
+// family name -> the SIMD path that kernel family runs now (common/isa.hpp's Family)
+py::dict family_simd_archs();
+// drivers/gemm_routes.hpp's GemmRoute by name (auto, blas, packed, tokens); returns the previous
+// one's name (tests, bench_gemm.py)
+std::string set_gemm_route_by_name(const std::string& name);
 
 // ops/quant.cpp: group-wise int8 / int4 weights (format: kernels/quant.hpp)
 py::tuple quantize(py::array w, long long bits, long long group_size);

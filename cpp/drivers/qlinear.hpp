@@ -1,8 +1,9 @@
 // The group-wise int8 / int4 weight format (docs/quantization.md) as plain C++ (no Python): the
-// quantizer, its inverse and the quantized projection. ops/quant.cpp defines them; the Python
-// functions lk.quantize / dequantize / quantized_linear (ops/quant.cpp) and the modules'
-// projection path (ops/linear.cpp, weights stored as WeightFormat::q8 / q4) both call them, so
-// a module's int8 matrix gives the bits and the products of the functional API.
+// quantizer, its inverse and the quantized projection. drivers/qlinear.cpp defines them; the
+// Python functions lk.quantize / dequantize / quantized_linear (ops/quant.cpp) and the modules'
+// projection path (drivers/linear.cpp, weights stored as WeightFormat::q8 / q4) both call them,
+// so a module's int8 matrix gives the bits and the products of the functional API. They call
+// down to drivers/gemm_routes.hpp only (never drivers/linear.hpp).
 #pragma once
 
 #include <cstddef>
@@ -11,7 +12,7 @@
 
 #include "kernels/quant_types.hpp"
 
-namespace llmk::ops {
+namespace llmk {
 
 // The outcome of quantize_rows: code 0 fine, 1 a non-finite weight, 2 a scale beyond float16
 // (first failing row and group, and that group's max |w| for code 2).
@@ -41,4 +42,4 @@ void dequantize_rows(const qweights& w, int bits, float* out);
 void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const float* bias,
              float* y, bool accumulate, bool int8_acts);
 
-}  // namespace llmk::ops
+}  // namespace llmk
