@@ -67,12 +67,12 @@ class Server:
     """A server process on 127.0.0.1, up once ``/health`` answers."""
 
     def __init__(self, cmd: list[str], port: int, env: dict[str, str], timeout: float) -> None:
+        import httpx  # (before the process starts: a missing module leaves nothing running)
+
         self.port = port
         self.proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
-        import httpx
-
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

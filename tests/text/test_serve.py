@@ -25,13 +25,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx  # (the test extra installs the server's stack: these tests run, not skip)
 import llmkernels as lk
+import openai
 import pytest
-
-httpx = pytest.importorskip("httpx")
-openai = pytest.importorskip("openai")
-uvicorn = pytest.importorskip("uvicorn")
-from llmkernels.serve import create_app  # noqa: E402
+import uvicorn
+from llmkernels.serve import create_app
 
 MODEL, TOK = lk.load(lk.example_model())
 MODEL_ID = "example"
