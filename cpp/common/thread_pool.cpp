@@ -205,11 +205,17 @@ void after_fork_in_child() {
   new (&g_config_mutex) std::mutex();
 }
 
+// Registered when the module loads, not on first use. glibc (2.35+) lets other threads
+// register handlers while a fork runs the prepare handlers (OpenBLAS's thread shutdown among
+// them, which takes a while) and skips those late ones in the child: a thread whose first kernel
+// call registered the handler and then took g_config_mutex in that window left the child with
+// the mutex held and no handler to reset it. An import holds the GIL, which os.fork keeps for
+// the whole fork, so a load-time registration always precedes any fork that can see the mutex.
+[[maybe_unused]] const int g_fork_handler = pthread_atfork(nullptr, nullptr, after_fork_in_child);
+
 int ensure_threads() {
   int n = g_num_threads.load();
   if (n == 0) {
-    static std::once_flag once;
-    std::call_once(once, [] { pthread_atfork(nullptr, nullptr, after_fork_in_child); });
     // OpenBLAS runs single-threaded inside our pool's blocks (cpp/ffn.cpp): its own threads
     // would oversubscribe the cores and make results depend on the thread count.
     openblas_set_num_threads(1);
