@@ -20,6 +20,14 @@ void expect(bool ok, const char* fn, const std::string& msg) {
   if (!ok) fail(fn, msg);
 }
 
+// every one of the n token ids in [0, vocab) (the one check: Python converts only)
+void check_token_ids(const char* fn, const std::int64_t* ids, std::size_t n, std::size_t vocab) {
+  for (std::size_t r = 0; r < n; ++r)
+    expect(ids[r] >= 0 && static_cast<std::size_t>(ids[r]) < vocab, fn,
+           "ids must be in [0, vocab_size=" + std::to_string(vocab) + "), got " +
+               std::to_string(ids[r]));
+}
+
 // optional per-call RoPE frequencies, (head_dim / 2,)
 // per-call frequencies: as many as the module's own (head_dim/2, or fewer with partial rotary)
 const double* freq_override(const char* fn, const std::optional<f64_array>& f, std::size_t n) {
@@ -114,16 +122,16 @@ void check_bt(const char* fn, const i64_array& positions, const std::optional<u8
 void check_cache(const char* fn, const KVCache* cache, std::size_t b, std::size_t t,
                  const MultiHeadAttentionModule& attn) {
   if (!cache) return;
-  expect(cache->batch == b, fn, "cache batch size differs from the input's");
+  expect(cache->batch == b, fn,
+         "cache holds " + std::to_string(cache->batch) + " sequences, the input has " +
+             std::to_string(b));
   expect(cache->n_kv_heads == attn.n_kv_heads && cache->head_dim == attn.head_dim, fn,
          "cache was made for another attention shape");
   // a rolling cache keeps only `window` positions: right only for a layer with that window
   expect(cache->window == 0 || static_cast<std::int64_t>(cache->window) == attn.window, fn,
          "cache is a rolling buffer for window " + std::to_string(cache->window) +
              ", the layer's window is " + std::to_string(attn.window));
-  expect(cache->length + t <= cache->max_len, fn,
-         "KV cache is full: " + std::to_string(cache->length) + " + " + std::to_string(t) +
-             " tokens > max_seq_len " + std::to_string(cache->max_len));
+  // (its capacity: CacheSession::check_room, under its mutex)
 }
 
 // Exclusive use of the KV caches of one forward call, entered after the GIL is released.
@@ -161,8 +169,8 @@ class CacheSession {
   void check_room(const char* fn, std::size_t t) const {
     for (const KVCache* c : caches_)
       expect(c->length.load() + t <= c->max_len, fn,
-             "KV cache is full: " + std::to_string(c->length.load()) + " + " + std::to_string(t) +
-                 " tokens > max_seq_len " + std::to_string(c->max_len));
+             "KV cache is full: " + std::to_string(c->length.load()) + " cached + " +
+                 std::to_string(t) + " new tokens > max_seq_len " + std::to_string(c->max_len));
   }
   void commit() { committed_ = true; }
 
@@ -291,10 +299,7 @@ f32_array model_forward(const TransformerModule& self, i64_array ids, i64_array 
     check_cache(fn, caches[i], b, t, *self.blocks[i]->attention);
   }
   const std::int64_t* ip = ids.data();
-  for (std::size_t r = 0; r < b * t; ++r)
-    expect(ip[r] >= 0 && static_cast<std::size_t>(ip[r]) < self.vocab, fn,
-           "token id " + std::to_string(ip[r]) + " out of range [0, " +
-               std::to_string(self.vocab) + ")");
+  check_token_ids(fn, ip, b * t, self.vocab);
   f32_array logits({static_cast<py::ssize_t>(b),
                     static_cast<py::ssize_t>(last_only ? 1 : t),
                     static_cast<py::ssize_t>(self.vocab)});
@@ -502,10 +507,7 @@ f32_array transformer_forward_rows(const TransformerModule& self, i64_array ids,
   expect(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(), fn,
          "a cache appears twice: every sequence and block needs its own");
   const std::int64_t* ip = ids.data();
-  for (std::size_t r = 0; r < b; ++r)
-    expect(ip[r] >= 0 && static_cast<std::size_t>(ip[r]) < self.vocab, fn,
-           "token id " + std::to_string(ip[r]) + " out of range [0, " +
-               std::to_string(self.vocab) + ")");
+  check_token_ids(fn, ip, b, self.vocab);
   f32_array logits(
       std::vector<py::ssize_t>{static_cast<py::ssize_t>(b), static_cast<py::ssize_t>(self.vocab)});
   const std::int64_t* pp = positions.data();

@@ -163,6 +163,7 @@ def _forward(
         model._rope.frequencies(pos),  # the model's rotary schedule, as __call__ asks it
         bool(keep_weights),
     )
+    model._rope.advance(pos)
     rms[:, ~real] = np.nan  # (5 L + 3, B, T): padded tokens have no statistics
     n = len(model.blocks)
     per_point = rms[1 : 1 + len(STAT_NAMES) * n].reshape(n, len(STAT_NAMES), b, t)

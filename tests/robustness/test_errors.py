@@ -357,3 +357,93 @@ def test_core_stub_is_current():
             for meth in vars(obj):
                 if not meth.startswith("_") and callable(getattr(obj, meth)):
                     assert f"def {meth}(" in stub, f"_core.{name}.{meth} missing from _core.pyi"
+
+
+# --- modules: Python converts and holds the cache's lock; the C++ entry checks once -----------
+
+CFG = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 64, "vocab_size": 50}
+
+
+def _model() -> lk.Transformer:
+    return lk.Transformer(CFG, seed=0)
+
+
+def _full_cache(model: lk.Transformer) -> lk.ModelCache:
+    cache = model.new_cache(1, 4)
+    model(np.arange(4)[None], cache=cache)
+    return cache
+
+
+def _block_call(cache_len: int, t: int) -> None:
+    block = _model().blocks[0]
+    cache = block.attention.new_cache(1, cache_len)
+    block(np.ones((1, t, 32), np.float32), cache=cache)
+
+
+MODULE_CASES = [
+    (
+        "ids_range",
+        lambda m: m(np.array([[1, 50]])),
+        r"^\[Transformer\] ids must be in \[0, vocab_size=50\), got 50$",
+    ),
+    (
+        "ids_negative",
+        lambda m: m(np.array([-1, 2])),
+        r"^\[Transformer\] ids must be in \[0, vocab_size=50\), got -1$",
+    ),
+    (
+        "decode_ids_range",
+        lambda m: m.decode([3, 70], [m.new_cache(1, 8), m.new_cache(1, 8)]),
+        r"^\[Transformer\.decode\] ids must be in \[0, vocab_size=50\), got 70$",
+    ),
+    (
+        "model_cache_full",
+        lambda m: m(np.array([[1]]), cache=_full_cache(m)),
+        r"^\[Transformer\] KV cache is full: 4 cached \+ 1 new tokens > max_seq_len 4$",
+    ),
+    (
+        "decode_cache_full",
+        lambda m: m.decode([1], [_full_cache(m)]),
+        r"^\[Transformer\.decode\] KV cache is full: 4 cached \+ 1 new tokens > max_seq_len 4$",
+    ),
+    (
+        "block_cache_full",
+        lambda m: _block_call(2, 3),
+        r"^\[TransformerBlock\] KV cache is full: 0 cached \+ 3 new tokens > max_seq_len 2$",
+    ),
+    (
+        "model_cache_batch",
+        lambda m: m(np.ones((2, 3), np.int64), cache=m.new_cache(3, 8)),
+        r"^\[Transformer\] cache holds 3 sequences, the input has 2$",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "call,pattern", [c[1:] for c in MODULE_CASES], ids=[c[0] for c in MODULE_CASES]
+)
+def test_module_errors(call, pattern) -> None:
+    with pytest.raises(ValueError, match=pattern):
+        call(_model())
+
+
+def test_refused_module_call_changes_nothing() -> None:
+    """A call the C++ entry refuses leaves the cache and a dynamic RoPE schedule as they were:
+    the next call gives what it gives without the refused one."""
+    cfg = dict(
+        CFG,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 4},
+    )
+    model, twin = lk.Transformer(cfg, seed=0), lk.Transformer(cfg, seed=0)
+    cache, twin_cache = model.new_cache(1, 6), twin.new_cache(1, 6)
+    ids = np.arange(5)[None]
+    model(ids, cache=cache)
+    twin(ids, cache=twin_cache)
+    with pytest.raises(ValueError, match="KV cache is full"):  # positions 5-7: would grow
+        model(np.array([[1, 2, 3]]), cache=cache)
+    with pytest.raises(ValueError, match="ids must be in"):
+        model(np.array([[1, 99]]), cache=cache)
+    assert cache.length == 5 and cache.next_positions.tolist() == [5]
+    np.testing.assert_array_equal(
+        model(ids[:, :1], cache=cache), twin(ids[:, :1], cache=twin_cache)
+    )

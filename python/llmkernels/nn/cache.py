@@ -244,7 +244,7 @@ def locked_forward(
     b, t, _ = arr.shape
     check_cache_type(name, cache)
     with holding(cache, name):  # positions continue from the previous call on this cache
-        check_cache(name, cache, b, t)  # under the lock: another thread may be appending
+        check_cache(name, cache, b)
         pos, key_mask, nxt = positions_and_mask(name, b, t, positions, mask, cache)
         if b == 0 or t == 0:  # nothing to attend from: an empty result, the cache unchanged
             return np.zeros((b, t, module.dim), np.float32)
@@ -256,6 +256,7 @@ def locked_forward(
         )
         if cache is not None:
             cache._commit(nxt)
+        rope.advance(pos)
     return y
 
 
@@ -286,16 +287,11 @@ def check_cache_type(cls: str, cache: Any) -> None:
         )
 
 
-def check_cache(cls: str, cache: Any, batch: int, seq: int) -> None:
-    """``cache`` can take ``seq`` more tokens of ``batch`` sequences (checked under its lock:
-    its length is what another thread's forward left)."""
+def check_cache(cls: str, cache: Any, batch: int) -> None:
+    """``cache`` holds ``batch`` sequences: their next positions are the input's. (Its room
+    for the new tokens is checked once, by the C++ entry under the cache's mutex.)"""
     if cache is None:
         return
     check_cache_type(cls, cache)
     if cache.batch != batch:
         raise ValueError(f"[{cls}] cache holds {cache.batch} sequences, the input has {batch}")
-    if cache.length + seq > cache.max_seq_len:
-        raise ValueError(
-            f"[{cls}] KV cache is full: {cache.length} cached + {seq} new tokens > "
-            f"max_seq_len {cache.max_seq_len}"
-        )

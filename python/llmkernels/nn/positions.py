@@ -114,18 +114,28 @@ class RopeSchedule:
             LIVE_SCHEDULES.add(self)
 
     def frequencies(self, positions: np.ndarray) -> np.ndarray | None:
+        """The frequencies of a forward over ``positions`` (``None``: the module's own). The
+        state does not move here: :meth:`advance` moves it once that forward has run, so a call
+        the C++ entry refuses (a full cache, an id out of range) leaves it as it was."""
         if self.kind == "static" or positions.size == 0:
             return None
         seq_len = int(positions.max()) + 1
         if self.kind == "longrope":
             return rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=seq_len)
-        with self._lock:  # the state and the frequencies returned change together
-            if seq_len > self.cached_len:  # dynamic: grow
-                self.cached_len = seq_len
-                self.current = rope_inv_freq(
-                    self.head_dim, self.theta, self.scaling, seq_len=seq_len
-                )
-            elif seq_len < self.original < self.cached_len:  # back to the original frequencies
-                self.cached_len = self.original
-                self.current = None
-            return self.current
+        with self._lock:
+            return self._next(seq_len)[1]
+
+    def advance(self, positions: np.ndarray) -> None:
+        """After a forward over ``positions`` ran: the dynamic state as that forward left it."""
+        if self.kind != "dynamic" or positions.size == 0:
+            return
+        with self._lock:
+            self.cached_len, self.current = self._next(int(positions.max()) + 1)
+
+    def _next(self, seq_len: int) -> tuple[int, np.ndarray | None]:
+        """(cached length, frequencies) after a forward of ``seq_len`` (dynamic, lock held)."""
+        if seq_len > self.cached_len:  # grow
+            return seq_len, rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=seq_len)
+        if seq_len < self.original < self.cached_len:  # back to the original frequencies
+            return self.original, None
+        return self.cached_len, self.current
