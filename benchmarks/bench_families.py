@@ -7,7 +7,7 @@ Usage::
 
 What it does (the protocol is ``harness.py``'s: interleaved rounds, medians):
 
-1. For each family (llama, mistral, qwen2, qwen3, phi3, gemma, gemma2) a random-weight model
+1. For each family the package loads (``llmkernels.families``) a random-weight model
    at a small shape (dim 512, 8 layers, 8 query / 4 KV heads, hidden 1408, vocab 32000 -- the
    8-layer model of ``bench_blocks.py``;
    windows of 64 tokens where the family has them, so the 128-token prompt passes them and the
@@ -41,9 +41,10 @@ import harness as h
 import llmkernels as lk
 import numpy as np
 from harness import LK, fmt, hf_cache, hf_output_cache, md_table, peers
+from llmkernels.families import FAMILIES as LK_FAMILIES
 
 HF = "transformers eager"
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2")
+FAMILIES = tuple(LK_FAMILIES)  # every family the package loads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,22 +98,14 @@ def hf_model(family: str, cfg: Config) -> Any:
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
-    kinds = {
-        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {}),
-        "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {"sliding_window": cfg.window}),
-        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {"use_sliding_window": False}),
-        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, {"use_sliding_window": False}),
-        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {"sliding_window": None}),
-        "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, {"head_dim": cfg.dim // cfg.heads}),
-        "gemma2": (
-            tf.Gemma2Config,
-            tf.Gemma2ForCausalLM,
-            {"head_dim": cfg.dim // cfg.heads, "sliding_window": cfg.window},
-        ),
-    }
-    config_cls, model_cls, extra = kinds[family]
+    # transformers' own config class of the family; a family whose config enables a sliding
+    # window by default (Mistral, Gemma 2) gets the benchmark's window, the others none
+    fam = LK_FAMILIES[family]
+    window = cfg.window if fam.hf_defaults.get("sliding_window") else None
+    extra = {"head_dim": cfg.dim // cfg.heads, "sliding_window": window}
+    config = tf.AutoConfig.for_model(family, **common, **extra)
     torch.manual_seed(0)
-    model = model_cls(config_cls(**common, **extra)).eval()
+    model = tf.AutoModelForCausalLM.from_config(config).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():

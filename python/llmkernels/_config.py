@@ -351,9 +351,9 @@ class ModelConfig:
         mlp_bias: gate/up/down projections carry biases (HF ``mlp_bias``).
         tie_embeddings: the LM head reuses the embedding (HF ``tie_word_embeddings``).
         max_seq_len: context length (HF ``max_position_embeddings``).
-        model_type: the HF family it loads as and saves to: ``"llama"``, ``"mistral"``,
-            ``"qwen2"`` or ``"phi3"`` (same block; the differences are the fields below, and
-            Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` tensors).
+        model_type: the HF family it loads as and saves to, one of
+            :data:`llmkernels.families.FAMILIES` (one block for all; the differences are the
+            fields below, and the tensor names of a family's checkpoints).
         sliding_window: ``None`` or ``w``: every layer attends only to the last ``w`` keys
             (Mistral; transformers' semantics, see :func:`llmkernels.attention`'s ``window``).
         o_bias: the output projection carries a bias; ``None`` means ``attention_bias``.

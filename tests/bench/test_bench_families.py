@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from conftest import run_bench
+from llmkernels.families import FAMILIES
 
 
 def test_bench_families_quick(tmp_path: Path) -> None:
@@ -14,7 +15,7 @@ def test_bench_families_quick(tmp_path: Path) -> None:
     proc = run_bench("bench_families.py", "--quick", "--out", str(tmp_path), timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = (tmp_path / "families.md").read_text()
-    families = ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2"]
+    families = list(FAMILIES)
     cells = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")]
     rows = [c for c in cells if c[0].strip() in families]
     assert sorted({r[0].strip() for r in rows}) == sorted(families)
