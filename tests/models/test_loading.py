@@ -45,6 +45,7 @@ from llmkernels._safetensors import (
     load_file,
     read_header,
 )
+from llmkernels.families import FAMILIES
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
@@ -861,8 +862,7 @@ CONFIG_ERRORS: dict[str, tuple[dict[str, Any], str]] = {
     "hidden_act": ({**HF_BASE, "hidden_act": "gelu"}, r"hidden_act: only 'silu'"),
     "model_type": (
         {**HF_BASE, "model_type": "gemma3"},
-        r"model_type: 'gemma3' is not supported \(supported: llama, mistral, qwen2, phi3, qwen3, "
-        r"gemma, gemma2\)",
+        r"model_type: 'gemma3' is not supported \(supported: " + ", ".join(FAMILIES) + r"\)",
     ),
     "zero layers": ({**BASE, "n_layers": 0}, r"n_layers: must be a positive int, got 0"),
     "float size": ({**HF_BASE, "hidden_size": 64.0}, r"hidden_size: must be a positive int"),
