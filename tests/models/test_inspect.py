@@ -54,7 +54,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # the families' features (a window shorter than the 70-token prompt, q/k norms, fused
     # q/k/v, GeGLU and (1 + w) norms, sandwich norms with capped and rescaled scores)
     "mistral_window": {"model_type": "mistral", "sliding_window": 5},
-    "qwen3_qk_norm": {"model_type": "qwen3", "qk_norm": True},
+    "qk_norm": {"qk_norm": True},  # (Qwen3's; a ModelConfig field of any family)
     "phi3_fused": {"model_type": "phi3", "sliding_window": 6},
     "gemma": {
         "model_type": "gemma",
