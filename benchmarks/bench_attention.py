@@ -379,8 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-scaling", action="store_true", help="skip the sweep over the sequence length"
     )
-    args = parser.parse_args(argv)
-    cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait, torch_thp=args.torch_thp)
+    args, cfg, run = h.parse_and_start(parser, argv, FULL, QUICK, use_torch_thp=True)
     rng = np.random.default_rng(0)
     report = h.new_report(cfg)
     report["probe"] = probe = run.probe(cfg)

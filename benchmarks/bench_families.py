@@ -333,8 +333,7 @@ def targets(report: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = h.arg_parser(__doc__, "60")
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated list")
-    args = parser.parse_args(argv)
-    cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait)
+    args, cfg, run = h.parse_and_start(parser, argv, FULL, QUICK)
     if peers.torch is None or peers.hf is None:
         print("bench_families needs torch and transformers (extra `bench`)", file=sys.stderr)
         return 1

@@ -119,8 +119,7 @@ def blas_info() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = h.arg_parser(__doc__, "10")
     parser.add_argument("--m", type=str, default=None, help="token counts, comma-separated")
-    args = parser.parse_args(argv)
-    cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait)
+    args, cfg, run = h.parse_and_start(parser, argv, FULL, QUICK)
     if args.m:
         cfg = replace(cfg, tokens=tuple(int(v) for v in args.m.split(",")))
     report = h.new_report(cfg)

@@ -602,8 +602,7 @@ def main(argv: list[str] | None = None) -> int:
         help="then TinyLlama-1.1B's full 22 layers (bench_real_size.py: one process per case, "
         "the 4-layer model's weights partly fit in the last-level cache) into the same --out",
     )
-    args = parser.parse_args(argv)
-    cfg, run = harness.start(QUICK if args.quick else FULL, args.quiet_wait, torch_thp=False)
+    args, cfg, run = harness.parse_and_start(parser, argv, FULL, QUICK)
     report = harness.new_report(cfg)
     run.log("building the models")
     models = build_models(cfg)

@@ -83,8 +83,7 @@ def peers_for(k: int, rows: int, m: int, rng: np.random.Generator) -> tuple[dict
 def main(argv: list[str] | None = None) -> int:
     parser = h.arg_parser(__doc__, "10")
     parser.add_argument("--m", type=int, default=None, help="tokens per call (default 1)")
-    args = parser.parse_args(argv)
-    cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait)
+    args, cfg, run = h.parse_and_start(parser, argv, FULL, QUICK)
     if args.m:
         import dataclasses
 

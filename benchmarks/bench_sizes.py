@@ -320,8 +320,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = h.arg_parser(__doc__, "5")
     parser.add_argument("--no-plot", action="store_true", help="don't draw sizes.png")
-    args = parser.parse_args(argv)
-    cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait, torch_thp=args.torch_thp)
+    args, cfg, run = h.parse_and_start(parser, argv, FULL, QUICK, use_torch_thp=True)
     rng = np.random.default_rng(0)
     report = h.new_report(cfg)
     # no roofline probe: times and ratios only (a zero roof leaves the fractions out)

@@ -52,8 +52,7 @@ FULL, QUICK = h.full_and_quick(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = h.arg_parser(__doc__, "30").parse_args(argv)
-    cfg, run = h.start(QUICK if args.quick else FULL, args.quiet_wait)
+    args, cfg, run = h.parse_and_start(h.arg_parser(__doc__, "30"), argv, FULL, QUICK)
     b, nh, t, d = cfg.shape
     w = cfg.window
     rng = np.random.default_rng(0)

@@ -24,7 +24,8 @@
 * **Scripts**: :class:`Timing` (the shared protocol settings, ``FULL_TIMING`` /
   ``QUICK_TIMING``), :func:`arg_parser` (the options every script takes) and :func:`start`,
   which loads the peers, settles the configuration and returns a :class:`Run` (progress log,
-  probe, cases, thread counts restored and the report written at the end).
+  probe, cases, thread counts restored and the report written at the end);
+  :func:`parse_and_start` is the two for a script's command line.
 """
 
 from __future__ import annotations
@@ -959,6 +960,23 @@ def start(
     wait = cfg.quiet_wait if quiet_wait is None else quiet_wait  # type: ignore[attr-defined]
     cfg = dataclasses.replace(cfg, threads=threads, quiet_wait=wait)  # type: ignore[type-var]
     return cfg, Run(log)
+
+
+def parse_and_start(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    full: C,
+    quick: C,
+    *,
+    use_torch_thp: bool = False,
+) -> tuple[argparse.Namespace, C, Run]:
+    """A script's command line parsed (``parser``: :func:`arg_parser` and the script's own
+    options), then :func:`start` of ``quick`` (``--quick``) or ``full`` with ``--quiet-wait``
+    and, where ``use_torch_thp``, ``--torch-thp``. Returns ``(args, cfg, Run)``."""
+    args = parser.parse_args(argv)
+    thp = args.torch_thp if use_torch_thp else False
+    cfg, run = start(quick if args.quick else full, args.quiet_wait, torch_thp=thp)
+    return args, cfg, run
 
 
 def new_report(cfg: Any) -> dict[str, Any]:

@@ -19,6 +19,15 @@ from transformers import LlamaConfig
 HF_MAJOR = int(transformers.__version__.split(".")[0])
 # the defaults of hf_llama_config: one small layer (the comparisons of single ops set the rest)
 TINY = {"num_hidden_layers": 1, "vocab_size": 16, "intermediate_size": 8}
+# the shape of the small two-layer models of the loading, precision and family tests (each with
+# its own vocabulary): 4 query heads of 16 features over 2 KV heads, an MLP of 96
+TWO_LAYERS = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def llama3_scaling(original_max_position_embeddings: int) -> dict[str, Any]:

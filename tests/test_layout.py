@@ -49,6 +49,25 @@ def _runtime_imports(name: str, f: Path, modules: dict[str, Path]) -> list[tuple
     return found
 
 
+def _assert_acyclic(graph: dict[str, set[str]], what: str) -> None:
+    """Fail with the first cycle a depth-first search of ``graph`` (node -> the nodes it points
+    to) meets, as ``what: a -> b -> a``."""
+    state: dict[str, int] = {}  # 1: on the path being searched, 2: done
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = 1
+        for t in sorted(graph.get(n, ())):
+            if state.get(t) == 1:
+                pytest.fail(f"{what}: " + " -> ".join([*path[path.index(t) :], t]))
+            if t not in state:
+                visit(t, [*path, t])
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
+
+
 def test_no_python_file_over_800_lines() -> None:
     long = {
         str(f.relative_to(PACKAGE)): n
@@ -68,20 +87,7 @@ def test_no_import_cycle() -> None:
     # Python packages work; the cycles that matter are between modules
     for m in graph:
         graph[m] = {t for t in graph[m] if not (t == "llmkernels" or m.startswith(t + "."))}
-    state: dict[str, int] = {}
-
-    def visit(m: str, path: list[str]) -> None:
-        state[m] = 1
-        for t in sorted(graph[m]):
-            if state.get(t) == 1:
-                pytest.fail("import cycle: " + " -> ".join([*path[path.index(t) :], t]))
-            if t not in state:
-                visit(t, [*path, t])
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m, [m])
+    _assert_acyclic(graph, "import cycle")
 
 
 def test_no_module_imports_another_modules_private_names() -> None:
@@ -131,17 +137,4 @@ def test_no_cpp_include_cycle() -> None:
             target = str(Path(inc).with_suffix(""))
             if target != node:
                 targets.add(target)
-    state: dict[str, int] = {}
-
-    def visit(n: str, path: list[str]) -> None:
-        state[n] = 1
-        for t in sorted(graph.get(n, ())):
-            if state.get(t) == 1:
-                pytest.fail("include cycle: " + " -> ".join([*path[path.index(t) :], t]))
-            if t not in state:
-                visit(t, [*path, t])
-        state[n] = 2
-
-    for n in sorted(graph):
-        if n not in state:
-            visit(n, [n])
+    _assert_acyclic(graph, "include cycle")

@@ -9,15 +9,25 @@ namespace {
 
 using namespace llmk::ops;
 
+// What every module holding weight matrices has: Module.params() -> the parameter views;
 // Module.converted(dtype, group_size, fn) -> staged matrices; Module.assign(staged)
 template <class Module, class Class>
-void bind_conversion(Class& c) {
+void bind_weights(Class& c) {
   using namespace pybind11::literals;
-  c.def("converted", &module_converted<Module>, "dtype"_a, "group_size"_a, "fn"_a,
-        "The weight matrices converted to dtype ('int8', 'int4' in groups of group_size, or "
-        "'float32'), not yet in use: assign() swaps them in.")
+  c.def("params", &module_params<Module>)
+      .def("converted", &module_converted<Module>, "dtype"_a, "group_size"_a, "fn"_a,
+           "The weight matrices converted to dtype ('int8', 'int4' in groups of group_size, or "
+           "'float32'), not yet in use: assign() swaps them in.")
       .def("assign", &Module::assign, "staged"_a)
       .def_property_readonly("group_size", [](const Module& s) { return s.group(); });
+}
+
+// forward(x, positions, key_mask, cache, inv_freq=None) of a layer that reads a KV cache (the
+// attention, the block): `entry` is its entry in ops/modules.cpp
+template <class Class, class Entry>
+void bind_cached_forward(Class& c, Entry entry) {
+  using namespace pybind11::literals;
+  c.def("forward", entry, "x"_a, "positions"_a, "key_mask"_a, "cache"_a, "inv_freq"_a = py::none());
 }
 
 }  // namespace
@@ -51,13 +61,12 @@ void bind_modules(py::module_& m) {
   py::class_<StagedWeights, std::shared_ptr<StagedWeights>>(m, "StagedWeights");
 
   py::class_<FeedForwardModule, std::shared_ptr<FeedForwardModule>> ffn(m, "FeedForwardImpl");
-  bind_conversion<FeedForwardModule>(ffn);
+  bind_weights<FeedForwardModule>(ffn);
   ffn.def(py::init(&make_feed_forward), "dim"_a, "hidden"_a, "bias"_a, "gelu_tanh"_a = false,
           "dtype"_a = "float32", "group_size"_a = 32)
       .def_property_readonly("gelu_tanh", &FeedForwardModule::gelu_tanh)
       .def_property_readonly("dtype", &module_dtype<FeedForwardModule>)
       .def("forward", &feed_forward_forward, "x"_a)
-      .def("params", &module_params<FeedForwardModule>)
       .def_property_readonly("dim", &FeedForwardModule::dim)
       .def_property_readonly("hidden", &FeedForwardModule::hidden)
       .def_property_readonly("has_bias", &FeedForwardModule::has_bias)
@@ -82,15 +91,13 @@ void bind_modules(py::module_& m) {
 
   py::class_<MultiHeadAttentionModule, std::shared_ptr<MultiHeadAttentionModule>> mha(
       m, "MultiHeadAttentionImpl");
-  bind_conversion<MultiHeadAttentionModule>(mha);
+  bind_weights<MultiHeadAttentionModule>(mha);
+  bind_cached_forward(mha, &attention_module_forward);
   mha.def(py::init(&make_attention), "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a,
           "inv_freq"_a, "attention_factor"_a, "qkv_bias"_a, "o_bias"_a, "causal"_a,
           "window"_a = 0, "softcap"_a = 0.0, "scale"_a = 0.0, "sinks"_a = false,
           "qk_norm"_a = false, "qk_norm_eps"_a = 1e-6, "dtype"_a = "float32", "group_size"_a = 32)
       .def_property_readonly("dtype", &module_dtype<MultiHeadAttentionModule>)
-      .def("forward", &attention_module_forward, "x"_a, "positions"_a, "key_mask"_a, "cache"_a,
-           "inv_freq"_a = py::none())
-      .def("params", &module_params<MultiHeadAttentionModule>)
       .def_readonly("dim", &MultiHeadAttentionModule::dim)
       .def_readonly("n_heads", &MultiHeadAttentionModule::n_heads)
       .def_readonly("n_kv_heads", &MultiHeadAttentionModule::n_kv_heads)
@@ -108,15 +115,15 @@ void bind_modules(py::module_& m) {
       .def_readonly("attention_factor", &MultiHeadAttentionModule::attention_factor)
       .def_readonly("inv_freq", &MultiHeadAttentionModule::inv_freq);
 
-  py::class_<TransformerBlockModule, std::shared_ptr<TransformerBlockModule>>(
-      m, "TransformerBlockImpl")
+  py::class_<TransformerBlockModule, std::shared_ptr<TransformerBlockModule>> block(
+      m, "TransformerBlockImpl");
+  bind_cached_forward(block, &block_forward);
+  block
       .def(py::init<std::shared_ptr<MultiHeadAttentionModule>, std::shared_ptr<FeedForwardModule>,
                     std::shared_ptr<Norm>, std::shared_ptr<Norm>, bool, std::shared_ptr<Norm>,
                     std::shared_ptr<Norm>>(),
            "attention"_a, "feed_forward"_a, "attention_norm"_a, "ffn_norm"_a, "pre_norm"_a,
            "post_attention_norm"_a = nullptr, "post_ffn_norm"_a = nullptr)
-      .def("forward", &block_forward, "x"_a, "positions"_a, "key_mask"_a, "cache"_a,
-           "inv_freq"_a = py::none())
       .def_readonly("attention", &TransformerBlockModule::attention)
       .def_readonly("feed_forward", &TransformerBlockModule::feed_forward)
       .def_readonly("attention_norm", &TransformerBlockModule::attention_norm)
@@ -124,7 +131,7 @@ void bind_modules(py::module_& m) {
       .def_readonly("pre_norm", &TransformerBlockModule::pre_norm);
 
   py::class_<TransformerModule, std::shared_ptr<TransformerModule>> model(m, "TransformerImpl");
-  bind_conversion<TransformerModule>(model);
+  bind_weights<TransformerModule>(model);
   model.def(py::init(&make_transformer), "vocab"_a, "dim"_a, "blocks"_a, "final_norm"_a,
             "tie_embeddings"_a, "embed_scale"_a = 0.0, "final_softcap"_a = 0.0,
             "dtype"_a = "float32", "head_dtype"_a = py::none(), "group_size"_a = 32)
@@ -140,7 +147,6 @@ void bind_modules(py::module_& m) {
            "inv_freq"_a, "weights"_a)
       .def("forward_rows", &transformer_forward_rows, "ids"_a, "positions"_a, "caches"_a,
            "inv_freq"_a = py::none())
-      .def("params", &module_params<TransformerModule>)
       .def_readonly("vocab", &TransformerModule::vocab)
       .def_readonly("dim", &TransformerModule::dim)
       .def_readonly("blocks", &TransformerModule::blocks)

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from _models import TWO_LAYERS
 from llmkernels._config import ConfigError, ModelConfig
 from llmkernels._safetensors import CheckpointError
 from safetensors.numpy import load_file, save_file
@@ -44,15 +45,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-SMALL = {
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 97,
-    "max_position_embeddings": 128,
-}
+SMALL = {**TWO_LAYERS, "vocab_size": 97, "max_position_embeddings": 128}
 
 
 # Gemma configs: special tokens inside the small vocabulary, transformers' eager attention

@@ -23,6 +23,7 @@ import safetensors.numpy
 import safetensors.torch
 import torch
 import transformers
+from _models import TWO_LAYERS
 from conftest import run_python
 from llmkernels import _safetensors as st
 from llmkernels._checkpoint import (
@@ -49,14 +50,7 @@ from llmkernels.families import FAMILIES
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-TINY = dict(
-    vocab_size=128,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=96,
-)
+TINY = {**TWO_LAYERS, "vocab_size": 128}
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "factor": 8.0,

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from _models import hf_greedy, hf_llama_config
+from _models import TWO_LAYERS, hf_greedy, hf_llama_config
 from transformers import LlamaForCausalLM
 
 # the exact 16-bit path (the float32 model of the rounded weights), whatever the CPU
@@ -161,15 +161,7 @@ def test_greedy_tokens_equal_transformers_on_the_same_weights(dtype: str, tmp_pa
 
 
 def hf_checkpoint(directory: Path, dtype: torch.dtype, tie: bool = False) -> LlamaForCausalLM:
-    cfg = hf_llama_config(
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        vocab_size=120,
-        tie_word_embeddings=tie,
-    )
+    cfg = hf_llama_config(**TWO_LAYERS, vocab_size=120, tie_word_embeddings=tie)
     torch.manual_seed(0)
     hf = LlamaForCausalLM(cfg).to(dtype).eval()
     hf.save_pretrained(directory)
