@@ -79,6 +79,7 @@ upgrade-deps: $(VENV)/.venv-ready
 # once, in `make test` (they call the same kernels).
 PAR := -n 2 -p no:cacheprovider
 MATRIX_SKIP := --ignore=tests/test_notebooks.py --deselect tests/models/test_plot.py \
+	--ignore=tests/text/test_ray.py \
 	--ignore=tests/bench
 # (On an AVX2-only CPU avx2 is the best path, which `make test` has just run: not run twice.)
 test-matrix: $(VENV)/.installed-test

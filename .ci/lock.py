@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # what the Makefile installs, by target (keep in step with it)
 REQUIREMENTS = [
-    ".[test,compare,bench,notebook,text,docs,serve]",
+    ".[test,compare,bench,notebook,text,docs,serve,ray]",
     "ruff",
     "pybind11-stubgen",
     "scikit-build-core>=0.10",
