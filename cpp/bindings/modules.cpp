@@ -63,7 +63,7 @@ void bind_modules(py::module_& m) {
   py::class_<FeedForwardModule, std::shared_ptr<FeedForwardModule>> ffn(m, "FeedForwardImpl");
   bind_weights<FeedForwardModule>(ffn);
   ffn.def(py::init(&make_feed_forward), "dim"_a, "hidden"_a, "bias"_a, "gelu_tanh"_a = false,
-          "dtype"_a = "float32", "group_size"_a = 32)
+          "dtype"_a = "float32", "group_size"_a = 32, "fn"_a = "FeedForward")
       .def_property_readonly("gelu_tanh", &FeedForwardModule::gelu_tanh)
       .def_property_readonly("dtype", &module_dtype<FeedForwardModule>)
       .def("forward", &feed_forward_forward, "x"_a)
@@ -96,7 +96,8 @@ void bind_modules(py::module_& m) {
   mha.def(py::init(&make_attention), "dim"_a, "n_heads"_a, "n_kv_heads"_a, "head_dim"_a,
           "inv_freq"_a, "attention_factor"_a, "qkv_bias"_a, "o_bias"_a, "causal"_a,
           "window"_a = 0, "softcap"_a = 0.0, "scale"_a = 0.0, "sinks"_a = false,
-          "qk_norm"_a = false, "qk_norm_eps"_a = 1e-6, "dtype"_a = "float32", "group_size"_a = 32)
+          "qk_norm"_a = false, "qk_norm_eps"_a = 1e-6, "dtype"_a = "float32", "group_size"_a = 32,
+          "fn"_a = "MultiHeadAttention")
       .def_property_readonly("dtype", &module_dtype<MultiHeadAttentionModule>)
       .def_readonly("dim", &MultiHeadAttentionModule::dim)
       .def_readonly("n_heads", &MultiHeadAttentionModule::n_heads)
@@ -134,7 +135,8 @@ void bind_modules(py::module_& m) {
   bind_weights<TransformerModule>(model);
   model.def(py::init(&make_transformer), "vocab"_a, "dim"_a, "blocks"_a, "final_norm"_a,
             "tie_embeddings"_a, "embed_scale"_a = 0.0, "final_softcap"_a = 0.0,
-            "dtype"_a = "float32", "head_dtype"_a = py::none(), "group_size"_a = 32)
+            "dtype"_a = "float32", "head_dtype"_a = py::none(), "group_size"_a = 32,
+            "fn"_a = "Transformer")
       // the LM head's (what the model's dtype reports: int8 / int4 once quantized)
       .def_property_readonly(
           "dtype", [](const TransformerModule& s) { return format_name(s.head_format()); })

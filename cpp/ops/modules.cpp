@@ -72,13 +72,23 @@ std::string format_name(WeightFormat f) {
   }
 }
 
-// the group size of a quantized format (checked: 32, 64, 128), 0 for the float ones
-std::size_t parse_group(WeightFormat f, long long group) {
+std::size_t check_group(const std::string& fn, WeightFormat f, long long group, const Dims& dims) {
   if (!is_quantized(f)) return 0;
   if (group != 32 && group != 64 && group != 128)
-    fail("modules", "group_size must be 32, 64 or 128, got " + std::to_string(group));
+    fail(fn.c_str(), "group_size must be 32, 64 or 128, got " + std::to_string(group));
+  for (const auto& [name, size] : dims)
+    if (size % static_cast<std::size_t>(group))
+      fail(fn.c_str(), "group_size=" + std::to_string(group) + " does not divide " + name + "=" +
+                           std::to_string(size) +
+                           ": every projection's input dimension must be a multiple of "
+                           "group_size (try 32)");
   return static_cast<std::size_t>(group);
 }
+Dims group_dims(const FeedForwardModule& m) { return {{"dim", m.dim()}, {"hidden_dim", m.hidden()}}; }
+Dims group_dims(const MultiHeadAttentionModule& m) {
+  return {{"dim", m.dim}, {"n_heads * head_dim", m.n_heads * m.head_dim}};
+}
+Dims group_dims(const TransformerModule& m) { return {{"dim", m.dim}}; }
 
 // name -> zero-copy view of each parameter, in its storage dtype; the view keeps alive the
 // module (`owner`), or the weight storage it shows (which quantize() may replace)
@@ -119,7 +129,7 @@ void check_bt(const char* fn, const i64_array& positions, const std::optional<u8
            "key mask must have shape (B, T)");
 }
 
-void check_cache(const char* fn, const KVCache* cache, std::size_t b, std::size_t t,
+void check_cache(const char* fn, const KVCache* cache, std::size_t b,
                  const MultiHeadAttentionModule& attn) {
   if (!cache) return;
   expect(cache->batch == b, fn,
@@ -257,7 +267,7 @@ f32_array attention_forward(const char* fn, const MultiHeadAttentionModule& attn
          "x must have shape (B, T, dim)");
   check_bt(fn, positions, key_mask, x.shape(0), x.shape(1));
   const std::size_t b = x.shape(0), t = x.shape(1);
-  check_cache(fn, cache, b, t, attn);
+  check_cache(fn, cache, b, attn);
   f32_array out({x.shape(0), x.shape(1), x.shape(2)});
   const float* xp = x.data();
   const std::int64_t* pp = positions.data();
@@ -296,7 +306,7 @@ f32_array model_forward(const TransformerModule& self, i64_array ids, i64_array 
       expect(caches[j] != caches[i], fn,
              "caches " + std::to_string(j) + " and " + std::to_string(i) +
                  " are the same KVCache: each block needs its own");
-    check_cache(fn, caches[i], b, t, *self.blocks[i]->attention);
+    check_cache(fn, caches[i], b, *self.blocks[i]->attention);
   }
   const std::int64_t* ip = ids.data();
   check_token_ids(fn, ip, b * t, self.vocab);
@@ -365,10 +375,11 @@ f32_array feed_forward_forward(const FeedForwardModule& self, f32_array x) {
 
 std::shared_ptr<FeedForwardModule> make_feed_forward(std::size_t dim, std::size_t hidden,
                                                      bool bias, bool gelu_tanh,
-                                                     const std::string& dtype, long long group) {
+                                                     const std::string& dtype, long long group,
+                                                     const std::string& fn) {
   const WeightFormat f = parse_format(dtype);
-  return std::make_shared<FeedForwardModule>(dim, hidden, bias, gelu_tanh, f,
-                                             parse_group(f, group));
+  const std::size_t g = check_group(fn, f, group, {{"dim", dim}, {"hidden_dim", hidden}});
+  return std::make_shared<FeedForwardModule>(dim, hidden, bias, gelu_tanh, f, g);
 }
 
 std::shared_ptr<KVCache> make_cache(std::size_t batch, std::size_t max_len,
@@ -398,12 +409,13 @@ std::shared_ptr<MultiHeadAttentionModule> make_attention(
     std::size_t dim, std::size_t n_heads, std::size_t n_kv_heads, std::size_t head_dim,
     std::vector<double> inv_freq, double attention_factor, bool qkv_bias, bool o_bias,
     bool causal, std::int64_t window, double softcap, double scale, bool sinks, bool qk_norm,
-    double qk_norm_eps, const std::string& dtype, long long group) {
+    double qk_norm_eps, const std::string& dtype, long long group, const std::string& fn) {
   const WeightFormat f = parse_format(dtype);
+  const std::size_t g =
+      check_group(fn, f, group, {{"dim", dim}, {"n_heads * head_dim", n_heads * head_dim}});
   return std::make_shared<MultiHeadAttentionModule>(
       dim, n_heads, n_kv_heads, head_dim, std::move(inv_freq), attention_factor, qkv_bias,
-      o_bias, causal, window, softcap, scale, sinks, qk_norm, qk_norm_eps, f,
-      parse_group(f, group));
+      o_bias, causal, window, softcap, scale, sinks, qk_norm, qk_norm_eps, f, g);
 }
 
 f32_array attention_module_forward(const MultiHeadAttentionModule& self, f32_array x,
@@ -429,13 +441,14 @@ f32_array block_forward(const TransformerBlockModule& self, f32_array x, i64_arr
 std::shared_ptr<TransformerModule> make_transformer(
     std::size_t vocab, std::size_t dim, std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
     std::shared_ptr<Norm> final_norm, bool tie, double embed_scale, double final_softcap,
-    const std::string& dtype, std::optional<std::string> head_dtype, long long group) {
+    const std::string& dtype, std::optional<std::string> head_dtype, long long group,
+    const std::string& fn) {
   const WeightFormat f = parse_format(dtype);
   const WeightFormat hf = head_dtype ? parse_format(*head_dtype) : f;
-  if (is_quantized(f)) fail("Transformer", "the embedding is stored in a float dtype");
+  if (is_quantized(f)) fail(fn.c_str(), "the embedding is stored in a float dtype");
+  const std::size_t g = check_group(fn, hf, group, {{"dim", dim}});
   return std::make_shared<TransformerModule>(vocab, dim, std::move(blocks), std::move(final_norm),
-                                             tie, embed_scale, final_softcap, f, hf,
-                                             parse_group(hf, group));
+                                             tie, embed_scale, final_softcap, f, hf, g);
 }
 
 f32_array transformer_forward(const TransformerModule& self, i64_array ids, i64_array positions,
@@ -497,7 +510,7 @@ f32_array transformer_forward_rows(const TransformerModule& self, i64_array ids,
       KVCache* c = caches[r][i];
       expect(c != nullptr, fn, "a cache is None");
       expect(c->batch == 1, fn, "each sequence's caches hold one sequence (batch 1)");
-      check_cache(fn, c, 1, 1, *self.blocks[i]->attention);
+      check_cache(fn, c, 1, *self.blocks[i]->attention);
       by_layer[i][r] = c;
       all.push_back(c);
     }

@@ -23,11 +23,18 @@ using f64_array = py::array_t<double, py::array::c_style>;
 using i64_array = py::array_t<std::int64_t, py::array::c_style>;
 using u8_array = py::array_t<std::uint8_t, py::array::c_style>;
 
-// The weight formats by their NumPy names (Python passes and reads these strings); the group
-// size of a quantized format (checked: 32, 64, 128), 0 for the float ones.
+// The weight formats by their NumPy names (Python passes and reads these strings).
 WeightFormat parse_format(const std::string& name);
 std::string format_name(WeightFormat f);
-std::size_t parse_group(WeightFormat f, long long group);
+
+// The group size of format f (0 for the float ones), checked once, here, for the Python entry
+// `fn` that was given it: 32, 64 or 128, dividing every input dimension of the module's
+// quantized matrices (`dims`: name and size, as the message names them).
+using Dims = std::vector<std::pair<const char*, std::size_t>>;
+std::size_t check_group(const std::string& fn, WeightFormat f, long long group, const Dims& dims);
+Dims group_dims(const FeedForwardModule& m);
+Dims group_dims(const MultiHeadAttentionModule& m);
+Dims group_dims(const TransformerModule& m);
 
 // name -> zero-copy view of each parameter, in its storage dtype; the view keeps alive the
 // module (`owner`), or the weight storage it shows (which quantize() may replace)
@@ -45,7 +52,7 @@ template <class Module>
 StagedWeights module_converted(const Module& self, const std::string& dtype, long long group,
                                const std::string& fn) {
   const WeightFormat f = parse_format(dtype);
-  const std::size_t g = parse_group(f, group);
+  const std::size_t g = check_group(fn, f, group, group_dims(self));
   py::gil_scoped_release nogil;
   return self.converted(f, g, fn);
 }
@@ -62,7 +69,8 @@ f32_array run_norm(const Norm& norm, f32_array x);
 // FeedForwardImpl: the constructor and forward, x (m, dim) -> (m, dim)
 std::shared_ptr<FeedForwardModule> make_feed_forward(std::size_t dim, std::size_t hidden,
                                                      bool bias, bool gelu_tanh,
-                                                     const std::string& dtype, long long group);
+                                                     const std::string& dtype, long long group,
+                                                     const std::string& fn);
 f32_array feed_forward_forward(const FeedForwardModule& self, f32_array x);
 
 // KVCacheImpl: the constructor; reset (waits for a forward using the cache); keys / values
@@ -81,7 +89,7 @@ std::shared_ptr<MultiHeadAttentionModule> make_attention(
     std::size_t dim, std::size_t n_heads, std::size_t n_kv_heads, std::size_t head_dim,
     std::vector<double> inv_freq, double attention_factor, bool qkv_bias, bool o_bias,
     bool causal, std::int64_t window, double softcap, double scale, bool sinks, bool qk_norm,
-    double qk_norm_eps, const std::string& dtype, long long group);
+    double qk_norm_eps, const std::string& dtype, long long group, const std::string& fn);
 f32_array attention_module_forward(const MultiHeadAttentionModule& self, f32_array x,
                                    i64_array positions, std::optional<u8_array> key_mask,
                                    KVCache* cache, std::optional<f64_array> inv_freq);
@@ -95,7 +103,8 @@ f32_array block_forward(const TransformerBlockModule& self, f32_array x, i64_arr
 std::shared_ptr<TransformerModule> make_transformer(
     std::size_t vocab, std::size_t dim, std::vector<std::shared_ptr<TransformerBlockModule>> blocks,
     std::shared_ptr<Norm> final_norm, bool tie, double embed_scale, double final_softcap,
-    const std::string& dtype, std::optional<std::string> head_dtype, long long group);
+    const std::string& dtype, std::optional<std::string> head_dtype, long long group,
+    const std::string& fn);
 f32_array transformer_forward(const TransformerModule& self, i64_array ids, i64_array positions,
                               std::optional<u8_array> key_mask, std::vector<KVCache*> caches,
                               bool last_only, std::optional<f64_array> inv_freq);

@@ -40,7 +40,7 @@ class StagedWeights:
     pass
 class FeedForwardImpl:
     fused_names: bool
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, hidden: typing.SupportsInt | typing.SupportsIndex, bias: bool, gelu_tanh: bool = False, dtype: str = 'float32', group_size: typing.SupportsInt | typing.SupportsIndex = 32) -> None:
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, hidden: typing.SupportsInt | typing.SupportsIndex, bias: bool, gelu_tanh: bool = False, dtype: str = 'float32', group_size: typing.SupportsInt | typing.SupportsIndex = 32, fn: str = 'FeedForward') -> None:
         ...
     def assign(self, staged: StagedWeights) -> None:
         ...
@@ -108,7 +108,7 @@ class KVCacheImpl:
         ...
 class MultiHeadAttentionImpl:
     fused_names: bool
-    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: bool = False, qk_norm: bool = False, qk_norm_eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, dtype: str = 'float32', group_size: typing.SupportsInt | typing.SupportsIndex = 32) -> None:
+    def __init__(self, dim: typing.SupportsInt | typing.SupportsIndex, n_heads: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, inv_freq: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], attention_factor: typing.SupportsFloat | typing.SupportsIndex, qkv_bias: bool, o_bias: bool, causal: bool, window: typing.SupportsInt | typing.SupportsIndex = 0, softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, sinks: bool = False, qk_norm: bool = False, qk_norm_eps: typing.SupportsFloat | typing.SupportsIndex = 1e-06, dtype: str = 'float32', group_size: typing.SupportsInt | typing.SupportsIndex = 32, fn: str = 'MultiHeadAttention') -> None:
         ...
     def assign(self, staged: StagedWeights) -> None:
         ...
@@ -192,7 +192,7 @@ class TransformerBlockImpl:
     def pre_norm(self) -> bool:
         ...
 class TransformerImpl:
-    def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool, embed_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, final_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, dtype: str = 'float32', head_dtype: str | None = None, group_size: typing.SupportsInt | typing.SupportsIndex = 32) -> None:
+    def __init__(self, vocab: typing.SupportsInt | typing.SupportsIndex, dim: typing.SupportsInt | typing.SupportsIndex, blocks: collections.abc.Sequence[TransformerBlockImpl], final_norm: NormImpl, tie_embeddings: bool, embed_scale: typing.SupportsFloat | typing.SupportsIndex = 0.0, final_softcap: typing.SupportsFloat | typing.SupportsIndex = 0.0, dtype: str = 'float32', head_dtype: str | None = None, group_size: typing.SupportsInt | typing.SupportsIndex = 32, fn: str = 'Transformer') -> None:
         ...
     def assign(self, staged: StagedWeights) -> None:
         ...

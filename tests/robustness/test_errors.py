@@ -359,7 +359,7 @@ def test_core_stub_is_current():
                     assert f"def {meth}(" in stub, f"_core.{name}.{meth} missing from _core.pyi"
 
 
-# --- modules: Python converts and holds the cache's lock; the C++ entry checks once -----------
+# --- modules: Python converts (and holds the cache's lock); the C++ entry checks, once --------
 
 CFG = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "hidden_dim": 64, "vocab_size": 50}
 
@@ -410,6 +410,31 @@ MODULE_CASES = [
         "block_cache_full",
         lambda m: _block_call(2, 3),
         r"^\[TransformerBlock\] KV cache is full: 0 cached \+ 3 new tokens > max_seq_len 2$",
+    ),
+    (
+        "group_value",
+        lambda m: lk.MultiHeadAttention(64, 4, dtype="int8", group_size=48),
+        r"^\[MultiHeadAttention\] group_size must be 32, 64 or 128, got 48$",
+    ),
+    (
+        "group_divides",
+        lambda m: lk.FeedForward(48, 96, dtype="int4"),
+        r"^\[FeedForward\] group_size=32 does not divide dim=48: every projection's input ",
+    ),
+    (
+        "group_names_the_entry",  # the block's layers are built inside Transformer(...)
+        lambda m: lk.Transformer(dict(CFG, dim=64, hidden_dim=96), dtype="int8", group_size=64),
+        r"^\[Transformer\] group_size=64 does not divide hidden_dim=96",
+    ),
+    (
+        "group_quantize",
+        lambda m: lk.FeedForward(64, 96).quantize(8, 64),
+        r"^\[FeedForward\.quantize\] group_size=64 does not divide hidden_dim=96",
+    ),
+    (
+        "group_core_entry",  # the C++ entry checks on its own too
+        lambda m: lk._core.FeedForwardImpl(48, 96, False, False, "int8", 32),
+        r"^\[FeedForward\] group_size=32 does not divide dim=48",
     ),
     (
         "model_cache_batch",

@@ -13,16 +13,11 @@ from .. import _core
 from .._config import ModelConfig
 from .cache import KVCache, locked_forward
 from .layers import FeedForward, LayerNorm, MultiHeadAttention, RMSNorm, make_norm
-from .module import Module, check_group, check_weight_dtype, seeded_rng
+from .module import Module, check_weight_dtype, entry, seeded_rng
 
 # ----------------------------------------------------------------------------------------------
 # block and model
 # ----------------------------------------------------------------------------------------------
-
-
-def input_dims(c: ModelConfig) -> dict[str, int]:
-    """The input dimensions of a model's projections (a quantization group must divide them)."""
-    return {"dim": c.dim, "n_heads * head_dim": c.n_heads * c.head_dim, "hidden_dim": c.hidden_dim}
 
 
 def block_config(config: Mapping[str, Any] | ModelConfig) -> ModelConfig:
@@ -139,50 +134,50 @@ class TransformerBlock(Module):
         int4 in groups of ``group_size`` along the input dimension)."""
         wdtype = check_weight_dtype("TransformerBlock", dtype)
         c = block_config(config)
-        check_group("TransformerBlock", wdtype, group_size, input_dims(c))
         norm = functools.partial(make_norm, c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
         sandwich = c.norm_position == "sandwich"
         rng = seeded_rng(seed)
         seeds = rng.integers(0, 2**63 - 1, size=2)
         # both sublayers: the block's weight storage, the fused-projection names
         shared = {"dtype": wdtype, "group_size": group_size, "fused_names": c.fused_projections}
-        return cls(
-            attention=MultiHeadAttention(
-                c.dim,
-                c.n_heads,
-                c.n_kv_heads,
-                c.head_dim,
-                rope_theta=c.rope_theta,
-                rope_scaling=c.rope_scaling_dict(),
-                bias=c.attention_bias,
-                o_bias=c.o_bias,
-                window=c.layer_window(layer),
-                softcap=c.attn_softcap,
-                scale=c.attn_scale,
-                qk_norm=c.qk_norm,
-                qk_norm_eps=c.norm_eps,
-                seed=int(seeds[0]),
-                **shared,
-            ),
-            feed_forward=FeedForward(
-                c.dim,
-                c.hidden_dim,
-                bias=c.mlp_bias,
-                activation=c.activation,
-                seed=int(seeds[1]),
-                **shared,
-            ),
-            attention_norm=norm(),
-            ffn_norm=norm(),
-            post_attention_norm=norm() if sandwich else None,
-            post_ffn_norm=norm() if sandwich else None,
-            norm_position=c.norm_position,
-        )
+        with entry("TransformerBlock"):  # (its layers' argument errors name it)
+            return cls(
+                attention=MultiHeadAttention(
+                    c.dim,
+                    c.n_heads,
+                    c.n_kv_heads,
+                    c.head_dim,
+                    rope_theta=c.rope_theta,
+                    rope_scaling=c.rope_scaling_dict(),
+                    bias=c.attention_bias,
+                    o_bias=c.o_bias,
+                    window=c.layer_window(layer),
+                    softcap=c.attn_softcap,
+                    scale=c.attn_scale,
+                    qk_norm=c.qk_norm,
+                    qk_norm_eps=c.norm_eps,
+                    seed=int(seeds[0]),
+                    **shared,
+                ),
+                feed_forward=FeedForward(
+                    c.dim,
+                    c.hidden_dim,
+                    bias=c.mlp_bias,
+                    activation=c.activation,
+                    seed=int(seeds[1]),
+                    **shared,
+                ),
+                attention_norm=norm(),
+                ffn_norm=norm(),
+                post_attention_norm=norm() if sandwich else None,
+                post_ffn_norm=norm() if sandwich else None,
+                norm_position=c.norm_position,
+            )
 
     def _own_params(self) -> dict[str, np.ndarray]:
         return {}
 
-    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
+    def _quant_parts(self) -> list[Any]:
         return self.attention._quant_parts() + self.feed_forward._quant_parts()
 
     def _children(self) -> Iterator[tuple[str, Module]]:

@@ -15,13 +15,13 @@ from .module import (
     Module,
     as_f32,
     check_eps,
-    check_group,
     check_kv_dtype,
     check_weight_dtype,
+    entry_name,
     from_impl,
+    group_arg,
     positive_int,
     positive_real,
-    seeded_rng,
 )
 from .positions import RopeSchedule
 
@@ -124,20 +124,23 @@ class FeedForward(Module):
             )
         dim = positive_int(self._name, "dim", dim)
         hidden_dim = positive_int(self._name, "hidden_dim", hidden_dim)
-        group = check_group(self._name, wdtype, group_size, {"dim": dim, "hidden_dim": hidden_dim})
-        self._impl = _core.FeedForwardImpl(
-            dim, hidden_dim, bool(bias), activation == "gelu_tanh", wdtype, group or 32
+        impl = _core.FeedForwardImpl(
+            dim,
+            hidden_dim,
+            bool(bias),
+            activation == "gelu_tanh",
+            wdtype,
+            group_arg(self._name, wdtype, group_size),
+            fn=entry_name(self._name),  # (the C++ entry checks the group size)
         )
-        # Phi-3 names the [gate; up] weight as one tensor, gate_up_proj: the module's storage
-        self._impl.fused_names = bool(fused_names)
-        self._init_random(seeded_rng(seed))
+        self._take_layer(impl, fused_names, seed)  # (Phi-3's one gate_up_proj tensor)
 
     dim = from_impl("dim")
     hidden_dim = from_impl("hidden")
     dtype = from_impl("dtype")
 
-    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
-        return [(self._impl, {"dim": self.dim, "hidden_dim": self.hidden_dim})]
+    def _quant_parts(self) -> list[Any]:
+        return [self._impl]
 
     def __call__(self, x: Any) -> np.ndarray:
         arr = as_f32(self._name, "x", x, self.dim)
@@ -226,16 +229,14 @@ class MultiHeadAttention(Module):
         head_dim = positive_int(self._name, "head_dim", head_dim)
         if head_dim % 2:
             raise ValueError(f"[{self._name}] head_dim must be even (RoPE), got {head_dim}")
-        group = check_group(
-            self._name, wdtype, group_size, {"dim": dim, "n_heads * head_dim": n_heads * head_dim}
-        )
+        group = group_arg(self._name, wdtype, group_size)
         scaling = dict(rope_scaling) if rope_scaling else None
         inv_freq = rope_inv_freq(head_dim, float(rope_theta), scaling)
         factor = rope_attention_factor(scaling) if scaling else 1.0
         self.rope_theta = float(rope_theta)
         self.rope_scaling = scaling
         self._rope = RopeSchedule(head_dim, float(rope_theta), scaling)
-        self._impl = _core.MultiHeadAttentionImpl(
+        impl = _core.MultiHeadAttentionImpl(
             dim,
             n_heads,
             n_kv,
@@ -252,10 +253,10 @@ class MultiHeadAttention(Module):
             bool(qk_norm),
             check_eps(self._name, qk_norm_eps),
             wdtype,
-            group or 32,
+            group,
+            fn=entry_name(self._name),
         )
-        self._impl.fused_names = bool(fused_names)
-        self._init_random(seeded_rng(seed))
+        self._take_layer(impl, fused_names, seed)  # (Phi-3's one qkv_proj tensor)
 
     dim = from_impl("dim")
     n_heads = from_impl("n_heads")
@@ -263,8 +264,8 @@ class MultiHeadAttention(Module):
     head_dim = from_impl("head_dim")
     dtype = from_impl("dtype")
 
-    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
-        return [(self._impl, {"dim": self.dim, "n_heads * head_dim": self.n_heads * self.head_dim})]
+    def _quant_parts(self) -> list[Any]:
+        return [self._impl]
 
     def new_cache(self, batch: int, max_seq_len: int, dtype: Any = None) -> KVCache:
         """An empty KV cache for ``batch`` sequences of up to ``max_seq_len`` tokens (a rolling

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _core
 from .._config import ModelConfig
 from ..families import FAMILIES
-from .block import TransformerBlock, input_dims
+from .block import TransformerBlock
 from .cache import ModelCache, check_cache, check_layers_in_step, holding
 from .checkpoint import QuantizingSink, checkpoint_dir, hf_token_ids
 from .generation import (
@@ -31,12 +31,13 @@ from .module import (
     QUANT_DTYPES,
     SKIP_INIT,
     Module,
-    check_group,
     check_kv_dtype,
-    check_quant_args,
     check_weight_dtype,
     convert_parts,
+    entry,
+    entry_name,
     fill_matrix,
+    group_arg,
     no_random_init,
     quant_sources,
     seeded_rng,
@@ -91,31 +92,33 @@ class Transformer(Module):
         wdtype = check_weight_dtype(self._name, dtype)
         c = config if isinstance(config, ModelConfig) else ModelConfig.from_dict(config)
         quantized = wdtype in QUANT_DTYPES
-        group = check_group(self._name, str(wdtype), group_size, input_dims(c))
+        group = group_arg(self._name, str(wdtype), group_size)
         edtype = check_weight_dtype(self._name, embed_dtype) if quantized else wdtype
         if edtype in QUANT_DTYPES:
             raise ValueError(f"[{self._name}] embed_dtype must be a float dtype, got {edtype!r}")
         self.config = c
         rng = seeded_rng(seed)
-        self.blocks = [
-            TransformerBlock.from_config(
-                c, seed=int(s), layer=i, dtype=wdtype, group_size=group or 32
+        with entry(self._name):  # (the argument errors of its layers name it)
+            self.blocks = [
+                TransformerBlock.from_config(
+                    c, seed=int(s), layer=i, dtype=wdtype, group_size=group
+                )
+                for i, s in enumerate(rng.integers(0, 2**63 - 1, size=c.n_layers))
+            ]
+            self.norm = make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
+            self._impl = _core.TransformerImpl(
+                c.vocab_size,
+                c.dim,
+                [b._impl for b in self.blocks],
+                self.norm._impl,
+                c.tie_embeddings,
+                float(np.float32(np.sqrt(c.dim))) if c.embed_scale else 0.0,
+                c.final_softcap or 0.0,
+                edtype,
+                wdtype,
+                group,
+                fn=entry_name(self._name),
             )
-            for i, s in enumerate(rng.integers(0, 2**63 - 1, size=c.n_layers))
-        ]
-        self.norm = make_norm(c.norm, c.dim, c.norm_eps, c.norm_unit_offset)
-        self._impl = _core.TransformerImpl(
-            c.vocab_size,
-            c.dim,
-            [b._impl for b in self.blocks],
-            self.norm._impl,
-            c.tie_embeddings,
-            float(np.float32(np.sqrt(c.dim))) if c.embed_scale else 0.0,
-            c.final_softcap or 0.0,
-            edtype,
-            wdtype,
-            group or 32,
-        )
         if not SKIP_INIT.get():
             own = self._own_params()
             emb = rng.standard_normal((c.vocab_size, c.dim), dtype=np.float32) * INIT_STD
@@ -209,9 +212,8 @@ class Transformer(Module):
             yield f"model.layers.{i}", block
         yield "model.norm", self.norm
 
-    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
-        parts = [p for block in self.blocks for p in block._quant_parts()]
-        return parts + [(self._impl, {"dim": self.config.dim})]
+    def _quant_parts(self) -> list[Any]:
+        return [p for block in self.blocks for p in block._quant_parts()] + [self._impl]
 
     def _group_size(self) -> int:
         return int(self._impl.group_size)
@@ -265,7 +267,7 @@ class Transformer(Module):
         fn = "from_pretrained"
         wdtype = check_weight_dtype(fn, dtype, allow_none=True)
         if group_size is not None:
-            check_quant_args(fn, 8, group_size)
+            group_arg(fn, "int8", group_size)
         path = checkpoint_dir(path)
         # config and every tensor's key/shape are checked against the headers before any data
         # is read or any weights are allocated
@@ -289,11 +291,10 @@ class Transformer(Module):
                 f"dtype={wdtype!r}"
             )
         if wdtype in QUANT_DTYPES:
-            group = group or (group_size or 32)
-            check_group(fn, wdtype, group, input_dims(config))
+            group = group or (group_size or 32)  # (checked as the model is built)
             emb = located["model.embed_tokens.weight"][1].dtype
             edtype = DTYPE_NAMES.get(emb, "float32")
-        with no_random_init():
+        with no_random_init(), entry(fn):
             model = cls(config, dtype=wdtype, group_size=group or 32, embed_dtype=edtype)
         own = model.state_dict()
         dests: dict[str, Any] = {}
@@ -367,16 +368,15 @@ class Transformer(Module):
         parts = self._quant_parts()
         # (a block or module quantized or converted on its own makes a mixed model: each part
         # is looked at, not only the model's dtype, which reads the LM head's)
-        if wdtype == self.dtype and all(str(impl.dtype) == wdtype for impl, _ in parts):
+        if wdtype == self.dtype and all(str(impl.dtype) == wdtype for impl in parts):
             return self
         if wdtype in QUANT_DTYPES:
-            bits, group = check_quant_args(fn, QUANT_DTYPES[wdtype], 32)
-            convert_parts(fn, parts, wdtype, group)
+            convert_parts(fn, parts, wdtype, 32)
             return self
-        quantized = [part for part in parts if str(part[0].dtype) in QUANT_DTYPES]
+        quantized = [impl for impl in parts if str(impl.dtype) in QUANT_DTYPES]
         if quantized:  # dequantized in C++, tensor by tensor
             convert_parts(fn, quantized, "float32", 0)
-            floats = all(str(impl.dtype) == "float32" for impl, _ in parts)
+            floats = all(str(impl.dtype) == "float32" for impl in parts)
             if wdtype == "float32" and self.embed_dtype == "float32" and floats:
                 return self
         with no_random_init():

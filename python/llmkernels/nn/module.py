@@ -111,32 +111,47 @@ def check_kv_dtype(fn: str, arg: str, dtype: Any) -> str:
     return str(name)
 
 
-def check_quant_args(fn: str, bits: Any, group_size: Any) -> tuple[int, int]:
-    """``bits`` (8 or 4) and ``group_size`` (32, 64 or 128) of a quantization, checked."""
+def check_bits(fn: str, bits: Any) -> int:
+    """``bits`` of a quantization: 8 or 4."""
     if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or bits not in (8, 4):
         raise ValueError(f"[{fn}] bits must be 8 or 4, got {str(bits)[:40]}")
+    return int(bits)
+
+
+def group_arg(fn: str, dtype: str, group_size: Any) -> int:
+    """``group_size`` converted for the C++ entry, which checks it once (32, 64 or 128,
+    dividing every input dimension of the quantized matrices, in the name of :func:`entry`):
+    an int for a quantized ``dtype``, 32 (unused) for a float one."""
+    if dtype not in QUANT_DTYPES:
+        return 32
     if (
         isinstance(group_size, bool)
         or not isinstance(group_size, numbers.Integral)
-        or group_size not in GROUP_SIZES
+        or not -(2**63) <= group_size < 2**63
     ):
         raise ValueError(f"[{fn}] group_size must be 32, 64 or 128, got {str(group_size)[:40]}")
-    return int(bits), int(group_size)
+    return int(group_size)
 
 
-def check_group(fn: str, dtype: str, group_size: Any, dims: Mapping[str, int]) -> int:
-    """The group size of a ``dtype`` storage (checked, 0 for float dtypes): every input
-    dimension of the quantized matrices (``dims``: name -> size) must be a multiple of it."""
-    if dtype not in QUANT_DTYPES:
-        return 0
-    _, group = check_quant_args(fn, QUANT_DTYPES[dtype], group_size)
-    for name, size in dims.items():
-        if size % group:
-            raise ValueError(
-                f"[{fn}] group_size={group} does not divide {name}={size}: every projection's "
-                "input dimension must be a multiple of group_size (try 32)"
-            )
-    return group
+#: the public call being served: the C++ entries name it in the argument errors of the modules
+#: it builds (TransformerBlock.from_config builds a MultiHeadAttention: its errors say
+#: "[TransformerBlock] ...")
+ENTRY: contextvars.ContextVar[str | None] = contextvars.ContextVar("ENTRY", default=None)
+
+
+@contextlib.contextmanager
+def entry(name: str) -> Iterator[None]:
+    """Inside, :func:`entry_name` is ``name`` (the outermost entry's, when they nest)."""
+    token = ENTRY.set(ENTRY.get() or name)
+    try:
+        yield
+    finally:
+        ENTRY.reset(token)
+
+
+def entry_name(name: str) -> str:
+    """The name argument errors give: the entry being served, else ``name``."""
+    return ENTRY.get() or name
 
 
 def fill_matrix(own: Mapping[str, np.ndarray], base: str, w: np.ndarray, group: int) -> None:
@@ -192,20 +207,16 @@ def quant_sources(
     return out, made
 
 
-def convert_parts(
-    fn: str, parts: Sequence[tuple[Any, dict[str, int]]], dtype: str, group: int
-) -> None:
-    """Convert the matrices of C++ modules ``parts`` ((impl, input dims) pairs) to ``dtype``
+def convert_parts(fn: str, parts: Sequence[Any], dtype: str, group: int) -> None:
+    """Convert the matrices of the C++ modules ``parts`` to ``dtype``
     ('int8' / 'int4' in groups of ``group``, or 'float32'), all or none: every new matrix is
-    made (and checked) before any replaces the old ones, so bad weights (NaN, Inf, beyond
-    float16 scales) raise ``ValueError("[fn] ...")`` and change nothing. Modules already in
+    made (and checked: the group size too, by the C++ entry) before any replaces the old ones,
+    so a bad group size or bad weights (NaN, Inf, beyond float16 scales) raise
+    ``ValueError("[fn] ...")`` and change nothing. Modules already in
     ``dtype`` are left as they are; an int8 module is not re-quantized to int4 (or to another
     group size): quantize the float module."""
-    if dtype in QUANT_DTYPES:
-        for _, dims in parts:
-            check_group(fn, dtype, group, dims)
     todo = []
-    for impl, _ in parts:
+    for impl in parts:
         cur = str(impl.dtype)
         if cur == dtype and (dtype not in QUANT_DTYPES or impl.group_size == group):
             continue
@@ -268,15 +279,14 @@ class Module:
     def _children(self) -> Iterator[tuple[str, Module]]:
         return iter(())
 
-    def _quant_parts(self) -> list[tuple[Any, dict[str, int]]]:
-        """The C++ modules holding this module's projection matrices, with the input
-        dimensions of those matrices (what a quantization group must divide)."""
+    def _quant_parts(self) -> list[Any]:
+        """The C++ modules holding this module's projection matrices."""
         return []
 
     def _group_size(self) -> int:
         """The group size of the quantized matrices (0: float weights)."""
         parts = self._quant_parts()
-        return int(parts[0][0].group_size) if parts else 0
+        return int(parts[0].group_size) if parts else 0
 
     def quantize(self, bits: int = 8, group_size: int = 32) -> Any:
         """Quantize the projection matrices in place, group-wise along the input dimension
@@ -293,8 +303,8 @@ class Module:
             ('int8', ['down_proj.qweight', 'down_proj.scales'])
         """
         fn = f"{self._name}.quantize"
-        bits, group = check_quant_args(fn, bits, group_size)
-        convert_parts(fn, self._quant_parts(), f"int{bits}", group)
+        dtype = f"int{check_bits(fn, bits)}"
+        convert_parts(fn, self._quant_parts(), dtype, group_arg(fn, dtype, group_size))
         return self
 
     def state_dict(self, prefix: str = "") -> dict[str, np.ndarray]:
@@ -359,6 +369,14 @@ class Module:
             staged.append((own[key], arr))
         for dst, src in staged:
             np.copyto(dst, src, casting="unsafe")
+
+    def _take_layer(self, impl: Any, fused_names: bool, seed: int | None) -> None:
+        """A layer's last step: its C++ module ``impl`` (``fused_names``: Phi-3's one-tensor
+        names for the fused projections, the storage it has anyway), random weights from
+        ``seed``."""
+        self._impl = impl
+        impl.fused_names = bool(fused_names)
+        self._init_random(seeded_rng(seed))
 
     def _init_random(self, rng: np.random.Generator) -> None:
         if SKIP_INIT.get():
