@@ -61,7 +61,6 @@ FLOAT_WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 #: them: NumPy's int8 dtype object is not a quantization request.
 QUANT_DTYPES = {"int8": 8, "int4": 4}
 WEIGHT_DTYPES = FLOAT_WEIGHT_DTYPES + tuple(QUANT_DTYPES)
-GROUP_SIZES = (32, 64, 128)
 DTYPE_ALIASES = {
     "f32": "float32",
     "fp32": "float32",
