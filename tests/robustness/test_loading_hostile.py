@@ -325,7 +325,7 @@ def test_from_pretrained_does_not_randomly_initialise(
         def integers(self, *a: Any, **k: Any) -> Any:
             return np.random.default_rng(0).integers(*a, **k)
 
-    for part in (nn.layers, nn.block, nn.model):  # every module that draws initial weights
+    for part in (nn.module, nn.block, nn.model):  # every module that draws initial weights
         monkeypatch.setattr(part, "seeded_rng", lambda seed: NoRandom())
     model = lk.Transformer.from_pretrained(tiny)
     assert np.abs(model.state_dict()["lm_head.weight"]).max() > 0
