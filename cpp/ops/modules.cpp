@@ -84,7 +84,9 @@ std::size_t check_group(const std::string& fn, WeightFormat f, long long group, 
                            "group_size (try 32)");
   return static_cast<std::size_t>(group);
 }
-Dims group_dims(const FeedForwardModule& m) { return {{"dim", m.dim()}, {"hidden_dim", m.hidden()}}; }
+Dims group_dims(const FeedForwardModule& m) {
+  return {{"dim", m.dim()}, {"hidden_dim", m.hidden()}};
+}
 Dims group_dims(const MultiHeadAttentionModule& m) {
   return {{"dim", m.dim}, {"n_heads * head_dim", m.n_heads * m.head_dim}};
 }
