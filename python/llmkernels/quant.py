@@ -32,10 +32,11 @@ __all__ = ["dequantize", "int8_activations_used", "quantize", "quantized_linear"
 
 # The activations of quantized_linear's decode path by default: see docs/quantization.md
 DEFAULT_ACTIVATIONS = "int8"
-# Up to this many tokens (rows of x) quantized_linear is the matrix-vector kernel, and
-# activations="int8" quantizes x; above, the integer prefill kernels (AVX2 and up; SSE2: the
-# GEMM with float32 activations). activations="float32" takes the GEMM from FLOAT_GEMV_TOKENS + 1
-# tokens. ops/quant.cpp's kGemvMaxTokensInt8 / kGemvMaxTokens.
+# Up to this many tokens (rows of x) activations="int8" quantizes x on every path: the
+# matrix-vector kernel (on AVX2 without VNNI only up to 5 tokens of int8 weights, 8 of int4, where
+# the integer tile kernel is faster and gives the same bits); above, the integer prefill kernels
+# (AVX2 and up; SSE2: the GEMM with float32 activations). activations="float32" takes the GEMM
+# from FLOAT_GEMV_TOKENS + 1 tokens. drivers/qlinear.cpp's kGemvMaxTokensInt8 / kGemvMaxTokens.
 INT8_ACTIVATION_TOKENS = 16
 FLOAT_GEMV_TOKENS = 8
 
@@ -132,8 +133,10 @@ def quantized_linear(
 
     ``x`` (..., k) float32 (converted if needed); returns (..., rows) float32. Up to 16 tokens
     (``INT8_ACTIVATION_TOKENS``) the product is a matrix-vector kernel reading the codes in
-    place, with ``activations="int8"`` (the default: the faster, see docs/quantization.md)
-    quantizing each token in blocks of 32 (llama.cpp's q8_0) for integer dot products
+    place (on AVX2 without VNNI up to 5 tokens of int8 weights, 8 of int4: above, the integer
+    kernel of longer calls, with the same bits), with ``activations="int8"`` (the default: the
+    faster, see docs/quantization.md) quantizing each token in blocks of 32 (llama.cpp's q8_0)
+    for integer dot products
     (:func:`ref_quantized_linear` with ``activations="int8"`` is its formula; a call with a
     block of |x| beyond ~1.6e32 or below ~1e-28, not 0, takes float32 activations:
     ``reference.INT8_ACTIVATION_SCALE_RANGE``).

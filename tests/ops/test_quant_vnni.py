@@ -78,7 +78,9 @@ GROUP_K = [(32, 32), (32, 96), (32, 256), (32, 320), (64, 128), (64, 320), (128,
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize(("g", "k"), GROUP_K)
 @pytest.mark.parametrize("rows", [1, 7, 69])  # the 4-row tiles' tails, a 64-row block + 5
-@pytest.mark.parametrize("m", [17, 23])  # 3-token tiles (AMX: 16) and their tails
+# 3-token tiles (AMX: 16) and their tails; 6 and 9: where AVX2's tile kernel takes over from the
+# GEMV (int8 / int4 weights)
+@pytest.mark.parametrize("m", [6, 9, 17, 23])
 def test_prefill_equals_avx2_gemv_per_token(bits, g, k, rows, m, dot, rng):
     w = weights(rng, rows, k)
     q, s = lk.quantize(w, bits=bits, group_size=g)
