@@ -243,6 +243,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "max_position_embeddings, at most 4096); every cache is allocated at start",
     )  # fmt: skip
     p.add_argument(
+        "--prefill-chunk", type=int, default=256,
+        help="prompt tokens prefilled per step while other sequences decode (default 256)",
+    )  # fmt: skip
+    p.add_argument(
         "--api-key", default=os.environ.get("LLMKERNELS_API_KEY"),
         help="require 'Authorization: Bearer KEY' (default: $LLMKERNELS_API_KEY; none: open)",
     )  # fmt: skip
@@ -269,7 +273,7 @@ def _serve_command(lk: Any, args: argparse.Namespace) -> int:
         app = create_app(
             model, tokenizer, model_id=model_id, max_sequences=args.max_sequences,
             queue_size=args.queue_size, ctx=args.ctx, kv_dtype=args.kv_dtype,
-            api_key=args.api_key or None,
+            api_key=args.api_key or None, prefill_chunk=args.prefill_chunk,
         )  # fmt: skip
     except (ValueError, OSError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)

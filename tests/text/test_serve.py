@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx  # (the test extra installs the server's stack: these tests run, not skip)
 import llmkernels as lk
+import numpy as np
 import openai
 import pytest
 import uvicorn
@@ -207,10 +208,11 @@ def test_conversation_turn_reuses_the_cache(server: LiveServer) -> None:
 
 def test_concurrent_clients_equal_single_client() -> None:
     """16 clients at once on 8 slots: their generations share batched decode steps, in
-    whatever groups the timing makes, and each reply equals the prompt's lk.generate alone
-    (int8 weights: the batched decode is bitwise the single-sequence one)."""
+    whatever groups the timing makes, and their prompts are prefilled 3 tokens per step while
+    others decode; each reply equals the prompt's lk.generate alone (int8 weights: the batched
+    decode and the chunked prefill are bitwise the single-sequence ones)."""
     model8, _ = lk.load(lk.example_model(), dtype="int8")
-    s = LiveServer(model=model8, max_sequences=8, ctx=512)
+    s = LiveServer(model=model8, max_sequences=8, ctx=512, prefill_chunk=3)
     try:
         prompts = [f"Item {i}: the" for i in range(16)]
         alone = {p: lk.generate(model8, TOK, p, max_tokens=24, temperature=0) for p in prompts}
@@ -226,6 +228,105 @@ def test_concurrent_clients_equal_single_client() -> None:
         assert got == alone
     finally:
         s.stop()
+
+
+class _Recording:
+    """A model that records the length of every prompt chunk the engine runs."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.chunks = model, []
+
+    def __call__(self, ids: Any, **kw: Any) -> Any:
+        self.chunks.append(len(ids[0]))
+        return self.model(ids, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+def test_long_prompt_is_prefilled_in_chunks_while_others_decode() -> None:
+    """A prompt that joins while another generation decodes goes in chunks of prefill_chunk
+    tokens, one per decode step, and its reply equals lk.generate alone (int8 weights)."""
+    model8, _ = lk.load(lk.example_model(), dtype="int8")
+    s = LiveServer(model=model8, max_sequences=2, ctx=512, prefill_chunk=5)
+    engine = s.app.state.engine
+    engine.model = recording = _Recording(model8)
+    try:
+        long_prompt = "The list type " * 8
+        n_prompt = len(TOK.encode(long_prompt))
+        assert n_prompt > 20
+        body = {**LONG, "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=TIMEOUT,
+                          headers={"Authorization": f"Bearer {KEY}"}) as first:  # fmt: skip
+            lines = first.iter_lines()
+            assert next(ln for ln in lines if ln).startswith("data: ")  # it is decoding
+            recording.chunks.clear()
+            r = s.client().completions.create(
+                model=MODEL_ID, prompt=long_prompt, max_tokens=8, temperature=0
+            )
+        assert r.choices[0].text == lk.generate(
+            model8, TOK, long_prompt, max_tokens=8, temperature=0
+        )
+        assert recording.chunks[: n_prompt // 5] == [5] * (n_prompt // 5), recording.chunks
+        assert sum(recording.chunks) == n_prompt
+    finally:
+        s.stop()
+
+
+def _log_softmax(logits: Any) -> Any:
+    row = np.asarray(logits, np.float64)
+    return row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+
+
+def test_chat_logprobs(server: LiveServer) -> None:
+    """logprobs: true, top_logprobs: 3 -- each token's log-softmax of the raw logits (the model
+    run over prompt + reply, within float32 rounding), the 3 most likely first, greedy's token
+    the most likely; streamed the same."""
+    r = chat(server.client(), max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    ids = TOK.apply_chat_template(QUESTION)
+    reply = TOK.encode(r.choices[0].message.content, add_special_tokens=False)
+    logits = MODEL(np.asarray([ids + reply]))[0]
+    for i, c in enumerate(content):
+        want = _log_softmax(logits[len(ids) - 1 + i])
+        assert abs(c.logprob - want.max()) < 1e-4  # greedy: the most likely
+        assert [t.logprob for t in c.top_logprobs] == sorted(
+            (t.logprob for t in c.top_logprobs), reverse=True
+        )
+        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
+        np.testing.assert_allclose([t.logprob for t in c.top_logprobs], np.sort(want)[::-1][:3],
+                                   atol=1e-4)  # fmt: skip
+        assert c.bytes == list(c.token.encode())
+    streamed = chat(server.client(), max_tokens=8, temperature=0, logprobs=True, stream=True)
+    got = [e for ch in streamed if ch.choices and ch.choices[0].logprobs
+           for e in ch.choices[0].logprobs.content]  # fmt: skip
+    assert [e.token for e in got] == [c.token for c in content]
+    np.testing.assert_allclose([e.logprob for e in got], [c.logprob for c in content], atol=1e-6)
+    assert all(e.top_logprobs == [] for e in got)
+    assert chat(server.client(), max_tokens=2).choices[0].logprobs is None
+
+
+def test_completions_logprobs(server: LiveServer) -> None:
+    client = server.client()
+    r = client.completions.create(
+        model=MODEL_ID, prompt="The list type", max_tokens=6, temperature=0, logprobs=2
+    )
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text and len(lp.tokens) == 6
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == logprob == max(top.values()) and len(top) <= 3
+    streamed = client.completions.create(
+        model=MODEL_ID, prompt="The list type", max_tokens=6, temperature=0, logprobs=0,
+        stream=True,
+    )  # fmt: skip
+    chunks = [c.choices[0].logprobs for c in streamed if c.choices[0].logprobs]
+    assert [t for c in chunks for t in c.tokens] == lp.tokens
+    assert [v for c in chunks for v in c.token_logprobs] == lp.token_logprobs
+    assert r.choices[0].logprobs is not None
+    plain = client.completions.create(model=MODEL_ID, prompt="a", max_tokens=2)
+    assert plain.choices[0].logprobs is None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,6 +349,8 @@ BAD = [
     ("prompt_bad_ids", {"json": {"prompt": [1, 10**9]}}, 400, "prompt"),
     ("prompt_too_long", {"json": {"prompt": "word " * 2000}}, 400, "prompt"),
     ("penalty", {"json": {"prompt": "a", "presence_penalty": 0.5}}, 400, "presence_penalty"),
+    ("logprobs_many", {"json": {"prompt": "a", "logprobs": 21}}, 400, "logprobs"),
+    ("logprobs_bool", {"json": {"prompt": "a", "logprobs": True}}, 400, "logprobs"),
     ("unknown_model", {"json": {"prompt": "a", "model": "gpt-9"}}, 404, "model"),
     ("body_too_large", {"content": b" " * (5 << 20)}, 413, None),
 ]
@@ -280,6 +383,13 @@ def test_chat_errors(server: LiveServer) -> None:
         r = server.post("/v1/chat/completions", json={"messages": messages})
         assert r.status_code == 400 and part in r.json()["error"]["message"], r.text
         assert r.json()["error"]["param"] == "messages"
+    for extra, param in (
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+    ):
+        r = server.post("/v1/chat/completions", json={"messages": QUESTION, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_api_key(server: LiveServer) -> None:

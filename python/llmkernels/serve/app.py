@@ -38,7 +38,7 @@ from starlette.routing import Route
 from ..nn import Transformer
 from ..text import GenerationResponse, sampling_params
 from ..tokenizer import Tokenizer
-from .engine import Engine, GenerationRequest, Overloaded
+from .engine import Engine, GenerationRequest, Overloaded, ScoredResponse
 
 __all__ = ["create_app"]
 
@@ -54,13 +54,12 @@ _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix"}
 _NEUTRAL = {  # field: its values that change nothing
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
-    "logprobs": (False, 0),
-    "top_logprobs": (0,),
     "echo": (False,),
     "suffix": ("",),
 }
 _ROLES = ("system", "user", "assistant", "developer", "tool")
 _COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+_MAX_LOGPROBS = 20  # alternatives per token at most (OpenAI's top_logprobs bound)
 
 
 @dataclasses.dataclass
@@ -177,6 +176,20 @@ def _stream_flags(body: Mapping[str, Any]) -> tuple[bool, bool]:
         if not stream:
             raise _bad("stream_options needs stream: true", "stream_options")
     return bool(stream), usage
+
+
+def _logprobs(body: Mapping[str, Any], chat: bool) -> int | None:
+    """How many alternatives each token's log-probability comes with; None: no logprobs.
+    Chat: ``logprobs`` (a boolean) and ``top_logprobs``; completions: ``logprobs`` (an int)."""
+    if not chat:
+        return _int(body, "logprobs", 0, _MAX_LOGPROBS)
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise _bad("logprobs must be a boolean", "logprobs")
+    top = _int(body, "top_logprobs", 0, _MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -344,8 +357,9 @@ class _Server:
         if not isinstance(ignore_eos, bool):
             raise _bad("ignore_eos must be a boolean", "ignore_eos")
         request = GenerationRequest(
-            ids, text, max_tokens, params, _stop(body), push=_no_push, ignore_eos=ignore_eos
-        )
+            ids, text, max_tokens, params, _stop(body), push=_no_push, ignore_eos=ignore_eos,
+            logprobs=_logprobs(body, chat),
+        )  # fmt: skip
         return request, {"stream": stream, "include_usage": include_usage}
 
     async def _generate(self, request: Request, chat: bool) -> Response:
@@ -408,6 +422,43 @@ class _Reply:
         finally:
             self.gen.cancelled.set()  # (a no-op once it ended)
 
+    def _token(self, token: int) -> str:
+        return self.server.engine.tokenizer.decode([token])
+
+    def logprobs(self, pieces: list[GenerationResponse], offset: int) -> dict[str, Any] | None:
+        """The ``logprobs`` object of a choice over ``pieces`` (None without logprobs): chat's
+        ``{"content": [...]}``, or the completions' token lists (``offset``: the characters of
+        the completion before these pieces)."""
+        if self.gen.logprobs is None:
+            return None
+        scored = [p for p in pieces if isinstance(p, ScoredResponse) and p.token is not None]
+        if self.chat:
+
+            def entry(token: int, logprob: float) -> dict[str, Any]:
+                text = self._token(token)
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+            content = []
+            for p in scored:
+                item = entry(p.token, p.logprob)  # type: ignore[arg-type]
+                item["top_logprobs"] = [entry(t, lp) for t, lp in p.top_logprobs]
+                content.append(item)
+            return {"content": content}
+        out: dict[str, list[Any]] = {
+            "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []
+        }  # fmt: skip
+        for p in pieces:
+            if isinstance(p, ScoredResponse) and p.token is not None:
+                out["tokens"].append(self._token(p.token))
+                out["token_logprobs"].append(p.logprob)
+                # the most likely tokens, and the sampled one (OpenAI: up to logprobs + 1)
+                top = {self._token(t): lp for t, lp in p.top_logprobs}
+                top.setdefault(out["tokens"][-1], p.logprob)
+                out["top_logprobs"].append(top)
+                out["text_offset"].append(offset)
+            offset += len(p.text)
+        return out
+
     def usage(self) -> dict[str, int]:
         return {
             "prompt_tokens": self.prompt_tokens,
@@ -429,11 +480,12 @@ class _Reply:
 
     async def whole(self, request: Request) -> dict[str, Any]:
         """The non-streamed reply (cancelled if the client disconnects while it is made)."""
-        text, reason = [], None
+        text, reason, got = [], None, []
         watcher = asyncio.ensure_future(_disconnected(request))
         pieces = self.pieces(watcher)
         try:
             async for piece in pieces:
+                got.append(piece)
                 text.append(piece.text)
                 reason = piece.finish_reason or reason
         finally:
@@ -441,11 +493,12 @@ class _Reply:
             watcher.cancel()
             await pieces.aclose()
         content = "".join(text)
+        logprobs = self.logprobs(got, 0)
         if self.chat:
             message = {"role": "assistant", "content": content}
-            choice = {"index": 0, "message": message, "finish_reason": reason}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": content, "finish_reason": reason, "logprobs": None}
+            choice = {"index": 0, "text": content, "finish_reason": reason, "logprobs": logprobs}
         return {**self._object(choice, False), "usage": self.usage()}
 
     async def events(self, include_usage: bool) -> AsyncIterator[str]:
@@ -459,15 +512,21 @@ class _Reply:
             if self.chat:
                 delta = {"role": "assistant", "content": ""}
                 yield event(self._object({"index": 0, "delta": delta, "finish_reason": None}, True))
+            held: list[GenerationResponse] = []  # pieces of no text yet (their logprobs wait)
+            offset = 0  # characters of the completion sent
             try:
                 async for piece in pieces:
+                    held.append(piece)
                     if not piece.text and piece.finish_reason is None:
                         continue
+                    logprobs = self.logprobs(held, offset)
+                    held = []
+                    offset += len(piece.text)
                     if self.chat:
                         delta = {"content": piece.text} if piece.text else {}
-                        choice = {"index": 0, "delta": delta}
+                        choice = {"index": 0, "delta": delta, "logprobs": logprobs}
                     else:
-                        choice = {"index": 0, "text": piece.text, "logprobs": None}
+                        choice = {"index": 0, "text": piece.text, "logprobs": logprobs}
                     choice["finish_reason"] = piece.finish_reason
                     yield event(self._object(choice, True))
             except ApiError as exc:  # mid-stream: the error object as the last event
@@ -498,16 +557,18 @@ def create_app(
     kv_dtype: Any = None,
     api_key: str | None = None,
     max_body_bytes: int = 4 << 20,
+    prefill_chunk: int = 256,
 ) -> Starlette:
     """The OpenAI-compatible ASGI app of ``model`` and ``tokenizer`` (from
     :func:`llmkernels.load`): run it with any ASGI server (``uvicorn.run(app)``; the
     ``llmkernels serve`` command does). Its engine starts now, with ``max_sequences`` KV caches
     of ``ctx`` positions (default: the model's ``max_position_embeddings``, at most 4096) and a
-    queue of ``queue_size``; it drains and stops when the app shuts down."""
+    queue of ``queue_size``, prefilling at most ``prefill_chunk`` prompt tokens per step while
+    others decode; it drains and stops when the app shuts down."""
     ctx = min(model.config.max_seq_len, 4096) if ctx is None else ctx
     engine = Engine(
         model, tokenizer, max_sequences=max_sequences, queue_size=queue_size, ctx=ctx,
-        kv_dtype=kv_dtype,
+        kv_dtype=kv_dtype, prefill_chunk=prefill_chunk,
     )  # fmt: skip
     server = _Server(engine, model_id, api_key, max_body_bytes)
 

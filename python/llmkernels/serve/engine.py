@@ -3,12 +3,24 @@
 Each running generation holds a *slot*: a :class:`~llmkernels.ChatSession` whose KV cache of
 ``ctx`` positions is allocated when the engine starts, so the memory of all slots -- the KV
 budget -- is fixed up front and no request can make the server allocate more cache. Every
-step, requests waiting for a slot join (their prompts prefilled, each in its own forward), then
-**one batched forward** (:meth:`~llmkernels.Transformer.decode`) advances every running
-generation by one token: each projection reads its weights once for all of them, attention reads
-each one's own cache at its own length (no padding). Finished and cancelled generations leave
-between steps (continuous batching). Requests beyond ``max_sequences`` wait in a queue of
-``queue_size``; past that, :meth:`Engine.submit` raises :class:`Overloaded`.
+step, requests waiting for a slot join, prompts are prefilled, then **one batched forward**
+(:meth:`~llmkernels.Transformer.decode`) advances every running generation by one token: each
+projection reads its weights once for all of them, attention reads each one's own cache at its
+own length (no padding). Finished and cancelled generations leave between steps (continuous
+batching). Requests beyond ``max_sequences`` wait in a queue of ``queue_size``; past that,
+:meth:`Engine.submit` raises :class:`Overloaded`.
+
+Prefill is chunked: while other generations are decoding, a step prefills at most
+``prefill_chunk`` prompt tokens (the oldest prompts first, each chunk in its own forward into the
+slot's cache), so a long prompt delays everyone's next token by one chunk's time, not by the
+whole prompt's; with nobody decoding, a prompt is prefilled whole. A prompt's logits are the
+same whichever way it is cut where the model's prefill is (int8 / int4 weights: per-token
+activations, exact integer sums).
+
+A request with ``logprobs`` set gets, with each token, its log-probability under the model's
+distribution -- the log-softmax of the raw logits, before temperature, penalties and truncation
+(what vLLM and OpenAI report) -- and the ``logprobs`` most likely tokens with theirs
+(:class:`ScoredResponse`).
 
 A generation's tokens do not depend on which others share its steps where the model's decode
 is batch-invariant: with int8 / int4 weights (activations quantized per token, exact integer
@@ -35,7 +47,7 @@ from ..nn.sampling import Sampling
 from ..text import ChatSession, GenerationResponse, TextGeneration
 from ..tokenizer import Tokenizer
 
-__all__ = ["Engine", "GenerationRequest", "Overloaded"]
+__all__ = ["Engine", "GenerationRequest", "Overloaded", "ScoredResponse"]
 
 
 class Overloaded(RuntimeError):
@@ -61,6 +73,31 @@ class GenerationRequest:
     push: Callable[[GenerationResponse | BaseException | None], None]
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
     ignore_eos: bool = False  # generate max_tokens whatever the model says (benchmarks)
+    logprobs: int | None = None  # each token's log-probability and this many alternatives
+
+
+@dataclasses.dataclass
+class ScoredResponse(GenerationResponse):
+    """A :class:`~llmkernels.GenerationResponse` of a request with ``logprobs``: ``logprob`` is
+    the log-probability of ``token`` (the log-softmax of the model's raw logits, in float64),
+    ``top_logprobs`` the ``logprobs`` most likely tokens as ``(token, logprob)``, most likely
+    first."""
+
+    logprob: float = 0.0
+    top_logprobs: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+
+
+def _scored(piece: GenerationResponse, token: int, logits: np.ndarray, n: int) -> ScoredResponse:
+    row = np.asarray(logits, np.float64).reshape(-1)
+    top = float(row.max())
+    logp = row - (top + np.log(np.exp(row - top).sum()))
+    best: list[tuple[int, float]] = []
+    if n:
+        idx = np.argpartition(-logp, min(n, len(logp)) - 1)[:n]
+        idx = idx[np.lexsort((idx, -logp[idx]))]  # most likely first; ties by id
+        best = [(int(i), float(logp[i])) for i in idx]
+    fields = {f.name: getattr(piece, f.name) for f in dataclasses.fields(GenerationResponse)}
+    return ScoredResponse(**fields, logprob=float(logp[token]), top_logprobs=best)
 
 
 @dataclasses.dataclass
@@ -69,6 +106,7 @@ class _Active:
     slot: ChatSession
     gen: TextGeneration
     pending: int | None = None  # the token sampled last, to feed in the next step
+    prefilled: int = 0  # tokens of gen.todo in the cache so far
     reply: list[str] = dataclasses.field(default_factory=list)
     last: GenerationResponse | None = None
 
@@ -76,7 +114,8 @@ class _Active:
 class Engine:
     """Runs ``model`` on its own thread for up to ``max_sequences`` generations at a time, each
     in a slot with a KV cache of ``ctx`` positions (``kv_dtype``), with up to ``queue_size``
-    requests waiting."""
+    requests waiting; a step prefills at most ``prefill_chunk`` prompt tokens while others
+    decode."""
 
     def __init__(
         self,
@@ -87,14 +126,18 @@ class Engine:
         queue_size: int = 64,
         ctx: int = 4096,
         kv_dtype: Any = None,
+        prefill_chunk: int = 256,
     ) -> None:
-        for name, value in (("max_sequences", max_sequences), ("queue_size", queue_size)):
+        limits = (("max_sequences", max_sequences), ("queue_size", queue_size),
+                  ("prefill_chunk", prefill_chunk))  # fmt: skip
+        for name, value in limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"[serve] {name} must be an int >= 1, got {value!r}")
         if isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 2:
             raise ValueError(f"[serve] ctx must be an int >= 2, got {ctx!r}")
         self.model, self.tokenizer = model, tokenizer
         self.ctx, self.max_sequences, self.queue_size = ctx, max_sequences, queue_size
+        self.prefill_chunk = prefill_chunk
         self._slots: list[ChatSession] = []
         for _ in range(max_sequences):
             slot = ChatSession(model, tokenizer, kv_dtype=kv_dtype)
@@ -187,9 +230,11 @@ class Engine:
                 self._free.append(a.slot)
             a.request.push(error)
 
-    def _emit(self, a: _Active, token: int) -> None:
-        """The piece of the token ``a`` sampled, to its client."""
+    def _emit(self, a: _Active, token: int, logits: np.ndarray) -> None:
+        """The piece of the token ``a`` sampled (from ``logits``), to its client."""
         piece = a.gen.add(token)
+        if a.request.logprobs is not None:
+            piece = _scored(piece, token, logits, a.request.logprobs)
         a.reply.append(piece.text)
         a.last = piece
         a.request.push(piece)
@@ -198,20 +243,39 @@ class Engine:
         else:
             a.pending = token
 
-    def _prefill(self, a: _Active) -> None:
-        """A joining generation's prompt, and its first token."""
+    def _prefill(self, a: _Active, budget: int | None) -> int:
+        """The next ``budget`` tokens (None: all) of a joining generation's prompt, and its
+        first token once the prompt is in; returns the tokens prefilled."""
         if a.request.cancelled.is_set() or a.gen.finished:  # (max_tokens 0: nothing to say)
             self._finish(a)
-            return
+            return 0
+        todo = a.gen.todo
+        end = len(todo) if budget is None else min(len(todo), a.prefilled + budget)
         try:
-            prompt = np.asarray([a.gen.todo], np.int64)
-            logits = self.model(prompt, cache=a.gen.cache, last_only=True)[:, -1]
+            chunk = np.asarray([todo[a.prefilled : end]], np.int64)
+            logits = self.model(chunk, cache=a.gen.cache, last_only=True)[:, -1]
+            a.prefilled = end
+            if end < len(todo):
+                return len(chunk[0])
             a.gen.prefilled()
             token = int(a.gen.sampler(logits)[0])
         except Exception as exc:  # noqa: BLE001 - reported to its client; the server goes on
             self._finish(a, exc)
-            return
-        self._emit(a, token)
+            return 0
+        self._emit(a, token, logits[0])
+        return len(chunk[0])
+
+    def _prefill_step(self) -> None:
+        """Prompts into their caches, oldest first: at most ``prefill_chunk`` tokens while
+        other generations decode, else the waiting prompts whole."""
+        decoding = any(a.pending is not None for a in self._active)
+        budget = self.prefill_chunk if decoding else None
+        for a in [a for a in self._active if a.pending is None]:
+            if budget is not None and budget <= 0:
+                break
+            done = self._prefill(a, budget)
+            if budget is not None:
+                budget -= done
 
     def _decode(self) -> None:
         """One batched step of every running generation that has a token to feed."""
@@ -230,7 +294,7 @@ class Engine:
         for i, a in enumerate(batch):
             a.gen.fed(int(tokens[i]))
             a.pending = None
-            self._emit(a, int(a.gen.sampler(logits[i : i + 1])[0]))
+            self._emit(a, int(a.gen.sampler(logits[i : i + 1])[0]), logits[i])
 
     def _run(self) -> None:
         while True:
@@ -239,7 +303,6 @@ class Engine:
                     self._cond.wait()
                 if self._closing and not self._active and not self._waiting:
                     return
-                joined = self._admit()
-            for a in joined:
-                self._prefill(a)
+                self._admit()
+            self._prefill_step()
             self._decode()
