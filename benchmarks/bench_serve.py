@@ -5,12 +5,14 @@ weights, over HTTP on 127.0.0.1.
 Each (server, thread count) runs in its own process with as many sequences as the largest
 stream count (``--max-sequences`` / llama-server's ``-np``, continuous batching on both). Every
 request is a streamed ``/v1/completions`` call with a fixed prompt of ``--prompt-tokens`` token
-ids (different per stream), greedy, ``ignore_eos`` and ``--max-tokens`` new tokens, so both
-servers generate the same number of tokens. Per stream count: the aggregate rate is all the
-generated tokens over the wall time from the first request sent to the last reply done; the
-time to first token is the median over the requests of send -> first streamed token. Rounds
-repeat the stream counts in turn; the medians over rounds are reported, with our rate over
-our single stream's and over llama-server's at the same stream count (above 1: we are faster).
+ids (a different one for every request of a run, so neither server answers from its prompt
+cache: the time to first token includes the prompt's prefill), greedy, ``ignore_eos`` and
+``--max-tokens`` new tokens, so both servers generate the same number of tokens. Per stream
+count: the aggregate rate is all the generated tokens over the wall time from the first
+request sent to the last reply done; the time to first token is the median over the
+requests of send -> first streamed token. Rounds repeat the stream counts in turn; the medians
+over rounds are reported, with our rate over our single stream's and over llama-server's at
+the same stream count (above 1: we are faster).
 
 The model: an HF directory (``--model``; a tokenizer.json is written for it if it has none)
 and the GGUF of the same weights for llama-server (``--gguf``: bench_real_size.py's workdir
@@ -179,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     n_seq = max(streams)
     ctx = args.prompt_tokens + args.max_tokens + 8
     peer = args.llama_server and args.gguf
-    prompts = [[3 + (97 * s + 13 * i) % (vocab - 3) for i in range(args.prompt_tokens)]
-               for s in range(n_seq)]  # fmt: skip
+    def prompts(first: int, n: int) -> list[list[int]]:
+        """Prompts number first .. first + n - 1: every request of a server's run has its own
+        (from the first token on), so neither server answers from a prompt it has cached
+        (llama-server reuses a slot's KV for a repeated prompt: its TTFT was then one token's)."""
+        return [[3 + (97 * s + 13 * i + s * s) % (vocab - 3) for i in range(args.prompt_tokens)]
+                for s in range(first, first + n)]  # fmt: skip
 
     def ours(t: int) -> Server:
         port = free_port()
@@ -205,10 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, start in impls.items():
             server = start(t)
             try:
-                run_streams(server.port, prompts[:1], 4)  # warm-up
+                run_streams(server.port, prompts(0, 1), 4)  # warm-up
+                used = 1
                 for _ in range(args.rounds):
                     for n in streams:
-                        res = run_streams(server.port, prompts[:n], args.max_tokens)
+                        res = run_streams(server.port, prompts(used, n), args.max_tokens)
+                        used += n
                         results.setdefault(f"{t}/{n}/{name}", []).append(res)
                         print(f"{t}T {n:2d} streams {name}: {res['tok_s']:.1f} tok/s, "
                               f"TTFT {1e3 * res['ttft_s']:.0f} ms", flush=True)  # fmt: skip
