@@ -210,7 +210,8 @@ def test_concurrent_clients_equal_single_client() -> None:
     """16 clients at once on 8 slots: their generations share batched decode steps, in
     whatever groups the timing makes, and their prompts are prefilled 3 tokens per step while
     others decode; each reply equals the prompt's lk.generate alone (int8 weights: the batched
-    decode and the chunked prefill are bitwise the single-sequence ones)."""
+    decode is bitwise the single-sequence one; a chunked prompt's logits are within float32
+    rounding of the whole prompt's, and these replies have no near-tie)."""
     model8, _ = lk.load(lk.example_model(), dtype="int8")
     s = LiveServer(model=model8, max_sequences=8, ctx=512, prefill_chunk=3)
     try:
@@ -246,7 +247,8 @@ class _Recording:
 
 def test_long_prompt_is_prefilled_in_chunks_while_others_decode() -> None:
     """A prompt that joins while another generation decodes goes in chunks of prefill_chunk
-    tokens, one per decode step, and its reply equals lk.generate alone (int8 weights)."""
+    tokens, one per decode step, and its reply equals lk.generate alone (int8 weights; the
+    chunks' logits are within float32 rounding of the whole prompt's: no near-tie here)."""
     model8, _ = lk.load(lk.example_model(), dtype="int8")
     s = LiveServer(model=model8, max_sequences=2, ctx=512, prefill_chunk=5)
     engine = s.app.state.engine

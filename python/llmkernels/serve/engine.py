@@ -13,9 +13,10 @@ batching). Requests beyond ``max_sequences`` wait in a queue of ``queue_size``; 
 Prefill is chunked: while other generations are decoding, a step prefills at most
 ``prefill_chunk`` prompt tokens (the oldest prompts first, each chunk in its own forward into the
 slot's cache), so a long prompt delays everyone's next token by one chunk's time, not by the
-whole prompt's; with nobody decoding, a prompt is prefilled whole. A prompt's logits are the
-same whichever way it is cut where the model's prefill is (int8 / int4 weights: per-token
-activations, exact integer sums).
+whole prompt's; with nobody decoding, a prompt is prefilled whole. A prompt cut in chunks gets
+logits within float32 rounding of the whole prompt's (attention over the cache sums in another
+order; int8 example model, 26 tokens in chunks of 5: 1e-6), so its greedy reply can differ from
+``lk.generate``'s at a near-tie.
 
 A request with ``logprobs`` set gets, with each token, its log-probability under the model's
 distribution -- the log-softmax of the raw logits, before temperature, penalties and truncation
@@ -24,7 +25,8 @@ distribution -- the log-softmax of the raw logits, before temperature, penalties
 
 A generation's tokens do not depend on which others share its steps where the model's decode
 is batch-invariant: with int8 / int4 weights (activations quantized per token, exact integer
-sums) greedy output equals ``lk.generate`` run alone, bit for bit. With float weights a batched
+sums) greedy output equals ``lk.generate`` run alone, bit for bit (unless its prompt was
+chunked, above). With float weights a batched
 row can differ from a lone one in the last bits of float32 (``Transformer.decode``), so greedy
 output can differ at near-ties. A slot keeps the tokens it holds when its generation ends; a
 later prompt that extends them (the next turn of the same conversation, as an OpenAI client
