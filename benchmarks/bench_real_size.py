@@ -244,9 +244,13 @@ def main() -> int:
     # the norms are negligible): int8 / int4 with a float16 scale per 32 (Q8_0 / Q4_0 alike)
     params = args.layers * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632) + 32000 * 2048
     per_param = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 34 / 32, "int4": 18 / 32}
-    # each precision's peak: that of the instruction its prefill kernel runs here
+    # each precision's peak: that of the instruction its prefill kernel runs here (bf16 without
+    # a bf16 dot product: the float32 GEMM of the widened weights, FMA; int8 on AVX2's maddubs:
+    # not probed, "n/a")
     int8_peak = "tdpbssd_gops" if report["int8_dot"] == "amx" else "vpdpbusd_gops"
-    bf16_peak = "tdpbf16ps_gflops" if report["bf16_dot"] == "amx" else "vdpbf16ps_gflops"
+    bf16_peak = {"amx": "tdpbf16ps_gflops", "none": "fma_gflops"}.get(
+        report["bf16_dot"], "vdpbf16ps_gflops"
+    )
     peak_of = {"float32": "fma_gflops", "bfloat16": bf16_peak, "float16": "fma_gflops",
                "int8": int8_peak, "int4": int8_peak}  # fmt: skip
     for t in threads:
@@ -324,8 +328,8 @@ def main() -> int:
             f"| {r['threads']} | {r['ours']} | {r['peer'] or '-'} | {r['our_prefill_s']:.2f} s | "
             f"{r.get('peer_prefill_s', nan):.2f} s | {r.get('prefill_ratio', nan):.2f} | "
             f"{r.get('prefill_vs_our_float32', nan):.2f} | {r['our_prefill_gflops']:.0f} | "
-            f"{100 * r.get('prefill_of_peak', nan):.0f}% {r.get('peak', '')} | "
-            f"{r['our_decode_tok_s']:.2f} | {r['our_decode_gbs']:.1f} | "
+            + (f"{100 * r['prefill_of_peak']:.0f}% {r['peak']} | " if "peak" in r else "n/a | ")
+            + f"{r['our_decode_tok_s']:.2f} | {r['our_decode_gbs']:.1f} | "
             f"{100 * r['decode_of_read_probe']:.0f}% | "
             f"{r.get('peer_decode_tok_s', nan):.2f} | {r.get('decode_ratio', nan):.2f} |"
         )
