@@ -85,7 +85,9 @@ void bind_modules(py::module_& m) {
       .def_readonly("window", &KVCache::window)
       .def_readonly("slots", &KVCache::slots)
       .def_property_readonly("length", [](const KVCache& c) { return c.length.load(); })
+      .def_property_readonly("masked", [](const KVCache& c) { return c.masked.load(); })
       .def("reset", &cache_reset)
+      .def("crop", &cache_crop, "n"_a)
       .def("keys", &cache_keys)
       .def("values", &cache_values);
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "drivers/attend.hpp"
@@ -395,6 +396,25 @@ void cache_reset(KVCache& c) {
   py::gil_scoped_release nogil;  // waits for a forward using the cache to finish
   std::lock_guard<std::mutex> lk(c.mutex);
   c.reset();
+}
+
+void cache_crop(KVCache& c, std::size_t n) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lk(c.mutex);
+  const std::size_t len = c.length.load();
+  if (n > len) {
+    throw py::value_error("[KVCache.crop] n must be <= the cached length " + std::to_string(len) +
+                          ", got " + std::to_string(n));
+  }
+  // a rolling buffer that wrapped holds positions length - slots .. length - 1 only: the token
+  // after a crop to n (position n) looks back to n - slots + 1, so n >= length - 1
+  if (c.wrapped() && n + 1 < len) {
+    throw py::value_error("[KVCache.crop] the sliding-window cache has wrapped (" +
+                          std::to_string(len) + " tokens in " + std::to_string(c.slots) +
+                          " slots): it can drop its last token only, got n = " +
+                          std::to_string(n));
+  }
+  c.length = n;  // (the slots past n are written again by the next tokens)
 }
 
 py::array cache_keys(py::object self) {  // (B, Hkv, min(length, slots), hd)

@@ -80,6 +80,8 @@ std::shared_ptr<KVCache> make_cache(std::size_t batch, std::size_t max_len,
                                     std::size_t n_kv_heads, std::size_t head_dim,
                                     std::size_t window, const std::string& dtype);
 void cache_reset(KVCache& c);
+// keep the first n tokens (n <= length; not below length once a rolling buffer wrapped)
+void cache_crop(KVCache& c, std::size_t n);
 py::array cache_keys(py::object self);
 py::array cache_values(py::object self);
 

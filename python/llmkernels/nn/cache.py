@@ -139,6 +139,50 @@ class KVCache:
             self._impl.reset()
             self._next[:] = 0
 
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` cached tokens and drop the rest (``n < 0``: drop the last
+        ``-n``), as transformers' ``DynamicCache.crop``: the next token appended goes after
+        them, and each sequence's next RoPE position moves back by the tokens dropped -- which
+        were consecutive positions, as they are unless a call passed ``positions``. Not past a
+        padding token (a left-padded batch) and, once a sliding-window cache has wrapped, by one
+        token at most (the slots of older ones were overwritten): ``ValueError``.
+
+        Examples:
+            >>> import llmkernels as lk, numpy as np
+            >>> attn = lk.MultiHeadAttention(16, 4, 2, seed=0)
+            >>> cache = attn.new_cache(batch=1, max_seq_len=8)
+            >>> _ = attn(np.ones((1, 5, 16), np.float32), cache=cache)
+            >>> cache.crop(3); cache.length, int(cache.next_positions[0])
+            (3, 3)
+        """
+        check_not_torn(self, "KVCache.crop")
+        with self._lock:
+            self._settle()
+            drop = self._crop_check(n, "KVCache.crop")
+            self._impl.crop(self._impl.length - drop)
+            self._next -= drop
+
+    def _crop_check(self, n: int, fn: str) -> int:
+        """The tokens a crop to ``n`` drops (raises if it cannot)."""
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"[{fn}] n must be an int, got {type(n).__name__}")
+        length = self._impl.length
+        keep = int(n) if n >= 0 else length + int(n)
+        if not 0 <= keep <= length:
+            raise ValueError(f"[{fn}] n must be in [-{length}, {length}], got {n}")
+        drop = length - keep
+        if drop and self._impl.masked:
+            raise ValueError(
+                f"[{fn}] the cache holds padding (a left-padded batch): the positions of "
+                "the tokens to drop are not known; reset it instead"
+            )
+        if length > self._impl.slots and drop > 1:
+            raise ValueError(
+                f"[{fn}] the sliding-window cache has wrapped ({length} tokens in "
+                f"{self._impl.slots} slots): it can drop its last token only, not {drop}"
+            )
+        return drop
+
     def __repr__(self) -> str:
         dt = "" if self.dtype == "float32" else f", dtype={self.dtype}"
         return (
@@ -180,6 +224,32 @@ class ModelCache:
     def nbytes(self) -> int:
         """Bytes of the key and value storage of every layer."""
         return sum(c.nbytes for c in self.layers)
+
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` tokens of every layer (``n < 0``: drop the last ``-n``): see
+        :meth:`KVCache.crop`. Every layer is checked before any is cropped.
+
+        Examples:
+            >>> import llmkernels as lk, numpy as np
+            >>> model = lk.Transformer({"dim": 16, "n_layers": 2, "n_heads": 2,
+            ...                         "hidden_dim": 32, "vocab_size": 50}, seed=0)
+            >>> cache = model.new_cache(1, 8)
+            >>> _ = model(np.array([[1, 2, 3, 4]]), cache=cache)
+            >>> cache.crop(-1); cache.length
+            3
+        """
+        check_not_torn(self, "ModelCache.crop")
+        with self._lock:
+            for c in self.layers:
+                check_not_torn(c, "ModelCache.crop")
+            with contextlib.ExitStack() as held:
+                for c in self.layers:
+                    held.enter_context(c._lock)
+                    c._settle()
+                drops = [c._crop_check(n, "ModelCache.crop") for c in self.layers]
+                for c, drop in zip(self.layers, drops, strict=True):
+                    c._impl.crop(c._impl.length - drop)
+                    c._next -= drop
 
     def reset(self) -> None:
         check_not_torn(self, "ModelCache.reset")

@@ -31,7 +31,10 @@ row can differ from a lone one in the last bits of float32 (``Transformer.decode
 output can differ at near-ties. A slot keeps the tokens it holds when its generation ends; a
 later prompt that extends them (the next turn of the same conversation, as an OpenAI client
 sends it: the whole conversation again) is prefilled from where they end, as
-:class:`~llmkernels.ChatSession` does in-process.
+:class:`~llmkernels.ChatSession` does in-process. Any other prompt that shares a prefix with a
+free slot's tokens -- a system prompt many conversations share, a prompt sent again to
+regenerate a reply -- keeps that prefix's keys and values and prefills the rest (the slot's cache
+is cropped to the prefix), as llama.cpp's server does with ``cache_prompt``.
 """
 
 from __future__ import annotations
@@ -100,6 +103,15 @@ def _scored(piece: GenerationResponse, token: int, logits: np.ndarray, n: int) -
         best = [(int(i), float(logp[i])) for i in idx]
     fields = {f.name: getattr(piece, f.name) for f in dataclasses.fields(GenerationResponse)}
     return ScoredResponse(**fields, logprob=float(logp[token]), top_logprobs=best)
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """The length of the longest common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return max(n, 0)
 
 
 @dataclasses.dataclass
@@ -186,7 +198,12 @@ class Engine:
 
     def _take_slot(self, request: GenerationRequest) -> tuple[ChatSession, list[int]] | None:
         """A free slot for ``request`` and the ids to run: a slot whose cached conversation
-        the prompt extends first (its cache is reused), else the least recently used one."""
+        the rendered prompt extends first; else the slot whose cached tokens share the longest
+        prefix with the prompt, if it is the slot's whole cache or a tenth of the prompt
+        (llama.cpp's server default); else the least recently used slot. A shared prefix is
+        kept in the slot's cache and the rest dropped (``ModelCache.crop``), so only the
+        prompt's remaining tokens are prefilled -- at least its last one, whose logits give
+        the first token."""
         if not self._free:
             return None
         for slot in self._free:
@@ -194,11 +211,29 @@ class Engine:
             if ids is not None and len(ids) + max(request.max_tokens, 1) <= self.ctx:
                 self._free.remove(slot)
                 return slot, ids
-            n = len(slot._cached)
-            if 0 < n < len(request.ids) and request.ids[:n] == slot._cached:
-                self._free.remove(slot)
-                return slot, request.ids
-        return self._free.popleft(), request.ids
+        ids = request.ids
+        best, keep = None, 0
+        for slot in self._free:
+            cached = slot._cached
+            if slot._cache is None or slot._cache.length != len(cached):
+                continue
+            n = _common_prefix(cached, ids, len(ids) - 1)
+            if n > keep and (n == len(cached) or 10 * n >= len(ids)):
+                best, keep = slot, n
+        if best is not None:
+            if keep < len(best._cached):
+                try:
+                    best._cache.crop(keep)
+                except ValueError:  # (a sliding-window cache that wrapped): start afresh
+                    best = None
+                else:
+                    best._cached = ids[:keep]
+                    best._unfed = []
+                    best._prompt_text, best._reply_end = None, None
+            if best is not None:
+                self._free.remove(best)
+                return best, ids
+        return self._free.popleft(), ids
 
     def _admit(self) -> list[_Active]:
         """Waiting requests into free slots (the engine's lock held): the ones that joined."""
