@@ -61,6 +61,17 @@ def unavailable() -> str | None:
         return "sentencepiece is not installed (the GGUF converter needs a tokenizer)"
     if not (source_dir() / "convert_hf_to_gguf.py").is_file():
         return f"no llama.cpp source tree at {source_dir()} (set LLAMA_CPP_SRC)"
+    # an install whose shared library is missing or was built for another CPU fails (or
+    # crashes) on import: find out in a child process, not in the benchmark's
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import llama_cpp"], capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired:
+        return "importing llama_cpp did not finish in 120 s"
+    if probe.returncode != 0:
+        lines = (probe.stderr or "").strip().splitlines() or [f"exit status {probe.returncode}"]
+        return f"llama-cpp-python is installed but does not load: {lines[-1]}"
     return None
 
 

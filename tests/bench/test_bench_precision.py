@@ -88,3 +88,27 @@ def test_cases_are_timed_beside_their_peer() -> None:
     assert bp.case_order(ours) == [n for n in ours if n.startswith("decode")] + [
         n for n in ours if n.startswith("prefill")
     ]
+
+
+def test_llamacpp_peer_that_does_not_load_is_unavailable(tmp_path: Path, monkeypatch) -> None:
+    """A llama-cpp-python whose library fails to load makes the peer unavailable (the
+    benchmarks then run without it), found out in a child process."""
+    bench = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import llamacpp_peer
+
+    fake = tmp_path / "site" / "llama_cpp"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise OSError('libllama.so: cannot open shared object')\n")
+    (tmp_path / "sentencepiece").mkdir()
+    (tmp_path / "sentencepiece" / "__init__.py").write_text("")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "convert_hf_to_gguf.py").write_text("")
+    monkeypatch.setenv("LLAMA_CPP_SRC", str(src))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    why = llamacpp_peer.unavailable()
+    assert why is not None and "does not load" in why and "libllama.so" in why
