@@ -322,16 +322,18 @@ def main() -> int:
         "| of peak | our decode tok/s | GB/s | of read probe | peer | x |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    nan = float("nan")
+    def num(r: dict, key: str, unit: str = "") -> str:  # "-" without the peer (--no-llamacpp)
+        return f"{r[key]:.2f}{unit}" if key in r else "-"
+
     for r in report["rows"]:
         lines.append(
             f"| {r['threads']} | {r['ours']} | {r['peer'] or '-'} | {r['our_prefill_s']:.2f} s | "
-            f"{r.get('peer_prefill_s', nan):.2f} s | {r.get('prefill_ratio', nan):.2f} | "
-            f"{r.get('prefill_vs_our_float32', nan):.2f} | {r['our_prefill_gflops']:.0f} | "
+            f"{num(r, 'peer_prefill_s', ' s')} | {num(r, 'prefill_ratio')} | "
+            f"{num(r, 'prefill_vs_our_float32')} | {r['our_prefill_gflops']:.0f} | "
             + (f"{100 * r['prefill_of_peak']:.0f}% {r['peak']} | " if "peak" in r else "n/a | ")
             + f"{r['our_decode_tok_s']:.2f} | {r['our_decode_gbs']:.1f} | "
             f"{100 * r['decode_of_read_probe']:.0f}% | "
-            f"{r.get('peer_decode_tok_s', nan):.2f} | {r.get('decode_ratio', nan):.2f} |"
+            f"{num(r, 'peer_decode_tok_s')} | {num(r, 'decode_ratio')} |"
         )
     return harness.print_report(args.out, "real_size", report, lines)
 

@@ -9,8 +9,10 @@ ids (a different one for every request of a run, so neither server answers from 
 cache: the time to first token includes the prompt's prefill), greedy, ``ignore_eos`` and
 ``--max-tokens`` new tokens, so both servers generate the same number of tokens. Per stream
 count: the aggregate rate is all the generated tokens over the wall time from the first
-request sent to the last reply done; the time to first token is the median over the
-requests of send -> first streamed token. Rounds repeat the stream counts in turn; the medians
+request sent to the last reply done; the aggregate decode rate is the sum over the streams of
+each one's tokens after the first over the time from its first token to its last (1 / its time
+per output token, as vLLM's benchmark defines it); the time to first token is the median over
+the requests of send -> first streamed token. Rounds repeat the stream counts in turn; the medians
 over rounds are reported, with our rate over our single stream's and over llama-server's at
 the same stream count (above 1: we are faster).
 
@@ -108,7 +110,7 @@ def one_request(port: int, prompt: list[int], max_tokens: int, t0: float, out: d
         "model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
-    tokens, chunks, first = None, 0, None
+    tokens, chunks, first, last = None, 0, None, None
     with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body,
                       timeout=600) as r:  # fmt: skip
         if r.status_code != 200:
@@ -121,14 +123,15 @@ def one_request(port: int, prompt: list[int], max_tokens: int, t0: float, out: d
                 tokens = obj["usage"]["completion_tokens"]
             if obj.get("choices"):
                 chunks += 1
+                last = time.perf_counter() - t0
                 if first is None:
-                    first = time.perf_counter() - t0
-    out.update(ttft=first, end=time.perf_counter() - t0, tokens=tokens or chunks)
+                    first = last
+    out.update(ttft=first, last=last, end=time.perf_counter() - t0, tokens=tokens or chunks)
 
 
 def run_streams(port: int, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
-    """``len(prompts)`` concurrent streams: aggregate tokens/s and the median time to first
-    token."""
+    """``len(prompts)`` concurrent streams: aggregate tokens/s, aggregate decode tokens/s and
+    the median time to first token."""
     outs: list[dict] = [{} for _ in prompts]
     t0 = time.perf_counter()
     threads = [
@@ -142,8 +145,12 @@ def run_streams(port: int, prompts: list[list[int]], max_tokens: int) -> dict[st
     if any("end" not in o for o in outs):
         raise RuntimeError("a request failed")
     wall = max(o["end"] for o in outs)
+    # each stream's decode rate after its first token (1 / its time per output token), summed
+    decode = sum((o["tokens"] - 1) / (o["last"] - o["ttft"]) for o in outs
+                 if o["tokens"] > 1 and o["last"] > o["ttft"])  # fmt: skip
     return {
         "tok_s": sum(o["tokens"] for o in outs) / wall,
+        "decode_tok_s": decode,
         "ttft_s": statistics.median(o["ttft"] for o in outs),
         "tokens": sum(o["tokens"] for o in outs),
     }
@@ -219,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                         used += n
                         results.setdefault(f"{t}/{n}/{name}", []).append(res)
                         print(f"{t}T {n:2d} streams {name}: {res['tok_s']:.1f} tok/s, "
+                              f"decode {res['decode_tok_s']:.1f} tok/s, "
                               f"TTFT {1e3 * res['ttft_s']:.0f} ms", flush=True)  # fmt: skip
             finally:
                 server.stop()
@@ -226,18 +234,25 @@ def main(argv: list[str] | None = None) -> int:
     for t in thread_counts:
         one = results.get(f"{t}/1/ours")
         single = statistics.median(x["tok_s"] for x in one) if one else None
+        single_dec = statistics.median(x["decode_tok_s"] for x in one) if one else None
         for n in streams:
             row: dict[str, Any] = {"threads": t, "streams": n}
             for name in impls:
                 rs = results[f"{t}/{n}/{name}"]
                 row[name] = {
                     "tok_s": statistics.median(x["tok_s"] for x in rs),
+                    "decode_tok_s": statistics.median(x["decode_tok_s"] for x in rs),
                     "ttft_s": statistics.median(x["ttft_s"] for x in rs),
                 }
             if single:
                 row["x_our_single"] = row["ours"]["tok_s"] / single
+            if single_dec:
+                row["x_our_single_decode"] = row["ours"]["decode_tok_s"] / single_dec
             if peer:
                 row["x_peer"] = row["ours"]["tok_s"] / row["llama-server"]["tok_s"]
+                row["x_peer_decode"] = (
+                    row["ours"]["decode_tok_s"] / row["llama-server"]["decode_tok_s"]
+                )
             rows.append(row)
     report = {
         "machine": harness.machine_info(),
@@ -272,20 +287,32 @@ def render(report: dict[str, Any], peer: bool) -> str:
         f"(greedy, ignore_eos), medians of {report['rounds']} rounds.",
         "",
     ]
-    header = ["threads", "streams", "ours tok/s", "x our 1 stream", "ours TTFT"]
+    header = ["threads", "streams", "ours tok/s", "x our 1 stream", "ours decode tok/s",
+              "x our 1 stream", "ours TTFT"]  # fmt: skip
     if peer:
-        header += ["llama-server tok/s", "llama-server TTFT", "x llama-server"]
+        header += ["llama-server tok/s", "llama-server decode tok/s", "llama-server TTFT",
+                   "x llama-server", "decode x llama-server"]  # fmt: skip
     rows = []
     for r in report["rows"]:
-        row = [str(r["threads"]), str(r["streams"]), harness.fmt(r["ours"]["tok_s"], 1),
-               harness.fmt(r.get("x_our_single")),
-               f"{1e3 * r['ours']['ttft_s']:.0f} ms"]  # fmt: skip
+        ours = r["ours"]
+        row = [str(r["threads"]), str(r["streams"]), harness.fmt(ours["tok_s"], 1),
+               harness.fmt(r.get("x_our_single")), harness.fmt(ours.get("decode_tok_s"), 1),
+               harness.fmt(r.get("x_our_single_decode")),
+               f"{1e3 * ours['ttft_s']:.0f} ms"]  # fmt: skip
         if peer:
             peer_r = r["llama-server"]
-            row += [harness.fmt(peer_r["tok_s"], 1), f"{1e3 * peer_r['ttft_s']:.0f} ms",
-                    harness.fmt(r["x_peer"])]  # fmt: skip
+            row += [harness.fmt(peer_r["tok_s"], 1), harness.fmt(peer_r.get("decode_tok_s"), 1),
+                    f"{1e3 * peer_r['ttft_s']:.0f} ms", harness.fmt(r["x_peer"]),
+                    harness.fmt(r.get("x_peer_decode"))]  # fmt: skip
         rows.append(row)
     lines += harness.md_table(header, rows)
+    lines += [
+        "",
+        "tok/s: every generated token over the wall time from the first request sent to the "
+        "last reply done (prefills included). decode tok/s: the sum over the streams of each "
+        "one's rate after its first token, (tokens - 1) / (last token - first token) -- 1 / "
+        "its time per output token, which includes the steps other streams' prefills took.",
+    ]
     return "\n".join(lines) + "\n"
 
 
