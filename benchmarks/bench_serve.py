@@ -288,7 +288,7 @@ def render(report: dict[str, Any], peer: bool) -> str:
         "",
     ]
     header = ["threads", "streams", "ours tok/s", "x our 1 stream", "ours decode tok/s",
-              "x our 1 stream", "ours TTFT"]  # fmt: skip
+              "decode x our 1 stream", "ours TTFT"]  # fmt: skip
     if peer:
         header += ["llama-server tok/s", "llama-server decode tok/s", "llama-server TTFT",
                    "x llama-server", "decode x llama-server"]  # fmt: skip

@@ -158,9 +158,12 @@ class KVCache:
         check_not_torn(self, "KVCache.crop")
         with self._lock:
             self._settle()
-            drop = self._crop_check(n, "KVCache.crop")
-            self._impl.crop(self._impl.length - drop)
-            self._next -= drop
+            self._crop(self._crop_check(n, "KVCache.crop"))
+
+    def _crop(self, drop: int) -> None:
+        """Drop the last ``drop`` tokens (checked by _crop_check; the lock held)."""
+        self._impl.crop(self._impl.length - drop)
+        self._next -= drop
 
     def _crop_check(self, n: int, fn: str) -> int:
         """The tokens a crop to ``n`` drops (raises if it cannot)."""
@@ -248,8 +251,7 @@ class ModelCache:
                     c._settle()
                 drops = [c._crop_check(n, "ModelCache.crop") for c in self.layers]
                 for c, drop in zip(self.layers, drops, strict=True):
-                    c._impl.crop(c._impl.length - drop)
-                    c._next -= drop
+                    c._crop(drop)
 
     def reset(self) -> None:
         check_not_torn(self, "ModelCache.reset")
