@@ -334,7 +334,9 @@ def test_chat_logprobs(server: LiveServer) -> None:
     got = [e for ch in streamed if ch.choices and ch.choices[0].logprobs
            for e in ch.choices[0].logprobs.content]  # fmt: skip
     assert [e.token for e in got] == [c.token for c in content]
-    np.testing.assert_allclose([e.logprob for e in got], [c.logprob for c in content], atol=1e-6)
+    # (the same prompt again: if a slot holds it, its prefix's K/V come from the cache and its
+    # last token is run alone, so the logits are within float32 rounding of the first run's)
+    np.testing.assert_allclose([e.logprob for e in got], [c.logprob for c in content], atol=1e-5)
     assert all(e.top_logprobs == [] for e in got)
     assert chat(server.client(), max_tokens=2).choices[0].logprobs is None
 
