@@ -40,6 +40,17 @@ constexpr std::size_t kGemvMaxRows = 8;
 // are level at 16-24 tokens, the packed kernel 1.3-2x faster from 32 on, and within a few
 // percent of OpenBLAS sgemm from 64 to 512 tokens (which therefore no longer takes them).
 constexpr std::size_t kPackedMinRows = 24;
+// Except on AVX-512 (unmeasured there), float32 and 16-bit weights stay on the GEMV up to this
+// many tokens: it reads the matrix once per call in cache-sized blocks of rows for all the
+// tokens (kernels/gemv.hpp), where gemm_xt re-reads the packed tokens from L2 for every 4
+// features and the packed kernel (16-bit weights) packs the matrix. 2048 -> 5632, 1 thread, AMD
+// EPYC Zen 3 (AVX2), best of 3 interleaved processes, gemm_xt (float32) / packed (bfloat16) time
+// over the GEMV's: float32 m = 9 2.04, 12 1.52, 16 1.11, 20 1.41, 24 0.96; bfloat16 1.59, 1.30,
+// 1.29, 1.32, 1.08.
+constexpr std::size_t kGemvMaxRowsBlocked = 20;
+std::size_t gemv_max_rows() {
+  return active_isa() == Isa::avx512 ? kGemvMaxRows : kGemvMaxRowsBlocked;
+}
 
 std::atomic<int> g_route{0};
 
@@ -164,7 +175,7 @@ Path choose_path(std::size_t m, bool trans_w) {
   // packed kernel is not measured yet: there it runs only when forced (tests).
   if (m >= 2 * kRowBlock) return Path::blas_rows;
   if (active_isa() != Isa::avx512 && m >= kPackedMinRows) return Path::packed;
-  return !trans_w ? Path::blas_cols : m > kGemvMaxRows ? Path::tokens : Path::gemv;
+  return !trans_w ? Path::blas_cols : m > gemv_max_rows() ? Path::tokens : Path::gemv;
 }
 
 // The product linear(WeightRef) takes for m tokens (k > 0) of 16-bit or quantized weights:
@@ -206,9 +217,11 @@ Path choose_path_w(std::size_t m, bool quantized) {
   // 1.72 / 1.60), 16 1.27 / 1.26, 24 1.65 / 1.63, 64 1.22 / 1.25 (1.24 / 1.28), 512 1.75 / 1.74
   // (1.80 / 1.77) for int8 / int4. There 16-bit weights keep gemm_xt_w16 below 512 tokens (the
   // packed kernel 1.06-1.72x its time).
-  if ((quantized || active_isa() != Isa::avx512) && m > kGemvMaxRows) return Path::packed;
+  // (16-bit weights on AVX2 / SSE2: the GEMV up to kGemvMaxRowsBlocked tokens, see there.)
+  const std::size_t gemv_max = quantized ? kGemvMaxRows : gemv_max_rows();
+  if ((quantized || active_isa() != Isa::avx512) && m > gemv_max) return Path::packed;
   if (!quantized && m >= 2 * kRowBlock) return Path::blas_rows;
-  return m > kGemvMaxRows ? Path::tokens : Path::gemv;
+  return m > gemv_max ? Path::tokens : Path::gemv;
 }
 }  // namespace
 
@@ -307,8 +320,9 @@ void linear_w16(const float* x, std::size_t m, std::size_t k, WeightRef w, std::
   const WeightFormat fmt = w.format;
   const std::size_t blocks = (n + kColBlock - 1) / kColBlock;
   const Path path = k == 0 ? Path::gemv : choose_path_w(m, false);
-  // bfloat16 prefill on vdpbf16ps where the CPU has it (common/dot.hpp): x rounded to bf16
-  const Bf16Dot bdot = fmt == WeightFormat::bf16 && k > 0 && path != Path::gemv &&
+  // bfloat16 prefill on vdpbf16ps where the CPU has it (common/dot.hpp): x rounded to bf16,
+  // from 9 tokens (where a CPU without it keeps the GEMV up to kGemvMaxRowsBlocked)
+  const Bf16Dot bdot = fmt == WeightFormat::bf16 && k > 0 && m > kGemvMaxRows &&
                                gemm_route() == GemmRoute::automatic
                            ? bf16_dot()
                            : Bf16Dot::none;

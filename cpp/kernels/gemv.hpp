@@ -10,6 +10,8 @@
 // share its block, so results do not depend on how rows are split across threads.
 #pragma once
 
+#include <algorithm>
+
 #include "kernels/ops.hpp"
 #include "kernels/simd_common.hpp"
 
@@ -39,13 +41,15 @@ struct PlainWeights {
 // (+ bias[r * rs]) for r < R, t < M: R rows rs rows apart (rs = 1: consecutive rows; see
 // gemv_tokens for the other case); bias or null, added in the final store (no second pass over
 // y); w read through the policy WL (PlainWeights<T> or a widening one)
-template <class Arch, class T, class WL, int R, int M>
+template <class Arch, class T, class WL, int R, int M, int A = M == 1 ? 2 : 1>
 inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
                       std::size_t ldx, std::size_t k, bool accumulate, const T* bias,
                       std::size_t rs, std::size_t pf = 0) {
   using V = vec<Arch, T>;
   constexpr std::size_t N = V::size;
-  constexpr int A = M == 1 ? 2 : 1;  // accumulators per (row, token)
+  // A: accumulators per (row, token); 2 for a token alone (m = 1), 1 otherwise -- also for the
+  // last token of a call whose groups left it alone (gemv_impl), so that its arithmetic does not
+  // depend on how a call's tokens are grouped
   V acc[A][R][M];
   for (int a = 0; a < A; ++a)
     for (int r = 0; r < R; ++r)
@@ -92,7 +96,8 @@ inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const
   }
 }
 
-// Every row of w against M tokens, in R = 4 stripes: the rows split into 4 contiguous parts and
+// Rows [r0, r1) of each stripe of w against M tokens (the rows left over with the block that
+// passes the stripes' end), in R = 4 stripes: the rows split into 4 contiguous parts and
 // row r of each part taken together (rows r, r + part, r + 2 part, r + 3 part), so the matrix
 // is read as 4 sequential streams far apart. One core's DRAM reads run on the hardware
 // prefetchers' streams, and 4 independent ones keep more misses in flight than one: float32
@@ -109,42 +114,66 @@ inline void gemv_rows(T* y, std::size_t ldy, const typename WL::Stored* w, const
 // in bfloat16, Intel Xeon Emerald Rapids, tokens/s at 1 / 2 threads, medians of 5 interleaved
 // runs: 5.33 / 9.03 without, 6.05 / 10.77 with (512 B 6.07 / 10.69, 2 KiB 5.75 at 1 thread).
 // float32 weights: no change (2.98 / 6.99 against 3.06 / 6.90 with 1-2 KiB), none is made.
-template <class Arch, class T, class WL, int M>
+template <class Arch, class T, class WL, int M, int A = M == 1 ? 2 : 1>
 inline void gemv_tokens(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
                         std::size_t ldx, std::size_t rows, std::size_t k, bool accumulate,
-                        const T* bias) {
+                        const T* bias, std::size_t r0, std::size_t r1) {
   constexpr int R = 4;
   const std::size_t part = rows / R;
   const std::size_t pf = WL::widens && cpu_is_intel() ? 1024 / sizeof(typename WL::Stored) : 0;
-  for (std::size_t r = 0; r < part; ++r)
-    gemv_rows<Arch, T, WL, R, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
-                                 bias ? bias + r : bias, part, pf);
-  for (std::size_t r = R * part; r < rows; ++r)
-    gemv_rows<Arch, T, WL, 1, M>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
-                                 bias ? bias + r : bias, 1);
+  for (std::size_t r = r0; r < std::min(r1, part); ++r)
+    gemv_rows<Arch, T, WL, R, M, A>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
+                                    bias ? bias + r : bias, part, pf);
+  if (r1 > part)  // the rows left over (rows % 4), with the block past the stripes' last row
+    for (std::size_t r = R * part; r < rows; ++r)
+      gemv_rows<Arch, T, WL, 1, M, A>(y + r, ldy, w + r * k, x, ldx, k, accumulate,
+                                      bias ? bias + r : bias, 1);
 }
+
+// More than one group of tokens (m > 4) would read the matrix from memory once per group, and
+// a group of 4 tokens is already near the bandwidth: the stripes are walked in blocks of rows
+// (4 stripes x kGemvBlockBytes / 4 of weights, kept in L2) and every group of tokens takes a
+// block before the next is read, so the matrix is read from memory once per call. Only the
+// order of the rows changes: each (row, token) is the same arithmetic, the same bits.
+constexpr std::size_t kGemvBlockBytes = 128 * 1024;
 
 // gemv_kernel's body for any weight storage WL (gemv_w16_kernel uses it with 16-bit weights)
 template <class Arch, class T, class WL>
 inline void gemv_impl(T* y, std::size_t ldy, const typename WL::Stored* w, const T* x,
                       std::size_t ldx, std::size_t m, std::size_t rows, std::size_t k,
                       bool accumulate, const T* bias) {
-  constexpr std::size_t G = 4;  // tokens per pass over the weights
-  std::size_t t = 0;
-  for (; t + G <= m; t += G)
-    gemv_tokens<Arch, T, WL, G>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-  switch (m - t) {
-    case 1:
-      gemv_tokens<Arch, T, WL, 1>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    case 2:
-      gemv_tokens<Arch, T, WL, 2>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    case 3:
-      gemv_tokens<Arch, T, WL, 3>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias);
-      break;
-    default:
-      break;
+  // Groups of tokens. AVX2 / SSE2 (16 vector registers): 4 rows x 3 tokens of accumulators and
+  // an operand for weights stored as T (4 x 4 spill a register: slower than groups of 3, except
+  // alone, m = 4; where one token would be left alone the last group of 3 takes 2), 4 x 2 and
+  // the widening's temporaries for 16-bit weights. AVX-512 (32 registers): groups of 4, then 3,
+  // 2 or 1. Every (row, token) is the same arithmetic in any group (gemv_rows' A), so 16-bit
+  // weights give the float32 kernel's bits on the widened weights.
+  constexpr bool wide = std::is_base_of<xsimd::avx512f, Arch>::value;
+  constexpr std::size_t G = wide ? 4 : WL::widens ? 2 : 3;
+  const std::size_t part = rows / 4;
+  const std::size_t rb = m <= G || (G == 3 && m == 4)
+                             ? part + 1
+                             : std::max<std::size_t>(
+                                   1, kGemvBlockBytes / (4 * k * sizeof(typename WL::Stored)));
+  for (std::size_t r0 = 0; r0 <= part; r0 += rb) {  // (<=: a last block of the left-over rows)
+    const std::size_t r1 = r0 + rb;
+    std::size_t t = 0;
+    if (G == 4 || (G == 3 && m == 4))
+      for (; m - t >= 4; t += 4)
+        gemv_tokens<Arch, T, WL, 4>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate,
+                                    bias, r0, r1);
+    if (G >= 3)
+      for (; m - t >= 3 && (G == 4 || m - t != 4); t += 3)
+        gemv_tokens<Arch, T, WL, 3>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate,
+                                    bias, r0, r1);
+    for (; m - t >= 2; t += 2)
+      gemv_tokens<Arch, T, WL, 2>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate, bias,
+                                  r0, r1);
+    if (m == 1)
+      gemv_tokens<Arch, T, WL, 1>(y, ldy, w, x, ldx, rows, k, accumulate, bias, r0, r1);
+    else if (t < m)  // the last token, alone: one accumulator per row, as in a group
+      gemv_tokens<Arch, T, WL, 1, 1>(y + t * ldy, ldy, w, x + t * ldx, ldx, rows, k, accumulate,
+                                     bias, r0, r1);
   }
 }
 

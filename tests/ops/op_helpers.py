@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import llmkernels as lk
 import numpy as np
 import pytest
 from conftest import TOL
@@ -14,6 +15,14 @@ SIZES = [1, 7, 31, 33, 128, 1025, 4096]
 LEADS = [(), (3,), (2, 5)]
 DTYPES = [np.float32, np.float64]
 LAYOUTS = ["strided_rows", "strided_last_axis", "fortran", "transposed", "negative_stride"]
+
+
+def gemv_tokens() -> int:
+    """Up to how many tokens the automatic route gives float32 and 16-bit projections to the
+    matrix-vector kernel (kernels/gemv.hpp: horizontal sums, not one fma chain per output):
+    drivers/gemm_routes.cpp's kGemvMaxRowsBlocked, or kGemvMaxRows on AVX-512."""
+    return 8 if lk.simd_arch() == "avx512" else 20
+
 
 # an op as a function (x, rng) -> (llmkernels result, reference result) on x of shape (..., n)
 OpCase = Callable[[np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]]

@@ -26,7 +26,7 @@ import pytest
 from llmkernels import _core
 from llmkernels.quant import INT8_ACTIVATION_TOKENS, int8_activations_used
 from llmkernels.reference import quantized_linear as ref_quantized_linear
-from op_helpers import check_fma_bound
+from op_helpers import check_fma_bound, gemv_tokens
 
 FORMATS16 = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 # (dtype, group): every format the kernel converts
@@ -79,13 +79,13 @@ def float32_packed(x, dense, bias=None, y=None):
 
 
 def auto_is_packed(m: int, dtype: str) -> bool:
-    """Whether the automatic route takes the packed kernel for m tokens: above 8 tokens for
+    """Whether the automatic route takes the packed kernel for m tokens: above gemv_tokens() for
     16-bit weights, above INT8_ACTIVATION_TOKENS (16) for quantized ones, whose GEMV (int8
     activations: the modules' path) runs up to there, and past it only where no integer prefill
     kernel takes int8 activations (``_core.int8_dot()``: none on SSE2); not on AVX-512, where the
     packed kernel is not measured yet."""
     if dtype in FORMATS16:
-        return lk.simd_arch() != "avx512" and m > 8
+        return lk.simd_arch() != "avx512" and m > gemv_tokens()
     no_dot = lk._core.int8_dot() == "none"
     return lk.simd_arch() != "avx512" and m > INT8_ACTIVATION_TOKENS and no_dot
 
