@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from llmkernels import _core
-from op_helpers import check_fma_bound
+from op_helpers import check_fma_bound, gemv_tokens
 
 # k on both sides of 2 KiB rows for float32 (512 | 513) and for 16-bit weights (1024 | 1025)
 KS = [512, 513, 1024, 1025]
@@ -108,3 +108,36 @@ def test_float_rows_do_not_depend_on_the_block(isa: str, k: int) -> None:
         np.testing.assert_array_equal(
             y[:, r], _core._linear(x, w[r : r + 1], "float32", None, None)[:, 0]
         )
+
+
+# More than one group of tokens (kernels/gemv.hpp gemv_impl: groups of 3 tokens for float32 on
+# AVX2 / SSE2, 2 for 16-bit weights, 4 on AVX-512) walks the stripes in blocks of rows for all
+# the groups; the automatic route keeps float32 and 16-bit weights on it up to gemv_tokens().
+@pytest.mark.parametrize("m", [5, 6, 7, 9, 13, 16, 20])
+@pytest.mark.parametrize("k", [1, 31, 512, 1025])
+def test_token_groups_in_row_blocks(
+    isa: str, threads: None, exact_bf16: None, m: int, k: int
+) -> None:
+    rng = np.random.default_rng(m * 100 + k)
+    rows = 1030  # several blocks of rows per stripe, 2 rows left over
+    w = rng.standard_normal((rows, k), dtype=np.float32)
+    low = np.ascontiguousarray(w.astype(ml_dtypes.bfloat16))
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    bias = rng.standard_normal(rows, dtype=np.float32)
+    y0 = rng.standard_normal((m, rows), dtype=np.float32)
+    lk.set_num_threads(1)
+    got = _core._linear(x, w, "float32", bias, y0.copy())
+    check_fma_bound(got, x, w, bias, y0)
+    # a token's result does not depend on which group took it: each equals the token in a
+    # call of 2 (one group) -- where the GEMV takes all m (AVX-512: up to 8, then gemm_xt)
+    for t in (0, m // 2, m - 1) if m <= gemv_tokens() else ():
+        pair = _core._linear(x[[t, t]], w, "float32", bias, y0[[t, t]].copy())
+        np.testing.assert_array_equal(got[t], pair[0])
+    # 16-bit weights: the float32 kernel's bits on the widened weights
+    np.testing.assert_array_equal(
+        _core._linear(x, low.view(np.uint16), "bfloat16", bias, y0.copy()),
+        _core._linear(x, low.astype(np.float32), "float32", bias, y0.copy()),
+    )
+    for n in (2, 3):
+        lk.set_num_threads(n)
+        np.testing.assert_array_equal(_core._linear(x, w, "float32", bias, y0.copy()), got)
