@@ -130,10 +130,10 @@ inline void gemv_tokens(T* y, std::size_t ldy, const typename WL::Stored* w, con
                                       bias ? bias + r : bias, 1);
 }
 
-// More than one group of tokens (m > 4) would read the matrix from memory once per group, and
-// a group of 4 tokens is already near the bandwidth: the stripes are walked in blocks of rows
-// (4 stripes x kGemvBlockBytes / 4 of weights, kept in L2) and every group of tokens takes a
-// block before the next is read, so the matrix is read from memory once per call. Only the
+// More than one group of tokens (gemv_impl) would read the matrix from memory once per group,
+// and a group of a few tokens is already near the bandwidth: the stripes are walked in blocks
+// of rows (4 stripes x kGemvBlockBytes / 4 of weights, kept in L2) and every group of tokens
+// takes a block before the next is read, so the matrix is read from memory once per call. Only the
 // order of the rows changes: each (row, token) is the same arithmetic, the same bits.
 constexpr std::size_t kGemvBlockBytes = 128 * 1024;
 
