@@ -310,35 +310,56 @@ def _log_softmax(logits: Any) -> Any:
     return row - (row.max() + np.log(np.exp(row - row.max()).sum()))
 
 
-def test_chat_logprobs(server: LiveServer) -> None:
-    """logprobs: true, top_logprobs: 3 -- each token's log-softmax of the raw logits (the model
-    run over prompt + reply, within float32 rounding), the 3 most likely first, greedy's token
-    the most likely; streamed the same."""
-    r = chat(server.client(), max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
-    content = r.choices[0].logprobs.content
-    assert "".join(c.token for c in content) == r.choices[0].message.content
-    ids = TOK.apply_chat_template(QUESTION)
-    reply = TOK.encode(r.choices[0].message.content, add_special_tokens=False)
-    logits = MODEL(np.asarray([ids + reply]))[0]
-    for i, c in enumerate(content):
-        want = _log_softmax(logits[len(ids) - 1 + i])
-        assert abs(c.logprob - want.max()) < 1e-4  # greedy: the most likely
-        assert [t.logprob for t in c.top_logprobs] == sorted(
-            (t.logprob for t in c.top_logprobs), reverse=True
-        )
-        assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
-        np.testing.assert_allclose([t.logprob for t in c.top_logprobs], np.sort(want)[::-1][:3],
+def _served_logprobs(ids: list[int], reply: list[int], *, reused: bool) -> list[Any]:
+    """The log-softmax rows the server computes for the tokens of ``reply``: the prompt
+    prefilled in one forward with ``last_only`` -- or, when a slot holds the prompt, its prefix
+    from that slot's cache and its last token run alone -- then each reply token decoded. (The
+    same computation, not the whole sequence in one forward: where the CPU has a bfloat16 dot
+    product, a bfloat16 model's prefill rounds its activations to bfloat16 and a lone token's
+    does not, so the two differ by more than float32 rounding.)"""
+    cache = MODEL.new_cache(1, len(ids) + len(reply))
+    head, last = (ids[:-1], ids[-1:]) if reused else (ids, [])
+    rows = [MODEL(np.asarray([head]), cache=cache, last_only=True)[0, -1]]
+    for t in [*last, *reply[:-1]]:
+        rows.append(MODEL(np.asarray([[t]]), cache=cache)[0, -1])
+    return [_log_softmax(r) for r in rows[len(last) :]]
+
+
+def test_chat_logprobs() -> None:
+    """logprobs: true, top_logprobs: 3 -- each token's log-softmax of the raw logits (computed
+    as the server computes them, within float32 rounding), the 3 most likely first, greedy's
+    token the most likely; streamed the same. (A server of its own, so that which tokens come
+    from a slot's cache is known.)"""
+    s = LiveServer(max_sequences=1, ctx=512)
+    try:
+        r = chat(s.client(), max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+        content = r.choices[0].logprobs.content
+        assert "".join(c.token for c in content) == r.choices[0].message.content
+        ids = TOK.apply_chat_template(QUESTION)
+        reply = TOK.encode(r.choices[0].message.content, add_special_tokens=False)
+        assert len(reply) == len(content)
+        for c, want in zip(content, _served_logprobs(ids, reply, reused=False), strict=True):
+            assert abs(c.logprob - want.max()) < 1e-4  # greedy: the most likely
+            assert [t.logprob for t in c.top_logprobs] == sorted(
+                (t.logprob for t in c.top_logprobs), reverse=True
+            )
+            assert len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token
+            np.testing.assert_allclose([t.logprob for t in c.top_logprobs],
+                                       np.sort(want)[::-1][:3], atol=1e-4)  # fmt: skip
+            assert c.bytes == list(c.token.encode())
+        # the same prompt again: the slot holds it, so its prefix's K/V come from the cache and
+        # its last token is run alone
+        streamed = chat(s.client(), max_tokens=8, temperature=0, logprobs=True, stream=True)
+        got = [e for ch in streamed if ch.choices and ch.choices[0].logprobs
+               for e in ch.choices[0].logprobs.content]  # fmt: skip
+        assert [e.token for e in got] == [c.token for c in content]
+        np.testing.assert_allclose([e.logprob for e in got],
+                                   [w.max() for w in _served_logprobs(ids, reply, reused=True)],
                                    atol=1e-4)  # fmt: skip
-        assert c.bytes == list(c.token.encode())
-    streamed = chat(server.client(), max_tokens=8, temperature=0, logprobs=True, stream=True)
-    got = [e for ch in streamed if ch.choices and ch.choices[0].logprobs
-           for e in ch.choices[0].logprobs.content]  # fmt: skip
-    assert [e.token for e in got] == [c.token for c in content]
-    # (the same prompt again: if a slot holds it, its prefix's K/V come from the cache and its
-    # last token is run alone, so the logits are within float32 rounding of the first run's)
-    np.testing.assert_allclose([e.logprob for e in got], [c.logprob for c in content], atol=1e-5)
-    assert all(e.top_logprobs == [] for e in got)
-    assert chat(server.client(), max_tokens=2).choices[0].logprobs is None
+        assert all(e.top_logprobs == [] for e in got)
+        assert chat(s.client(), max_tokens=2).choices[0].logprobs is None
+    finally:
+        s.stop()
 
 
 def test_completions_logprobs(server: LiveServer) -> None:
