@@ -66,10 +66,20 @@ constexpr std::size_t kGemvMaxTokensInt8 = 16;
 // (the same bits either way). AMD EPYC Zen 3 (AVX2), medians of 9 interleaved runs, GEMV time /
 // tile time, 1 / 2 threads: int8 5632 x 2048 m = 4 0.96 / 0.97, 6 1.09 / 1.20, 8 1.29 / 1.16,
 // 16 1.60 / 1.61 (2048 x 5632 and 2048 x 2048 alike); int4 m = 8 0.95 / 0.96, 9 1.01 / 1.07,
-// 16 1.10 / 1.18. (Where the tile kernel runs on vpdpbusd or AMX, unmeasured against the GEMV
-// for 9-16 tokens: the GEMV keeps its 16.)
+// 16 1.10 / 1.18.
+// And where it runs on AMX: a call of up to 16 tokens takes one 16-token tile, at about the
+// cost of the weight repack, flat in m. GEMV time / AMX time over one layer's seven
+// projections of the TinyLlama-1.1B shape (weights from DRAM), Intel Xeon with AMX, medians of
+// interleaved processes, 1 thread: int8 m = 4 0.76, 6 1.25, 9 1.60, 16 2.07; int4 m = 6 0.85,
+// 8 1.04, 9 1.18, 16 1.66; 2 threads: int8 m = 8 0.93, 9 1.07, 12 1.12, 16 1.38; int4 m = 9
+// 0.91, 10 1.02, 12 1.11, 16 1.20. (On VNNI's tile kernel, unmeasured against the GEMV for
+// 9-16 tokens: the GEMV keeps its 16.)
 std::size_t int8_gemv_max_tokens(Int8Dot dot, int bits) {
   if (dot == Int8Dot::avx2) return bits == 8 ? 5 : 8;
+  if (dot == Int8Dot::amx || dot == Int8Dot::amx_emu) {
+    const bool one = get_num_threads() == 1;
+    return bits == 8 ? (one ? 5 : 8) : (one ? 7 : 9);
+  }
   return kGemvMaxTokensInt8;
 }
 

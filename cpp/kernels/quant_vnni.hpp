@@ -390,12 +390,15 @@ inline void qgemv_int8_vnni(const qgemv_args& args) {
 //     qhsum's order -- so the result is the AVX2 GEMV's, bit for bit.
 // Per tdpbssd one 512-byte tile load and one 1 KiB tile store: a block's sums cannot share a
 // C tile with the next block's (each is scaled on its own), which leaves the kernel bound by
-// the tile traffic and phase 2, far from tdpbssd's peak.
+// the tile traffic and phase 2, far from tdpbssd's peak. A call of up to 16 tokens (a batched
+// decode step) computes and stores only the first token tile's C tiles: then the repack of the
+// weights is most of its time, and it costs about the same for 1 token as for 16.
 // The pack (dot::amx_int8_pack_bytes(k)): codes [group of 16 rows][block][8 quadruple rows][16
 // rows x 4] for 4 groups (rows past the block's end 0), the rows' float scales [group][block]
 // [16], and the C buffer. Tiles (amx::kInt8Tiles): 0-3 C, 4-5 A (16 x 32 bytes), 6-7 B (8 x 64).
+// wide: nr * k / group floats of scratch (the C buffer, which the tiles fill after the pack).
 template <int Bits>
-inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack) {
+inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack, float* wide) {
   const std::size_t k = w.k, nb = k / kQBlock, ng = k / w.group;
   // blocks per group 1 << gsh (groups of 32, 64, 128): a shift, where a division by the
   // runtime group size was 3% of an int8 prefill
@@ -403,6 +406,17 @@ inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack) {
   const std::size_t row_bytes = k * Bits / 8;
   auto* scales = reinterpret_cast<float*>(pack + dot::kVnniRowBlock * k);
   const __m256i zero = _mm256_setzero_si256();
+  // the rows' float16 scales widened first, 8 at a time by F16C (exact, as half_to_float),
+  // wide[row][group]: one scalar conversion per (row, block) was a fifth of a 17-token call
+  for (std::size_t r = 0; r < nr; ++r) {
+    const std::uint16_t* src = w.scales + r * ng;
+    float* dst = wide + r * ng;
+    std::size_t j = 0;
+    for (; j + 8 <= ng; j += 8)
+      _mm256_storeu_ps(dst + j,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
+    for (; j < ng; ++j) dst[j] = half_to_float(src[j]);
+  }
   for (std::size_t g = 0; g < dot::kVnniRowBlock / 16; ++g)
     for (std::size_t b = 0; b < nb; ++b) {
       std::uint8_t* dst = pack + (g * nb + b) * 512;
@@ -412,7 +426,7 @@ inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack) {
         for (std::size_t l = 0; l < 8; ++l) {
           const std::size_t r = 16 * g + 8 * h + l;
           v[l] = r < nr ? qblock_avx2<Bits>(w.q + r * row_bytes, b) : zero;
-          sd[8 * h + l] = r < nr ? half_to_float(w.scales[r * ng + (b >> gsh)]) : 0.f;
+          sd[8 * h + l] = r < nr ? wide[r * ng + (b >> gsh)] : 0.f;
         }
         transpose8x32(v, out);  // out[j] lane l = codes 4j .. 4j + 3 of row l
         for (int j = 0; j < 8; ++j)
@@ -483,10 +497,13 @@ inline void amx_gemm(const qgemv_args& a, std::uint8_t* pack) {
     qweights w = a.w;
     w.q += r0 * (k * Bits / 8);
     w.scales += r0 * (k / w.group);
-    amx_pack<Bits>(w, nr, pack);
+    amx_pack<Bits>(w, nr, pack, reinterpret_cast<float*>(cbuf));
     for (std::size_t t0 = 0; t0 < a.m; t0 += 32) {  // the tiles of tokens past m are zero
       const std::uint8_t* a0 = xa + (t0 / 16) * nb * 512;
       const std::uint8_t* a1 = a0 + nb * 512;
+      // the second 16 tokens all past m (a call of up to 16 tokens: batched decode): their
+      // tile is zero, so its products and C stores -- half of the tile work -- are skipped
+      const bool both = t0 + 16 < a.m;
       for (std::size_t g = 0; 16 * g < nr; g += 2) {  // rows 16g ... 16g + 31
         // y of these 32 tokens x 32 rows, fetched while the tiles run: its lines lie a row of y
         // apart (beyond the hardware prefetchers' reach), and the projections that add into
@@ -502,19 +519,20 @@ inline void amx_gemm(const qgemv_args& a, std::uint8_t* pack) {
         for (std::size_t b = 0; b < nb; ++b) {
           LLMK_TILE_ZERO(0);
           LLMK_TILE_ZERO(1);
-          LLMK_TILE_ZERO(2);
-          LLMK_TILE_ZERO(3);
           LLMK_TILE_LOAD(4, a0 + 512 * b, 32);
           LLMK_TILE_LOAD(6, b0 + 512 * b, 64);
           LLMK_TILE_DPBSSD(0, 4, 6);
           LLMK_TILE_LOAD(7, b1 + 512 * b, 64);
           LLMK_TILE_DPBSSD(1, 4, 7);
-          LLMK_TILE_LOAD(5, a1 + 512 * b, 32);
-          LLMK_TILE_DPBSSD(2, 5, 6);
-          LLMK_TILE_DPBSSD(3, 5, 7);
           std::int32_t* c = cbuf + 16 * b;  // tile q = 2 * token half + row half
           LLMK_TILE_STORE(0, c, ldc * 4);
           LLMK_TILE_STORE(1, c + 16 * ldc, ldc * 4);
+          if (!both) continue;
+          LLMK_TILE_ZERO(2);
+          LLMK_TILE_ZERO(3);
+          LLMK_TILE_LOAD(5, a1 + 512 * b, 32);
+          LLMK_TILE_DPBSSD(2, 5, 6);
+          LLMK_TILE_DPBSSD(3, 5, 7);
           LLMK_TILE_STORE(2, c + 32 * ldc, ldc * 4);
           LLMK_TILE_STORE(3, c + 48 * ldc, ldc * 4);
         }

@@ -70,7 +70,16 @@ def per_token_avx2(x, q, s, bits, g, bias=None):
         )
 
 
-AVX2_GEMV_TOKENS = {8: 5, 4: 8}  # drivers/qlinear.cpp's int8_gemv_max_tokens for Int8Dot::avx2
+# drivers/qlinear.cpp's int8_gemv_max_tokens: per tile kernel, bits and (AMX) one thread or more,
+# the tokens the GEMV keeps (above: the tile kernel); INT8_ACTIVATION_TOKENS for the others
+GEMV_TOKENS = {"avx2": {8: (5, 5), 4: (8, 8)}, "amx": {8: (5, 8), 4: (7, 9)}}
+GEMV_TOKENS["amx_emu"] = GEMV_TOKENS["amx"]
+
+
+def gemv_takes(dot: str, bits: int, m: int) -> bool:
+    one, more = GEMV_TOKENS.get(dot, {}).get(bits, (INT8_ACTIVATION_TOKENS,) * 2)
+    return m <= (one if lk.get_num_threads() == 1 else more)
+
 
 # (group, k): int4 with k = 96 has an odd last block (stored in natural order)
 # k = 320 with groups of 32: ten blocks, the scale products of eight formed at once, then two
@@ -81,10 +90,11 @@ GROUP_K = [(32, 32), (32, 96), (32, 256), (32, 320), (64, 128), (64, 320), (128,
 @pytest.mark.parametrize(("g", "k"), GROUP_K)
 @pytest.mark.parametrize("rows", [1, 7, 69])  # the 4-row tiles' tails, a 64-row block + 5
 # 3-token tiles (AMX: 16) and their tails; 6 and 9: where AVX2's tile kernel takes over from the
-# GEMV (int8 / int4 weights); elsewhere up to 16 tokens are the GEMV's
-@pytest.mark.parametrize("m", [6, 9, 17, 23])
+# GEMV (int8 / int4 weights), 9 and 16 AMX's (one 16-token tile: the second of the pair skipped);
+# elsewhere up to 16 tokens are the GEMV's
+@pytest.mark.parametrize("m", [6, 9, 16, 17, 23])
 def test_prefill_equals_avx2_gemv_per_token(bits, g, k, rows, m, dot, rng):
-    if m <= INT8_ACTIVATION_TOKENS and not (dot == "avx2" and m > AVX2_GEMV_TOKENS[bits]):
+    if gemv_takes(dot, bits, m):
         pytest.skip("the GEMV takes these tokens (on the active path, maybe SSE2's)")
     w = weights(rng, rows, k)
     q, s = lk.quantize(w, bits=bits, group_size=g)
