@@ -427,6 +427,13 @@ inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack, floa
           const std::size_t r = 16 * g + 8 * h + l;
           v[l] = r < nr ? qblock_avx2<Bits>(w.q + r * row_bytes, b) : zero;
           sd[8 * h + l] = r < nr ? wide[r * ng + (b >> gsh)] : 0.f;
+          // each row's codes 256 bytes ahead, once per 64-byte line: the pack walks 16 rows
+          // at once and waited on their loads (two threads' packs, 16 rows each, leave the
+          // hardware prefetchers behind). Intel Xeon with AMX, a layer's projections of the
+          // 1.1B shape at 9-32 tokens, time without / with: int8 1.02-1.09 at one thread,
+          // 1.22-1.37 at two; int4 1.05-1.07, 0.98-1.35 (512 tokens: within the noise)
+          if (((b * 4 * Bits) & 63) == 0)
+            __builtin_prefetch(w.q + r * row_bytes + b * 4 * Bits + 256);
         }
         transpose8x32(v, out);  // out[j] lane l = codes 4j .. 4j + 3 of row l
         for (int j = 0; j < 8; ++j)
