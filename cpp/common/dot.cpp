@@ -61,6 +61,8 @@ bool detect_amx() {
 #endif
 }
 
+bool always() { return true; }
+
 // the portable twins (SIMDe, emulated tiles) are built on the AVX2 baseline
 bool runs_twins() { return best_supported_isa() >= Isa::avx2; }
 
@@ -71,9 +73,11 @@ struct DotValue {
   bool (*runs)();
   int rank;  // the automatic choice takes the highest the CPU runs (0: never automatic)
   Isa isa = Isa::avx512;  // ... and only where this xsimd path (or a higher one) is active
+  bool (*suits)() = always;  // ... and this CPU suits it (which of two widths)
 };
 
-bool always() { return true; }
+bool splits_512() { return cpu_splits_512(); }
+bool full_512() { return !cpu_splits_512(); }
 
 // One dot-product choice (Int8Dot or Bf16Dot alike): value 0 is none. Forced by the environment
 // variable (read at first use) or a setter, else automatic: the highest-ranked value the CPU
@@ -108,7 +112,7 @@ struct DotChoice {
   int automatic_value(Isa isa) const {
     int v = 0, rank = 0;
     for (std::size_t i = 0; i < values.size(); ++i)
-      if (values[i].rank > rank && isa >= values[i].isa && values[i].runs())
+      if (values[i].rank > rank && isa >= values[i].isa && values[i].runs() && values[i].suits())
         v = static_cast<int>(i), rank = values[i].rank;
     return v;
   }
@@ -120,8 +124,10 @@ struct DotChoice {
 DotChoice* choices() {
   static DotChoice c[2] = {
       {"LLMKERNELS_INT8_DOT",
-       {{"none", always, 0}, {"vnni", cpu_has_avx512_vnni, 2}, {"vnni_simde", runs_twins, 0},
-        {"amx", cpu_has_amx, 3}, {"amx_emu", runs_twins, 0}, {"avx2", runs_twins, 1, Isa::avx2}}},
+       {{"none", always, 0}, {"vnni", cpu_has_avx512_vnni, 2, Isa::avx512, splits_512},
+        {"vnni_simde", runs_twins, 0}, {"amx", cpu_has_amx, 3}, {"amx_emu", runs_twins, 0},
+        {"avx2", runs_twins, 1, Isa::avx2}, {"vnni512", cpu_has_avx512_vnni, 2, Isa::avx512, full_512},
+        {"vnni512_simde", runs_twins, 0}}},
       {"LLMKERNELS_BF16_DOT",
        {{"none", always, 0}, {"avx512bf16", cpu_has_avx512_bf16, 1}, {"bf16_simde", runs_twins, 0},
         {"amx", cpu_has_amx, 2}, {"amx_emu", runs_twins, 0}}}};
@@ -176,6 +182,7 @@ namespace dot {
   namespace ns {                                                                                   \
   void qgemm(const qgemv_args& a, int bits, std::uint8_t* pack);                                   \
   void qgemm_amx(const qgemv_args& a, int bits, std::uint8_t* pack);                               \
+  void qgemm512(const qgemv_args& a, int bits, std::uint8_t* pack);                                \
   void gemv(const qgemv_args& a);                                                                  \
   }
 LLMK_INT8_ENTRIES(native_entry)
@@ -191,6 +198,10 @@ void qgemm_int8_acts(Int8Dot dot, const qgemv_args& a, int bits, std::uint8_t* p
       return native_entry::qgemm_amx(a, bits, pack);
     case Int8Dot::amx_emu:
       return simde_entry::qgemm_amx(a, bits, pack);
+    case Int8Dot::vnni512:
+      return native_entry::qgemm512(a, bits, pack);
+    case Int8Dot::vnni512_simde:
+      return simde_entry::qgemm512(a, bits, pack);
     case Int8Dot::avx2:
       return avx2_entry::qgemm(a, bits, pack);
     default:

@@ -7,6 +7,10 @@
 //   vnni        vpdpbusd, AVX512_VNNI + AVX512VL (Intel Ice Lake / Sapphire Rapids and later,
 //               AMD Zen 4 and later); chosen automatically when the CPU has it and the active
 //               xsimd path is avx512 (LLMKERNELS_ARCH=avx2 or sse2 turns it off).
+//   vnni512     the same arithmetic on 512-bit vpdpbusd, two rows per vector (bit for bit
+//               vnni); chosen instead of vnni where the CPU's vector units are 512 bits wide
+//               (AMD Zen 5, Intel), not on Zen 4, which splits 512-bit operations in two.
+//   vnni512_simde  its SIMDe twin (test path, never automatic).
 //   vnni_simde  the same source compiled on the AVX2 baseline against SIMDe's portable
 //               vpdpbusd: slow, never chosen automatically; it lets the test suite run the VNNI
 //               kernel, and compare it bit for bit, on any AVX2 host.
@@ -19,7 +23,7 @@
 //               for int8 weights, unsigned nibbles for int4), for CPUs without VNNI: chosen
 //               automatically where the active xsimd path is avx2 (or avx512 without VNNI).
 //   none        the existing paths (the float-activation packed GEMM for prefill).
-// LLMKERNELS_INT8_DOT=none|vnni|vnni_simde|amx|amx_emu|avx2 forces one (the native ones only
+// LLMKERNELS_INT8_DOT=none|vnni|vnni_simde|amx|amx_emu|avx2|vnni512|vnni512_simde forces one (the native ones only
 // where the CPU has them).
 //
 // Bf16Dot: the bf16 x bf16 -> float32 product of the prefill of bfloat16 weights
@@ -44,7 +48,17 @@
 
 namespace llmk {
 
-enum class Int8Dot : int { none = 0, vnni = 1, vnni_simde = 2, amx = 3, amx_emu = 4, avx2 = 5 };
+enum class Int8Dot : int {
+  none = 0, vnni = 1, vnni_simde = 2, amx = 3, amx_emu = 4, avx2 = 5, vnni512 = 6,
+  vnni512_simde = 7
+};
+// the portable twins of the native paths (SIMDe / emulated tiles: the same bits, any AVX2 host)
+inline bool int8_dot_is_twin(Int8Dot d) {
+  return d == Int8Dot::vnni_simde || d == Int8Dot::amx_emu || d == Int8Dot::vnni512_simde;
+}
+inline bool int8_dot_is_native(Int8Dot d) {  // (avx2 excepted: the AVX2 code is its own GEMV)
+  return d == Int8Dot::vnni || d == Int8Dot::amx || d == Int8Dot::vnni512;
+}
 
 bool cpu_has_avx512_vnni();           // AVX512_VNNI and AVX512VL (cpuid), and OS-enabled AVX-512
 Int8Dot int8_dot();                   // the one int8 prefill uses now

@@ -261,9 +261,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   Int8Dot gemv_dot = Int8Dot::none;
   if (int8_gemv && bits == 8) {
     const Int8Dot d = int8_dot();
-    const bool twin = d == Int8Dot::vnni_simde || d == Int8Dot::amx_emu;
-    const bool native = d == Int8Dot::vnni || d == Int8Dot::amx;  // (avx2: the AVX2 GEMV is it)
-    if (twin || (native && family_isa(Family::quant) >= Isa::avx512)) gemv_dot = d;
+    if (int8_dot_is_twin(d) || (int8_dot_is_native(d) && family_isa(Family::quant) >= Isa::avx512))
+      gemv_dot = d;
   }
   {
     // scratch before the parallel region (kernels never allocate): int8 activations, or the
@@ -436,8 +435,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                    if (!gemv)
                      dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
                    else if (bits == 8 && int8_acts && gemv_dot != Int8Dot::none)
-                     dot::qgemv_int8_vnni(
-                         gemv_dot == Int8Dot::vnni_simde || gemv_dot == Int8Dot::amx_emu, part);
+                     dot::qgemv_int8_vnni(int8_dot_is_twin(gemv_dot), part);
                    else if (bits == 8)
                      dispatch(gemv_q8_kernel{}, static_cast<const qgemv_args&>(part));
                    else

@@ -20,10 +20,11 @@
 // way once per call (qacts::xi, each code + 128: vpdpbusd's unsigned operand; the offsets take
 // the 128 * sum(w) this adds back off). The repacking costs about one token's pass over the
 // block, once per call: this path runs from 17 tokens.
-// 256-bit vectors, not 512: 16 blocks per lane set would be summed in a different order than
-// AVX2's 8 (not bitwise), and Zen 4 -- the common host with VNNI here -- splits 512-bit
-// operations into two 256-bit halves anyway. AVX-512VL gives 32 vector registers: 4 rows x 3
-// tokens of int32 chains and float accumulators, and the 7 operands.
+// 256-bit vectors: 16 blocks per lane set would be summed in a different order than AVX2's 8
+// (not bitwise), and Zen 4 splits 512-bit operations into two 256-bit halves anyway. Where the
+// units are 512 bits wide, vnni_gemm512 below puts two rows in one vector instead (the same
+// arithmetic per row). AVX-512VL gives 32 vector registers: 4 rows x 3 tokens of int32 chains
+// and float accumulators, and the 7 operands.
 //
 // Blocking: rows in blocks of kVnniRowBlock (repacked: 80-220 KiB at k = 2048-5632, in L2)
 // against every token of the call, 3 tokens x 4 rows at a time (the 3 tokens' codes in L1).
@@ -66,10 +67,14 @@
 #elif defined(LLMK_DOT_SIMDE)
 #include <simde/x86/avx512.h>
 #define LLMK_Q5(f) simde_mm512_##f
+#define LLMK_DPBUSD512(src, a, b) simde_mm512_dpbusd_epi32((src), (a), (b))
 using Q512 = simde__m512;
+using Q512i = simde__m512i;
 #else
 #define LLMK_Q5(f) _mm512_##f
+#define LLMK_DPBUSD512(src, a, b) _mm512_dpbusd_epi32((src), (a), (b))
 using Q512 = __m512;
+using Q512i = __m512i;
 #endif
 
 namespace llmk {
@@ -98,18 +103,24 @@ inline void transpose8x32(const __m256i (&v)[8], __m256i (&out)[8]) {
   }
 }
 
-// rows [r0, r0 + nr) of w into pack
-template <int Bits>
+// rows [r0, r0 + nr) of w into pack. Pairs (the 512-bit kernel): rows 2p and 2p + 1 interleaved
+// 32 bytes at a time -- pair p's chunk c (2 * kVnniPackChunk bytes) holds vector j of both rows
+// at 64 j (row 2p first), their offsets at 512 and scales at 576 -- so one 512-bit load takes
+// the same step of two rows; an odd last row is paired with zeros.
+template <int Bits, bool Pairs = false>
 inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::uint8_t* pack) {
   const std::size_t k = w.k, nb = k / kQBlock, nch = dot::vnni_chunks(k), ng = k / w.group;
   const unsigned gsh = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // blocks per group 1 << gsh
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), zero = _mm256_setzero_si256();
-  for (std::size_t r = 0; r < nr; ++r) {
-    const std::uint8_t* row = w.q + (r0 + r) * (k * Bits / 8);
-    const std::uint16_t* rsc = w.scales + (r0 + r) * ng;
+  constexpr std::size_t V = Pairs ? 64 : 32;  // bytes from one vector of a row to its next
+  const std::size_t rows = Pairs ? (nr + 1) / 2 * 2 : nr;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::uint8_t* row = w.q + (r0 + std::min(r, nr - 1)) * (k * Bits / 8);  // (pad: unread)
+    const std::uint16_t* rsc = w.scales + (r0 + std::min(r, nr - 1)) * ng;
     for (std::size_t c = 0; c < nch; ++c) {
-      const std::size_t b0 = 8 * c, n = std::min<std::size_t>(8, nb - b0);
-      std::uint8_t* dst = pack + (r * nch + c) * dot::kVnniPackChunk;
+      const std::size_t b0 = 8 * c, n = r < nr ? std::min<std::size_t>(8, nb - b0) : 0;
+      std::uint8_t* dst = Pairs ? pack + ((r / 2) * nch + c) * 2 * dot::kVnniPackChunk + 32 * (r % 2)
+                                : pack + (r * nch + c) * dot::kVnniPackChunk;
       __m256i v[8], out[8];
       for (std::size_t l = 0; l < 8; ++l)
         v[l] = l < n ? qblock_avx2<Bits>(row, b0 + l) : zero;  // the codes, as int8
@@ -118,21 +129,20 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
         for (std::size_t l = 0; l < n; ++l) v[l] = _mm256_add_epi8(v[l], _mm256_set1_epi8(8));
       transpose8x32(v, out);
       for (int j = 0; j < 8; ++j)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * j), out[j]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + V * j), out[j]);
       (void)flip;
 #else
       transpose8x32(v, out);
       __m256i sum = zero;  // 128 * sum(codes) per block
       for (int j = 0; j < 8; ++j) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * j), out[j]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + V * j), out[j]);
         sum = LLMK_DPBUSD256(sum, flip, out[j]);
       }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kVnniChunkBytes),
-                          _mm256_sub_epi32(zero, sum));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 8 * V), _mm256_sub_epi32(zero, sum));
 #endif
       alignas(32) float sw[8] = {};
       for (std::size_t l = 0; l < n; ++l) sw[l] = half_to_float(rsc[(b0 + l) >> gsh]);
-      std::memcpy(dst + kVnniChunkBytes + 32, sw, sizeof sw);
+      std::memcpy(dst + 9 * V, sw, sizeof sw);
     }
   }
 }
@@ -279,6 +289,107 @@ inline void qgemm_int8_acts(const qgemv_args& a, int bits, std::uint8_t* pack) {
 }
 
 #if !defined(LLMK_DOT_MADDUBS)
+// ---- the same prefill on 512-bit vectors: two rows per vector (Int8Dot::vnni512) ----
+// On a CPU whose vector units are 512 bits wide (AMD Zen 5, Intel) one 512-bit vpdpbusd does the
+// work of two 256-bit ones at the same rate. Each 256-bit half of every vector here runs the
+// 256-bit kernel's exact sequence for one row -- the pack puts rows 2p and 2p + 1 side by side
+// (vnni_pack<Bits, true>), a token's codes and scales are broadcast to both halves -- so every
+// row's lanes see the same operations in the same order: bit for bit the AVX2 GEMV as above.
+// (Zen 4 runs 512-bit operations on its 256-bit units in two halves: there the 256-bit kernel.)
+
+// 16 int32 -> float32 (exact: |block sums| < 2^24; SIMDe has no 512-bit conversion)
+inline Q512 cvt16i(Q512i v) {
+#if defined(LLMK_DOT_SIMDE)
+  alignas(64) std::int32_t i[16];
+  LLMK_Q5(store_si512)(i, v);
+  alignas(64) float f[16];
+  for (int l = 0; l < 16; ++l) f[l] = static_cast<float>(i[l]);
+  return LLMK_Q5(load_ps)(f);
+#else
+  return _mm512_cvtepi32_ps(v);
+#endif
+}
+
+// pairs pp .. pp + P - 1 of the pack (rows r0 + 2 pp ..., nr rows in the block) against tokens
+// t0 .. t0 + M - 1: vnni_tile's arithmetic, two rows per vector
+template <int P, int M>
+inline void vnni_tile512(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
+                         std::size_t nr, std::size_t pp, std::size_t t0) {
+  const std::size_t nch = dot::vnni_chunks(a.w.k), pstride = nch * 2 * dot::kVnniPackChunk;
+  const std::uint8_t* wr = pack + pp * pstride;                    // (P, nch, 640) row pairs
+  const std::uint8_t* xt = a.act.xi + t0 * nch * kVnniChunkBytes;  // (M, nch, 256) x codes
+  const float* st = a.act.sx8 + t0 * nch * 8;                      // (M, nch, 8) scales
+  Q512 acc[P][M];
+  for (auto& row : acc)
+    for (Q512& v : row) v = LLMK_Q5(setzero_ps)();
+  for (std::size_t c = 0; c < nch; ++c) {
+    const std::uint8_t* wc = wr + c * 2 * dot::kVnniPackChunk;
+    const std::uint8_t* xc = xt + c * kVnniChunkBytes;
+    Q512i s[P][M];
+    for (int p = 0; p < P; ++p) {
+      const Q512i off = LLMK_Q5(loadu_si512)(wc + p * pstride + 8 * 64);
+      for (int t = 0; t < M; ++t) s[p][t] = off;
+    }
+    for (int j = 0; j < 8; ++j) {
+      Q512i wv[P], xv[M];
+      for (int p = 0; p < P; ++p) wv[p] = LLMK_Q5(loadu_si512)(wc + p * pstride + 64 * j);
+      for (int t = 0; t < M; ++t)
+        xv[t] = LLMK_Q5(broadcast_i64x4)(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(xc + t * nch * kVnniChunkBytes + 32 * j)));
+      for (int p = 0; p < P; ++p)
+        for (int t = 0; t < M; ++t) s[p][t] = LLMK_DPBUSD512(s[p][t], xv[t], wv[p]);
+    }
+    for (int p = 0; p < P; ++p) {
+      const Q512 sw =
+          LLMK_Q5(loadu_ps)(reinterpret_cast<const float*>(wc + p * pstride + 9 * 64));
+      for (int t = 0; t < M; ++t) {
+        const Q512 d =
+            LLMK_Q5(mul_ps)(sw, LLMK_Q5(broadcast_f32x8)(_mm256_loadu_ps(st + t * nch * 8 + c * 8)));
+        acc[p][t] = LLMK_Q5(fmadd_ps)(cvt16i(s[p][t]), d, acc[p][t]);
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    for (int t = 0; t < M; ++t) {
+      alignas(64) float f[16];
+      LLMK_Q5(store_ps)(f, acc[p][t]);
+      const std::size_t row = 2 * (pp + p);  // (in the block)
+      qstore(a, r0 + row, t0 + t, qhsum(_mm256_load_ps(f)));
+      if (row + 1 < nr) qstore(a, r0 + row + 1, t0 + t, qhsum(_mm256_load_ps(f + 8)));
+    }
+}
+
+constexpr int kVnni512P = 4, kVnni512M = 3;  // pairs x tokens: 2 x 12 accumulators + 7 operands
+
+template <int M>
+inline void vnni_tokens512(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
+                           std::size_t nr, std::size_t t0) {
+  const std::size_t pairs = (nr + 1) / 2;
+  std::size_t p = 0;
+  for (; p + kVnni512P <= pairs; p += kVnni512P) vnni_tile512<kVnni512P, M>(a, pack, r0, nr, p, t0);
+  for (; p < pairs; ++p) vnni_tile512<1, M>(a, pack, r0, nr, p, t0);
+}
+
+template <int Bits>
+inline void vnni_gemm512(const qgemv_args& a, std::uint8_t* pack) {
+  for (std::size_t r0 = 0; r0 < a.w.rows; r0 += kVnniRowBlock) {
+    const std::size_t nr = std::min(a.w.rows - r0, kVnniRowBlock);
+    vnni_pack<Bits, true>(a.w, r0, nr, pack);
+    std::size_t t = 0;
+    for (; t + kVnni512M <= a.m; t += kVnni512M) vnni_tokens512<kVnni512M>(a, pack, r0, nr, t);
+    if (a.m - t == 1) vnni_tokens512<1>(a, pack, r0, nr, t);
+    if (a.m - t == 2) vnni_tokens512<2>(a, pack, r0, nr, t);
+  }
+}
+
+// as qgemm_int8_acts (the same pack size: 64 rows are 32 pairs)
+inline void qgemm_int8_acts512(const qgemv_args& a, int bits, std::uint8_t* pack) {
+  if (bits == 8)
+    vnni_gemm512<8>(a, pack);
+  else
+    vnni_gemm512<4>(a, pack);
+}
+
 // ---- decode: the int8-weight GEMV with each block's sum on vpdpbusd ----
 // qgemv_rows_w8_g (kernels/quant.hpp) with the integer side on VNNI, for the natural (unpacked)
 // layout: per block, the codes w made unsigned (w ^ 0x80 = w + 128) and one vpdpbusd against the
@@ -578,6 +689,9 @@ void qgemm(const qgemv_args& a, int bits, std::uint8_t* pack) {
 #if !defined(LLMK_DOT_MADDUBS)
 void qgemm_amx(const qgemv_args& a, int bits, std::uint8_t* pack) {
   LLMK_DOT_NS::qgemm_int8_acts_amx(a, bits, pack);
+}
+void qgemm512(const qgemv_args& a, int bits, std::uint8_t* pack) {
+  LLMK_DOT_NS::qgemm_int8_acts512(a, bits, pack);
 }
 void gemv(const qgemv_args& a) { LLMK_DOT_NS::qgemv_int8_vnni(a); }
 #endif

@@ -47,6 +47,7 @@ def _check_environment() -> None:
         )
     native = {  # the paths of the CPU's own instructions, and whether it has them
         "vnni": _core.cpu_has_avx512_vnni,
+        "vnni512": _core.cpu_has_avx512_vnni,
         "avx512bf16": _core.cpu_has_avx512_bf16,
         "amx": _core.cpu_has_amx,
     }
@@ -197,7 +198,8 @@ def build_info() -> dict[str, Any]:
     it is the automatic choice, the path of each kernel family (``family_norm``, ``family_rope``,
     ``family_attention``, ``family_quant`` (the quantized GEMM), ``family_qgemv`` (the quantized
     GEMVs of decode), ``family_packed``; ``family_other``: the rest), the int8 dot product of the
-    quantized prefill (``"amx"``: AMX's tdpbssd, ``"vnni"``: AVX512_VNNI's vpdpbusd, ``"avx2"``:
+    quantized prefill (``"amx"``: AMX's tdpbssd, ``"vnni"`` / ``"vnni512"``: AVX512_VNNI's
+    vpdpbusd on 256- / 512-bit vectors, ``"avx2"``:
     AVX2's maddubs, ``"none"`` (SSE2): the float-activation GEMM) and the bf16 one of the
     bfloat16-weight prefill (``"amx"``: AMX tiles' tdpbf16ps, ``"avx512bf16"``: vdpbf16ps, both
     with the activations rounded to bfloat16; ``"none"``: exact).
@@ -232,7 +234,7 @@ def _int8_decode_dot() -> str:
     extension and the quantized family runs its AVX-512 path, the SIMDe twin where one is forced,
     else the AVX2 / SSE2 code ("none"). Every choice gives the same bits."""
     dot = _core.int8_dot()
-    if dot in ("vnni_simde", "amx_emu"):
+    if dot in ("vnni_simde", "amx_emu", "vnni512_simde"):
         return "vnni_simde"
     fam = _core.family_simd_archs()["quant"]
-    return "vnni" if dot in ("vnni", "amx") and fam == "avx512" else "none"
+    return "vnni" if dot in ("vnni", "amx", "vnni512") and fam == "avx512" else "none"

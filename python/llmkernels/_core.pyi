@@ -325,7 +325,7 @@ def get_num_threads() -> int:
     """
 def int8_dot() -> str:
     """
-    The int8 dot-product path of the prefill: 'none', 'vnni', 'vnni_simde', 'amx', 'amx_emu', 'avx2' (the native ones on a CPU with AVX512_VNNI or AMX).
+    The int8 dot-product path of the prefill: 'none', 'vnni', 'vnni_simde', 'amx', 'amx_emu', 'avx2', 'vnni512', 'vnni512_simde' (the native ones on a CPU with AVX512_VNNI or AMX).
     """
 def layer_norm(x: numpy.ndarray, weight: numpy.ndarray | None, bias: numpy.ndarray | None, eps: typing.SupportsFloat | typing.SupportsIndex, out: numpy.ndarray) -> None:
     """
@@ -384,11 +384,11 @@ def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_d
 __version__: str = '0.1.0'
 bf16_dot_names: tuple = ('none', 'avx512bf16', 'bf16_simde', 'amx', 'amx_emu')
 compiler: str = 'GNU 12.2.0'
-cpu_has_amx: bool = True
+cpu_has_amx: bool = False
 cpu_has_avx512_bf16: bool = True
 cpu_has_avx512_vnni: bool = True
 cpu_splits_512: bool = False
-int8_dot_names: tuple = ('none', 'vnni', 'vnni_simde', 'amx', 'amx_emu', 'avx2')
+int8_dot_names: tuple = ('none', 'vnni', 'vnni_simde', 'amx', 'amx_emu', 'avx2', 'vnni512', 'vnni512_simde')
 isa_names: tuple = ('sse2', 'avx2', 'avx512')
 max_threads: int = 1024
 xsimd_version: str = '8.1.0'

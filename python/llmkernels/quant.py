@@ -113,7 +113,8 @@ def int8_activations_used(m: int) -> bool:
     """Whether ``quantized_linear(..., activations="int8")`` (and a quantized model's
     projections) quantize the activations of an ``m``-token call on this host: always in the
     matrix-vector kernel (``m <= INT8_ACTIVATION_TOKENS``); above, wherever an integer prefill
-    kernel runs (``llmkernels._core.int8_dot()``: ``"amx"``, ``"vnni"`` (AVX512_VNNI) or
+    kernel runs (``llmkernels._core.int8_dot()``: ``"amx"``, ``"vnni"`` / ``"vnni512"``
+    (AVX512_VNNI) or
     ``"avx2"``: every CPU with AVX2), else -- on the SSE2 path -- the GEMM takes float32
     activations."""
     return m <= INT8_ACTIVATION_TOKENS or _core.int8_dot() != "none"

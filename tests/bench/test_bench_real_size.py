@@ -22,6 +22,6 @@ def test_bench_real_size_smoke(tmp_path: Path) -> None:
         assert row["our_prefill_s"] > 0 and row["our_decode_tok_s"] > 0
         assert row["our_decode_gbs"] > 0 and row["decode_of_read_probe"] > 0
     assert report["probes"]["fma_gflops"]["1"] > 0 and report["probes"]["read_gbs"]["1"] > 0
-    assert report["int8_dot"] in ("none", "vnni", "amx", "avx2")
+    assert report["int8_dot"] in ("none", "vnni", "vnni512", "amx", "avx2")
     assert report["bf16_dot"] in ("none", "avx512bf16", "amx")
     assert "| 1 | int8 |" in (tmp_path / "out" / "real_size.md").read_text()

@@ -24,8 +24,8 @@ from llmkernels.reference import quantized_linear as ref_quantized_linear
 
 # the portable twins everywhere, the native paths where the CPU has them
 PATHS = (
-    ["vnni_simde", "amx_emu", "avx2"]
-    + (["vnni"] if lk._core.cpu_has_avx512_vnni else [])
+    ["vnni_simde", "vnni512_simde", "amx_emu", "avx2"]
+    + (["vnni", "vnni512"] if lk._core.cpu_has_avx512_vnni else [])
     + (["amx"] if lk._core.cpu_has_amx else [])
 )
 HAS_AVX2 = "avx2" in lk._core.isa_names[: lk._core.isa_names.index(lk._core.best_simd_arch()) + 1]
@@ -212,12 +212,13 @@ def test_out_of_range_scales_fall_back_to_float(dot, rng):
 
 
 def test_selection():
-    assert lk._core.int8_dot() in ("none", "vnni", "amx", "avx2")  # never a twin unless forced
+    # never a twin unless forced
+    assert lk._core.int8_dot() in ("none", "vnni", "vnni512", "amx", "avx2")
     if lk.simd_arch() == "avx512":
         if lk._core.cpu_has_amx:
             assert lk._core.int8_dot() == "amx"
-        elif lk._core.cpu_has_avx512_vnni:
-            assert lk._core.int8_dot() == "vnni"
+        elif lk._core.cpu_has_avx512_vnni:  # 256-bit vectors where the CPU splits 512-bit ones
+            assert lk._core.int8_dot() == ("vnni" if lk._core.cpu_splits_512 else "vnni512")
         else:
             assert lk._core.int8_dot() == "avx2"
     assert int8_activations_used(INT8_ACTIVATION_TOKENS)
@@ -237,10 +238,12 @@ def test_selection():
 
 @pytest.mark.parametrize(
     ("value", "want"),
-    [("none", "none"), ("vnni_simde", "vnni_simde"), ("amx_emu", "amx_emu"), ("avx2", "avx2")],
-)
+    [("none", "none"), ("vnni_simde", "vnni_simde"), ("vnni512_simde", "vnni512_simde"),
+     ("amx_emu", "amx_emu"), ("avx2", "avx2")],
+)  # fmt: skip
 def test_environment_forces_the_path(value, want):
-    bf16 = {"avx2": "none"}.get(value, value.replace("vnni", "bf16"))  # (bf16 has no avx2 kernel)
+    # (bf16 has no avx2 kernel, one width)
+    bf16 = {"avx2": "none", "vnni512_simde": "bf16_simde"}.get(value, value.replace("vnni", "bf16"))
     r = run_python(
         "import llmkernels as lk; print(lk._core.int8_dot(), lk._core.bf16_dot())",
         env={"LLMKERNELS_INT8_DOT": value, "LLMKERNELS_BF16_DOT": bf16},
