@@ -72,14 +72,21 @@ constexpr std::size_t kGemvMaxTokensInt8 = 16;
 // projections of the TinyLlama-1.1B shape (weights from DRAM), Intel Xeon with AMX, medians of
 // interleaved processes, 1 thread: int8 m = 4 0.76, 6 1.25, 9 1.60, 16 2.07; int4 m = 6 0.85,
 // 8 1.04, 9 1.18, 16 1.66; 2 threads: int8 m = 8 0.93, 9 1.07, 12 1.12, 16 1.38; int4 m = 9
-// 0.91, 10 1.02, 12 1.11, 16 1.20. (On VNNI's tile kernel, unmeasured against the GEMV for
-// 9-16 tokens: the GEMV keeps its 16.)
+// 0.91, 10 1.02, 12 1.11, 16 1.20.
+// And on the 512-bit VNNI kernel: the same seven projections, AMD EPYC Zen 5, 2 interleaved
+// processes per choice (this host's bandwidth moves by up to 2x from minute to minute, so the
+// crossings are loose), GEMV / tile time: 1 thread int8 m = 6 0.85, 8 1.05, 16 1.7-2.5; int4
+// m = 6 0.99-1.24, 7 1.19-1.34, 16 2.0; 2 threads int8 m = 4 0.86-1.16, 6 1.44-1.61, 16 2.0-2.5;
+// int4 m = 5 1.25-0.88, 6 1.30-1.05, 16 1.94. (On the 256-bit VNNI kernel -- Zen 4 -- unmeasured
+// against the GEMV for 9-16 tokens: the GEMV keeps its 16.)
 std::size_t int8_gemv_max_tokens(Int8Dot dot, int bits) {
   if (dot == Int8Dot::avx2) return bits == 8 ? 5 : 8;
   if (dot == Int8Dot::amx || dot == Int8Dot::amx_emu) {
     const bool one = get_num_threads() == 1;
     return bits == 8 ? (one ? 5 : 8) : (one ? 7 : 9);
   }
+  if (dot == Int8Dot::vnni512 || dot == Int8Dot::vnni512_simde)
+    return get_num_threads() == 1 ? 6 : 5;
   return kGemvMaxTokensInt8;
 }
 
