@@ -83,7 +83,6 @@ void bind_runtime(py::module_& m) {
   m.def("family_simd_archs", &family_simd_archs,
         "The SIMD path each kernel family runs now ('other': every kernel of no family).");
   m.attr("cpu_splits_512") = cpu_splits_512();
-  m.attr("cpu_is_amd") = cpu_is_amd();
   // common/dot.hpp: the dot-product paths of the int8-activation and the bfloat16 prefill
   bind_dot<Int8Dot>(m, "int8_dot", "AVX512_VNNI or AMX", "The int8 dot-product path of the prefill",
                     {int8_dot, set_int8_dot, set_int8_dot_auto, int8_dot_name, parse_int8_dot,

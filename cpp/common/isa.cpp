@@ -76,7 +76,6 @@ const FamilyCaps& family_caps() {
       for (Family f : {Family::norm, Family::rope, Family::attention, Family::quant,
                        Family::packed})
         cap_avx2(f);
-    if (cpu_is_amd()) cap_avx2(Family::rope);  // (Zen 5 as well: isa.hpp)
     return c;
   }();
   return caps;
@@ -129,15 +128,6 @@ bool cpu_splits_512() {
     return family == 0x19;  // Zen 3 and Zen 4; of them only Zen 4 has AVX-512
   }();
   return splits;
-}
-
-bool cpu_is_amd() {
-  static const bool amd = [] {
-    unsigned a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
-    return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // AuthenticAMD
-  }();
-  return amd;
 }
 
 bool cpu_is_intel() {

@@ -37,10 +37,12 @@ void set_active_isa(Isa isa);  // clamped to best_supported_isa(); forces it for
 // width 512-bit units) up to 1.19x slower with int4 weights or float activations at 1 / 2
 // threads (benchmarks/results/emerald_rapids/dispatch.md) -- so they run avx2 on both. On
 // Emerald Rapids every other family runs avx512 (quant, i.e. gemm_q, also decides whether the
-// decode GEMV of int8 weights runs on VNNI). AMD Zen 5 runs 512-bit instructions whole, and
-// every family but rope measured as fast or faster on avx512 there; rope's avx2 path was 1.18x /
-// 1.23x faster at 512 positions (2 / 1 threads, benchmarks/results/zen5/dispatch.md), as on
-// Zen 4, so rope runs avx2 on every AMD CPU. Every other kernel ("other") runs on the
+// decode GEMV of int8 weights runs on VNNI). AMD Zen 5 runs 512-bit instructions whole and
+// every family runs avx512 there, though its rope measured faster on avx2 (1.18x / 1.23x at 512
+// positions, 2 / 1 threads: benchmarks/results/zen5/dispatch.md): the two paths' rotations
+// differ in the last bit, and with the avx2 one the serving test that holds batched replies to
+// the single-sequence ones failed 5 runs of 6 on that host, so the switch waits for that to be
+// understood. Every other kernel ("other") runs on the
 // active ISA.
 // Forcing an ISA (LLMKERNELS_ARCH, set_simd_arch) forces it for every family. Results depend
 // only on the host, the mode and the thread count. (The timing loop shuffles the paths every
@@ -58,7 +60,6 @@ bool isa_automatic();
 void set_isa_automatic();  // the best ISA with the per-family choice (as at start without env)
 bool cpu_splits_512();     // AMD family 19h with AVX-512 (Zen 4)
 bool cpu_is_intel();       // GenuineIntel
-bool cpu_is_amd();         // AuthenticAMD
 const char* isa_name(Isa isa);
 bool parse_isa(const std::string& name, Isa* isa);
 std::vector<std::string> isa_names();  // every ISA of the list, lowest first

@@ -6,7 +6,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'bf16_dot', 'bf16_dot_names', 'compiler', 'cpu_has_amx', 'cpu_has_avx512_bf16', 'cpu_has_avx512_vnni', 'cpu_is_amd', 'cpu_splits_512', 'dequantize', 'family_simd_archs', 'get_num_threads', 'int8_dot', 'int8_dot_names', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'simd_arch_automatic', 'swiglu', 'swiglu_ffn', 'xsimd_version']
+__all__: list[str] = ['FeedForwardImpl', 'KVCacheImpl', 'LayerNormImpl', 'MultiHeadAttentionImpl', 'NormImpl', 'RMSNormImpl', 'StagedWeights', 'TransformerBlockImpl', 'TransformerImpl', 'attention', 'best_simd_arch', 'bf16_dot', 'bf16_dot_names', 'compiler', 'cpu_has_amx', 'cpu_has_avx512_bf16', 'cpu_has_avx512_vnni', 'cpu_splits_512', 'dequantize', 'family_simd_archs', 'get_num_threads', 'int8_dot', 'int8_dot_names', 'isa_names', 'layer_norm', 'max_threads', 'openblas_config', 'quantize', 'quantized_linear', 'rms_norm', 'rope', 'rope_tables', 'set_num_threads', 'set_simd_arch', 'silu', 'simd_arch', 'simd_arch_automatic', 'swiglu', 'swiglu_ffn', 'xsimd_version']
 class NormImpl:
     def forward(self, x: typing.Annotated[numpy.typing.ArrayLike, numpy.float32]) -> numpy.typing.NDArray[numpy.float32]:
         ...
@@ -387,7 +387,6 @@ compiler: str = 'GNU 12.2.0'
 cpu_has_amx: bool = False
 cpu_has_avx512_bf16: bool = True
 cpu_has_avx512_vnni: bool = True
-cpu_is_amd: bool = True
 cpu_splits_512: bool = False
 int8_dot_names: tuple = ('none', 'vnni', 'vnni_simde', 'amx', 'amx_emu', 'avx2', 'vnni512', 'vnni512_simde')
 isa_names: tuple = ('sse2', 'avx2', 'avx512')

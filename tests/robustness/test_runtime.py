@@ -466,7 +466,6 @@ FAMILIES = ["other", "norm", "rope", "attention", "quant", "qgemv", "packed"]
 ZEN4_AVX2 = {"norm", "rope", "attention", "quant", "packed"}
 # and these on every CPU (no 512-bit code of their own)
 ALWAYS_AVX2 = {"qgemv"}
-AMD_AVX2 = {"rope"}  # (Zen 5 too)
 
 FAMILY_SCRIPT = """
 import json, llmkernels as lk
@@ -488,11 +487,7 @@ def test_family_paths_at_start(value):
         return
     assert report["auto"] and report["arch"] == BEST
     for family, arch in report["families"].items():
-        lower = (
-            family in ALWAYS_AVX2
-            or (lk._core.cpu_splits_512 and family in ZEN4_AVX2)
-            or (lk._core.cpu_is_amd and family in AMD_AVX2)
-        )
+        lower = family in ALWAYS_AVX2 or (lk._core.cpu_splits_512 and family in ZEN4_AVX2)
         want = expected_arch("avx2") if lower else BEST
         assert arch == want, (family, report)
 
