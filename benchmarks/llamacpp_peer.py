@@ -3,7 +3,7 @@ llama.cpp's own converter, loaded by llama-cpp-python, its logits validated, the
 
 Set-up, once, outside the repository (llama.cpp takes ~25 min to build on 2 cores)::
 
-    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /opt/peers
+    pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d /opt/peers
     tar xzf /opt/peers/llama_cpp_python-0.3.36.tar.gz -C /opt/peers
     CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_BLAS=OFF" pip wheel --no-deps -w /opt/peers/wheels \\
         /opt/peers/llama_cpp_python-0.3.36
