@@ -112,7 +112,8 @@ struct DotChoice {
   int automatic_value(Isa isa) const {
     int v = 0, rank = 0;
     for (std::size_t i = 0; i < values.size(); ++i)
-      if (values[i].rank > rank && isa >= values[i].isa && values[i].runs() && values[i].suits())
+      if (values[i].rank > rank && isa >= values[i].isa && values[i].runs() &&
+          values[i].suits())
         v = static_cast<int>(i), rank = values[i].rank;
     return v;
   }
@@ -126,7 +127,8 @@ DotChoice* choices() {
       {"LLMKERNELS_INT8_DOT",
        {{"none", always, 0}, {"vnni", cpu_has_avx512_vnni, 2, Isa::avx512, splits_512},
         {"vnni_simde", runs_twins, 0}, {"amx", cpu_has_amx, 3}, {"amx_emu", runs_twins, 0},
-        {"avx2", runs_twins, 1, Isa::avx2}, {"vnni512", cpu_has_avx512_vnni, 2, Isa::avx512, full_512},
+        {"avx2", runs_twins, 1, Isa::avx2},
+        {"vnni512", cpu_has_avx512_vnni, 2, Isa::avx512, full_512},
         {"vnni512_simde", runs_twins, 0}}},
       {"LLMKERNELS_BF16_DOT",
        {{"none", always, 0}, {"avx512bf16", cpu_has_avx512_bf16, 1}, {"bf16_simde", runs_twins, 0},

@@ -23,8 +23,8 @@
 //               for int8 weights, unsigned nibbles for int4), for CPUs without VNNI: chosen
 //               automatically where the active xsimd path is avx2 (or avx512 without VNNI).
 //   none        the existing paths (the float-activation packed GEMM for prefill).
-// LLMKERNELS_INT8_DOT=none|vnni|vnni_simde|amx|amx_emu|avx2|vnni512|vnni512_simde forces one (the native ones only
-// where the CPU has them).
+// LLMKERNELS_INT8_DOT=none|vnni|vnni_simde|amx|amx_emu|avx2|vnni512|vnni512_simde forces one
+// (the native ones only where the CPU has them).
 //
 // Bf16Dot: the bf16 x bf16 -> float32 product of the prefill of bfloat16 weights
 // (kernels/gemm_bf16.hpp; the activations rounded to bfloat16):

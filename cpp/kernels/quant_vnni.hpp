@@ -119,8 +119,9 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
     const std::uint16_t* rsc = w.scales + (r0 + std::min(r, nr - 1)) * ng;
     for (std::size_t c = 0; c < nch; ++c) {
       const std::size_t b0 = 8 * c, n = r < nr ? std::min<std::size_t>(8, nb - b0) : 0;
-      std::uint8_t* dst = Pairs ? pack + ((r / 2) * nch + c) * 2 * dot::kVnniPackChunk + 32 * (r % 2)
-                                : pack + (r * nch + c) * dot::kVnniPackChunk;
+      std::uint8_t* dst = Pairs
+                              ? pack + ((r / 2) * nch + c) * 2 * dot::kVnniPackChunk + 32 * (r % 2)
+                              : pack + (r * nch + c) * dot::kVnniPackChunk;
       __m256i v[8], out[8];
       for (std::size_t l = 0; l < 8; ++l)
         v[l] = l < n ? qblock_avx2<Bits>(row, b0 + l) : zero;  // the codes, as int8
@@ -141,8 +142,8 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 8 * V), _mm256_sub_epi32(zero, sum));
 #endif
       if (gsh == 0 && n == 8) {  // groups of 32, a whole chunk: 8 scales widened by F16C (exact)
-        _mm256_storeu_ps(reinterpret_cast<float*>(dst + 9 * V),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rsc + b0))));
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rsc + b0));
+        _mm256_storeu_ps(reinterpret_cast<float*>(dst + 9 * V), _mm256_cvtph_ps(h));
       } else {
         alignas(32) float sw[8] = {};
         for (std::size_t l = 0; l < n; ++l) sw[l] = half_to_float(rsc[(b0 + l) >> gsh]);
@@ -348,8 +349,8 @@ inline void vnni_tile512(const qgemv_args& a, const std::uint8_t* pack, std::siz
       const Q512 sw =
           LLMK_Q5(loadu_ps)(reinterpret_cast<const float*>(wc + p * pstride + 9 * 64));
       for (int t = 0; t < M; ++t) {
-        const Q512 d =
-            LLMK_Q5(mul_ps)(sw, LLMK_Q5(broadcast_f32x8)(_mm256_loadu_ps(st + t * nch * 8 + c * 8)));
+        const __m256 sx = _mm256_loadu_ps(st + t * nch * 8 + c * 8);
+        const Q512 d = LLMK_Q5(mul_ps)(sw, LLMK_Q5(broadcast_f32x8)(sx));
         acc[p][t] = LLMK_Q5(fmadd_ps)(cvt16i(s[p][t]), d, acc[p][t]);
       }
     }
@@ -371,7 +372,8 @@ inline void vnni_tokens512(const qgemv_args& a, const std::uint8_t* pack, std::s
                            std::size_t nr, std::size_t t0) {
   const std::size_t pairs = (nr + 1) / 2;
   std::size_t p = 0;
-  for (; p + kVnni512P <= pairs; p += kVnni512P) vnni_tile512<kVnni512P, M>(a, pack, r0, nr, p, t0);
+  for (; p + kVnni512P <= pairs; p += kVnni512P)
+    vnni_tile512<kVnni512P, M>(a, pack, r0, nr, p, t0);
   for (; p < pairs; ++p) vnni_tile512<1, M>(a, pack, r0, nr, p, t0);
 }
 
@@ -558,16 +560,8 @@ inline void amx_pack(const qweights& w, std::size_t nr, std::uint8_t* pack, floa
     }
 }
 
-// 16 int32 -> float32 (exact: |block sums| < 2^24); SIMDe has no 512-bit conversion
-inline Q512 cvt16(const std::int32_t* p) {
-#if defined(LLMK_DOT_SIMDE)
-  alignas(64) float f[16];
-  for (int i = 0; i < 16; ++i) f[i] = static_cast<float>(p[i]);
-  return LLMK_Q5(loadu_ps)(f);
-#else
-  return _mm512_cvtepi32_ps(_mm512_loadu_si512(p));
-#endif
-}
+// 16 int32 at p -> float32 (cvt16i)
+inline Q512 cvt16(const std::int32_t* p) { return cvt16i(LLMK_Q5(loadu_si512)(p)); }
 
 // phase 2 for one token and 16 rows: c = that token's sums of the 16 rows, block b at c + 16 b
 // (consecutive: one stream), sw the 16 rows' scales (block b at sw + 16 b), sx the token's
