@@ -19,7 +19,10 @@ void bind_weights(Class& c) {
            "The weight matrices converted to dtype ('int8', 'int4' in groups of group_size, or "
            "'float32'), not yet in use: assign() swaps them in.")
       .def("assign", &Module::assign, "staged"_a)
-      .def_property_readonly("group_size", [](const Module& s) { return s.group(); });
+      .def_property_readonly("group_size", [](const Module& s) { return s.group(); })
+      .def_property_readonly("tiled_matrices", &Module::tiled,
+                             "int8 matrices now stored in AMX's tile layout (a forward keeps "
+                             "them so where the AMX kernel runs; views show the plain layout).");
 }
 
 // forward(x, positions, key_mask, cache, inv_freq=None) of a layer that reads a KV cache (the

@@ -22,7 +22,8 @@ void linear(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size
   }
   if (m == 0 || n == 0) return;
   if (is_quantized(w.format)) {
-    const qweights qw{static_cast<const std::uint8_t*>(w.data), w.scales, n, k, w.group};
+    const qweights qw{static_cast<const std::uint8_t*>(w.data), w.scales, n, k, w.group,
+                      w.tiles};
     qlinear(x, m, qw, w.format == WeightFormat::q8 ? 8 : 4, bias, y, accumulate,
             /*int8_acts=*/true);
     return;

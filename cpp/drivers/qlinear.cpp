@@ -228,9 +228,58 @@ void dequantize_rows(const qweights& w, int bits, float* op) {
   });
 }
 
+void tile_int8(const std::uint8_t* q, const std::uint16_t* scales, std::size_t rows,
+               std::size_t k, std::size_t group, std::uint8_t* qdst, std::uint16_t* sdst,
+               bool inverse) {
+  const std::size_t nb = k / kQBlock, ng = k / group;
+  parallel_for(rows / 16, 1, 32.0 * static_cast<double>(k), [&](std::size_t g0, std::size_t g1) {
+    for (std::size_t g = g0; g < g1; ++g) {
+      const std::size_t base = g * 16 * k, sbase = g * 16 * ng;
+      for (std::size_t l = 0; l < 16; ++l) {  // row 16 g + l
+        for (std::size_t b = 0; b < nb; ++b)
+          for (std::size_t j = 0; j < 8; ++j) {  // codes 4j .. 4j + 3 of block b
+            const std::size_t plain = base + l * k + b * kQBlock + 4 * j;
+            const std::size_t tiled = base + b * 512 + j * 64 + l * 4;
+            if (inverse)
+              std::memcpy(qdst + plain, q + tiled, 4);
+            else
+              std::memcpy(qdst + tiled, q + plain, 4);
+          }
+        for (std::size_t sg = 0; sg < ng; ++sg) {
+          const std::size_t plain = sbase + l * ng + sg, tiled = sbase + sg * 16 + l;
+          if (inverse)
+            sdst[plain] = scales[tiled];
+          else
+            sdst[tiled] = scales[plain];
+        }
+      }
+    }
+  });
+}
+
+bool int8_tiles_wanted() {
+  const Int8Dot d = int8_dot();
+  return (d == Int8Dot::amx || d == Int8Dot::amx_emu) && gemm_route() == GemmRoute::automatic;
+}
+
 void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const float* bias,
              float* y, bool accumulate, bool int8_acts) {
   if (m == 0 || w.rows == 0) return;
+  if (w.tiles && !(bits == 8 && int8_acts && w.k > 0 && int8_tiles_wanted())) {
+    // codes in the tile layout where another kernel runs (a forced path, the float-activation
+    // fallback below): the plain codes in scratch -- slower, never wrong
+    const std::size_t nscales = w.rows * (w.k / w.group);
+    ScratchLease plain_lease(w.rows * w.k + 64 + nscales * sizeof(std::uint16_t));
+    qweights plain = w;
+    plain.tiles = false;
+    auto* codes = plain_lease.as<std::uint8_t>();
+    auto* scales = reinterpret_cast<std::uint16_t*>(codes + (w.rows * w.k + 63) / 64 * 64);
+    plain.q = codes;
+    plain.scales = scales;
+    tile_int8(w.q, w.scales, w.rows, w.k, w.group, codes, scales, /*inverse=*/true);
+    qlinear(x, m, plain, bits, bias, y, accumulate, int8_acts);
+    return;
+  }
   // prefill (from 9 tokens, 17 with int8 activations; drivers/gemm_routes.cpp decides and gives
   // figures): the packed GEMM, the codes dequantized as its weight blocks are packed -- about
   // twice gemm_q's speed from 128 tokens, and the same bits (one fma chain per output over the
@@ -239,7 +288,9 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   // (a forced route keeps its meaning from 9 tokens: the tests pin each kernel)
   const bool automatic = gemm_route() == GemmRoute::automatic;
   const Int8Dot tile_dot = w.k > 0 ? int8_dot() : Int8Dot::none;
-  const bool int8_gemv = int8_acts && automatic && m <= int8_gemv_max_tokens(tile_dot, bits);
+  // (codes stored in the tile layout: the AMX kernel at every m, no repack to pay back)
+  const bool int8_gemv =
+      int8_acts && automatic && !w.tiles && m <= int8_gemv_max_tokens(tile_dot, bits);
   // prefill with int8 activations on a dot-product extension (common/dot.hpp): the tokens of a
   // prefill go through the same integer arithmetic as decode's (kernels/quant_vnni.hpp)
   const Int8Dot dot = int8_acts && !int8_gemv && automatic ? tile_dot : Int8Dot::none;
@@ -328,6 +379,11 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       auto* xs8 = reinterpret_cast<std::int32_t*>(q4 + m * w.k);  // (m, nch, 8)
       if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr, nullptr};
       if (int8_acts && gemv_dot != Int8Dot::none) {  // 128 * each block's sum, in xs8's place
+        for (std::size_t t = 0; t < m; ++t)
+          scaled_block_sums(xs8 + t * nch * 8, xq + t * w.k, nb, nch, 128);
+        a.act.xs128 = xs8;
+      }
+      if (int8_acts && w.tiles && vnni) {  // the tiled GEMV of a few tokens, as above
         for (std::size_t t = 0; t < m; ++t)
           scaled_block_sums(xs8 + t * nch * 8, xq + t * w.k, nb, nch, 128);
         a.act.xs128 = xs8;

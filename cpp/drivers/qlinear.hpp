@@ -35,6 +35,21 @@ QuantStatus quantize_rows(const float* w, std::size_t rows, std::size_t k, std::
 // out (w.rows, w.k) float32 = code * scale (exact). Threaded over rows.
 void dequantize_rows(const qweights& w, int bits, float* out);
 
+// AMX's tile layout of int8 weights (qweights::tiles): the AMX kernel (kernels/quant_vnni.hpp)
+// reads 16 rows x one block of 32 codes as one B tile, 8 quadruple rows of 16 rows x 4 codes,
+// and the small-batch GEMV beside it takes the same 64 bytes as one vector (4 codes of each of
+// 16 rows). Stored that way, a call does not repack the weights (a batched decode step of up to
+// 16 tokens spent most of its time doing so). tile_int8: codes (rows, k) int8 and scales (rows,
+// k / group) float16, rows % 16 == 0, into qdst / sdst in the tile layout (per group of 16 rows:
+// codes [block][8 quadruple rows][16 rows][4], scales [scale group][16 rows]); inverse: back.
+// Threaded over groups of 16 rows.
+void tile_int8(const std::uint8_t* q, const std::uint16_t* scales, std::size_t rows,
+               std::size_t k, std::size_t group, std::uint8_t* qdst, std::uint16_t* sdst,
+               bool inverse);
+// int8 weights stored in the tile layout serve the projections of the current int8 dot product
+// (the AMX one or its emulated twin, common/dot.hpp)
+bool int8_tiles_wanted();
+
 // y (m, w.rows) [+]= x (m, w.k) . W_deq^T [+ bias]: up to 8 tokens the GEMV kernels reading the
 // codes in place (int8_acts: the tokens quantized per block of 32, llama.cpp's q8_0; otherwise
 // float activations), above the tile GEMM (float activations). Threaded over blocks of rows

@@ -34,6 +34,7 @@ struct WeightRef {
   WeightFormat format;
   const std::uint16_t* scales = nullptr;  // q8 / q4 only
   std::size_t group = 0;                  // q8 / q4 only: 32, 64 or 128, k % group == 0
+  bool tiles = false;  // q8 only: codes and scales in AMX's tile layout (qweights::tiles)
 };
 
 // Rows [r0, ...) of w (n, k): the same matrix seen from feature r0 on (a thread's share).

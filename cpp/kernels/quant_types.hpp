@@ -19,6 +19,11 @@ struct qweights {
   const std::uint8_t* q;        // bits 8: (rows, k) int8 codes; bits 4: (rows, k / 2) nibbles
   const std::uint16_t* scales;  // (rows, k / group) float16 bit patterns
   std::size_t rows, k, group;   // group in {32, 64, 128}, k % group == 0
+  // bits 8 only: codes and scales in AMX's tile layout (tile_int8, drivers/qlinear.hpp) -- per
+  // group of 16 rows (rows % 16 == 0) codes [block][8 quadruple rows][16 rows][4 codes] and
+  // scales [scale group][16 rows], each group where its rows are in the plain layout (so row
+  // offsets that are multiples of 16 keep their meaning)
+  bool tiles = false;
 };
 
 // Activations quantized per token to int8 in blocks of kQBlock (llama.cpp's q8_0, float32

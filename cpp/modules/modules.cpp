@@ -90,6 +90,39 @@ std::uint16_t* WeightBuffer::scales_at(std::size_t first) const {
   return static_cast<std::uint16_t*>(s_->scales.get()) + first / s_->group;
 }
 
+WeightBuffer WeightBuffer::relaid(std::size_t k, bool tiles) const {
+  WeightBuffer out(s_->n, s_->format, s_->group);
+  if (s_->n)
+    tile_int8(static_cast<const std::uint8_t*>(at(0)), scales_at(0), s_->n / k, k, s_->group,
+              static_cast<std::uint8_t*>(out.at(0)), out.scales_at(0), /*inverse=*/!tiles);
+  out.s_->tiles = tiles;
+  return out;
+}
+
+void MatrixLayout::on_forward(std::initializer_list<LayoutEntry> m) const {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // params() or another forward is at it
+  const bool want = int8_tiles_wanted();
+  for (const LayoutEntry& e : m) {
+    const WeightBuffer b = e.matrix->load();
+    if (b.format() != WeightFormat::q8 || b.size() == 0 || e.k == 0) continue;
+    const bool tiles = want && e.eligible;
+    if (b.tiles() == tiles) continue;
+    // to the tile layout only if nothing but the module (and b here) holds the storage: a
+    // state_dict view of it must keep showing the module's codes
+    if (tiles && b.holders() > 2) continue;
+    e.matrix->store(b.relaid(e.k, tiles));
+  }
+}
+
+void MatrixLayout::for_views(std::initializer_list<LayoutEntry> m) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const LayoutEntry& e : m) {
+    const WeightBuffer b = e.matrix->load();
+    if (b.tiles()) e.matrix->store(b.relaid(e.k, false));
+  }
+}
+
 namespace {
 
 // Thread-local scratch buffers, one slot per purpose, reused from call to call: a steady-state
@@ -188,6 +221,7 @@ void add_matrix(std::vector<Param>& p, const std::string& name, const WeightBuff
 // cannot be quantized (non-finite, or beyond float16 scales).
 WeightBuffer convert_matrix(const WeightBuffer& src, std::size_t k, WeightFormat to,
                             std::size_t group, const std::string& fn, const std::string& what) {
+  if (src.tiles()) return convert_matrix(src.relaid(k, false), k, to, group, fn, what);
   const std::size_t n = src.size();
   if (is_quantized(to) && k % group)
     throw std::invalid_argument("[" + fn + "] group_size=" + std::to_string(group) +
@@ -305,12 +339,23 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
   const std::size_t h = hidden_;
   float* gu = scratch(kGateUp, m * 2 * h);  // (m, 2h): [gate | up]
   float* act = scratch(kHidden, m * h);     // (m, h)
+  relayout(false);
   const WeightBuffer w_gate_up = w_gate_up_.load(), w_down = w_down_.load();
   project(x, m, dim_, w_gate_up.ref(), 2 * h, bias_ ? b_gate_up_.data() : nullptr, gu, false);
   swiglu_rows<float>(act, gu, gu + h, m, h, 2 * h, gelu_tanh_);
   if (residual && residual != out) std::memcpy(out, residual, m * dim_ * sizeof(float));
   project(act, m, h, w_down.ref(), dim_, bias_ ? b_down_.data() : nullptr, out,
           residual != nullptr);
+}
+
+void FeedForwardModule::relayout(bool views) const {
+  const std::initializer_list<LayoutEntry> m{{&w_gate_up_, dim_, (2 * hidden_) % 16 == 0},
+                                              {&w_down_, hidden_, dim_ % 16 == 0}};
+  views ? layout_.for_views(m) : layout_.on_forward(m);
+}
+
+int FeedForwardModule::tiled() const {
+  return int(w_gate_up_.load().tiles()) + int(w_down_.load().tiles());
 }
 
 StagedWeights FeedForwardModule::converted(WeightFormat to, std::size_t group,
@@ -326,6 +371,7 @@ void FeedForwardModule::assign(const StagedWeights& w) {
 }
 
 std::vector<Param> FeedForwardModule::params() {
+  relayout(true);
   const WeightBuffer w_gate_up = w_gate_up_.load(), w_down = w_down_.load();
   if (fused_names) {
     std::vector<Param> p;
@@ -464,6 +510,18 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(
                                 std::to_string(inv_freq.size()));
 }
 
+void MultiHeadAttentionModule::relayout(bool views) const {
+  // the q-only and k / v-only projections start at rows hq * hd and (hq + hkv) * hd
+  const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
+  const std::initializer_list<LayoutEntry> m{{&w_qkv_, dim, q % 16 == 0 && kv % 16 == 0},
+                                              {&w_o_, q, dim % 16 == 0}};
+  views ? layout_.for_views(m) : layout_.on_forward(m);
+}
+
+int MultiHeadAttentionModule::tiled() const {
+  return int(w_qkv_.load().tiles()) + int(w_o_.load().tiles());
+}
+
 StagedWeights MultiHeadAttentionModule::converted(WeightFormat to, std::size_t group,
                                                   const std::string& fn) const {
   const std::string what = fused_names ? "qkv_proj" : "q_proj / k_proj / v_proj";
@@ -477,6 +535,7 @@ void MultiHeadAttentionModule::assign(const StagedWeights& w) {
 }
 
 std::vector<Param> MultiHeadAttentionModule::params() {
+  relayout(true);
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
   const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
   std::vector<Param> p;
@@ -691,6 +750,7 @@ void MultiHeadAttentionModule::forward(const float* x, std::size_t batch, std::s
   ScratchScope scope;
   float* qkv = scratch(kQKV, m * width);          // (B*T, width)
   float* attn = scratch(kAttnOut, mo * hq * hd);  // (mo, Hq*hd)
+  relayout(false);
   const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
   const float* b_qkv = qkv_bias ? b_qkv_.data() : nullptr;
   if (!last_only) {
@@ -741,6 +801,7 @@ void MultiHeadAttentionModule::forward_rows(const float* x, std::size_t rows,
   ScratchScope scope;
   float* qkv = scratch(kQKV, rows * width);         // (rows, width)
   float* attn = scratch(kAttnOut, rows * hq * hd);  // (rows, Hq*hd)
+  relayout(false);
   const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
   project(x, rows, dim, w_qkv.ref(), width, qkv_bias ? b_qkv_.data() : nullptr, qkv, false);
   rotate(qkv, rows, 1, positions, freqs, false);
@@ -880,6 +941,13 @@ WeightFormat TransformerModule::head_format() const {
   return head.size() ? head.format() : embed_.format();
 }
 
+void TransformerModule::relayout(bool views) const {
+  const std::initializer_list<LayoutEntry> m{{&lm_head_, dim, vocab % 16 == 0}};
+  views ? layout_.for_views(m) : layout_.on_forward(m);
+}
+
+int TransformerModule::tiled() const { return int(lm_head_.load().tiles()); }
+
 StagedWeights TransformerModule::converted(WeightFormat to, std::size_t group,
                                            const std::string& fn) const {
   if (tie_embeddings) {  // the head is the embedding, or a quantized copy of it
@@ -892,6 +960,7 @@ StagedWeights TransformerModule::converted(WeightFormat to, std::size_t group,
 void TransformerModule::assign(const StagedWeights& w) { lm_head_.store(w.buffers.at(0)); }
 
 std::vector<Param> TransformerModule::params() {
+  relayout(true);
   std::vector<Param> p{
       {"model.embed_tokens.weight", {vocab, dim}, embed_.at(0), embed_.format(), embed_.keep()}};
   const WeightBuffer head = lm_head_.load();
@@ -933,6 +1002,7 @@ void TransformerModule::forward(const std::int64_t* ids, std::size_t batch, std:
                        rms ? rms + (1 + ForwardObserver::kPoints * i) * m : nullptr);
     std::swap(x, y);
   }
+  relayout(false);
   const WeightBuffer lm_head = lm_head_.load();  // empty when tied (and not quantized)
   const WeightRef head = lm_head.size() ? lm_head.ref() : embed_.ref();
   if (rms) {  // every position normed (and recorded); the head reads the last ones if asked
@@ -987,6 +1057,7 @@ void TransformerModule::embed(const std::int64_t* ids, std::size_t m, float* x) 
 
 void TransformerModule::head_logits(const float* x, float* y, std::size_t rows,
                                     float* logits) const {
+  relayout(false);
   const WeightBuffer lm_head = lm_head_.load();  // empty when tied (and not quantized)
   const WeightRef head = lm_head.size() ? lm_head.ref() : embed_.ref();
   final_norm->forward(x, y, rows);

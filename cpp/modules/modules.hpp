@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <initializer_list>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -74,11 +76,18 @@ class WeightBuffer {
   void* at(std::size_t first) const;
   std::uint16_t* scales_at(std::size_t first) const;  // q8 / q4
   WeightRef ref(std::size_t first = 0) const {
-    return {at(first), format(), is_quantized(format()) ? scales_at(first) : nullptr, group()};
+    return {at(first), format(), is_quantized(format()) ? scales_at(first) : nullptr, group(),
+            tiles()};
   }
   std::shared_ptr<void> keep() const { return s_; }
   WeightBuffer load() const { return WeightBuffer(std::atomic_load(&s_)); }
   void store(const WeightBuffer& b) { std::atomic_store(&s_, b.s_); }
+  // int8 codes in AMX's tile layout (qweights::tiles, drivers/qlinear.hpp) instead of (rows, k)
+  bool tiles() const { return s_ && s_->tiles; }
+  // a copy of this int8 matrix (rows of k codes) in the tile layout or the plain one
+  WeightBuffer relaid(std::size_t k, bool tiles) const;
+  // handles to this storage (this one included): the module's, forwards' snapshots, views
+  long holders() const { return s_.use_count(); }
 
  private:
   struct Free {
@@ -87,6 +96,7 @@ class WeightBuffer {
   struct Storage {
     std::size_t n = 0, group = 0;
     WeightFormat format = WeightFormat::f32;
+    bool tiles = false;
     std::unique_ptr<void, Free> data, scales;
   };
   explicit WeightBuffer(std::shared_ptr<Storage> s) : s_(std::move(s)) {}
@@ -97,6 +107,29 @@ class WeightBuffer {
 // module (or a whole model) either converts all its matrices or, on bad weights, none.
 struct StagedWeights {
   std::vector<WeightBuffer> buffers;
+};
+
+// The layout of a module's int8 matrices. Where the AMX kernel runs (int8_tiles_wanted), each
+// int8 matrix whose rows -- and every row offset the module projects from -- are multiples of
+// 16 is kept in the tile layout, so no call repacks it; memory stays that of the codes. Views
+// (state_dict) show the plain layout: params() turns the matrices back first, and a forward
+// turns a matrix to the tile layout only when no view of it is alive. Either way the results
+// are the same bits (the kernels give the AVX2 GEMV's). One mutex per module orders params()
+// and the forwards' relayout; a forward that finds it taken runs on the layout it finds.
+struct LayoutEntry {
+  WeightBuffer* matrix;
+  std::size_t k;  // codes per row
+  bool eligible;  // rows % 16 == 0, and so is every row offset the module projects from
+};
+class MatrixLayout {
+ public:
+  // a forward's: the layout the kernels want, where no view is alive -- without waiting
+  void on_forward(std::initializer_list<LayoutEntry> m) const;
+  // params()': every matrix plain (views show the plain layout)
+  void for_views(std::initializer_list<LayoutEntry> m) const;
+
+ private:
+  mutable std::mutex mutex_;
 };
 
 class Norm {
@@ -168,9 +201,17 @@ class FeedForwardModule {
  private:
   std::size_t dim_, hidden_;
   bool bias_, gelu_tanh_;
-  WeightBuffer w_gate_up_;        // (2*hidden, dim)
+  // (mutable: a forward may swap in the same matrix in the tile layout, MatrixLayout)
+  mutable WeightBuffer w_gate_up_;  // (2*hidden, dim)
   std::vector<float> b_gate_up_;  // (2*hidden,)
-  WeightBuffer w_down_;           // (dim, hidden)
+  mutable WeightBuffer w_down_;     // (dim, hidden)
+  MatrixLayout layout_;
+  void relayout(bool views) const;  // MatrixLayout: before a forward / params()
+
+ public:
+  int tiled() const;  // matrices now in the tile layout (MatrixLayout)
+
+ private:
   std::vector<float> b_down_;     // (dim,)
 };
 
@@ -256,9 +297,17 @@ class MultiHeadAttentionModule {
   bool fused_names = false;
 
  private:
-  WeightBuffer w_qkv_;                  // ((Hq + 2 Hkv) * hd, dim)
+  // (mutable: a forward may swap in the same matrix in the tile layout, MatrixLayout)
+  mutable WeightBuffer w_qkv_;          // ((Hq + 2 Hkv) * hd, dim)
   std::vector<float> b_qkv_;            // ((Hq + 2 Hkv) * hd,)
-  WeightBuffer w_o_;                    // (dim, Hq * hd)
+  mutable WeightBuffer w_o_;            // (dim, Hq * hd)
+  MatrixLayout layout_;
+  void relayout(bool views) const;  // MatrixLayout: before a forward / params()
+
+ public:
+  int tiled() const;  // matrices now in the tile layout (MatrixLayout)
+
+ private:
   std::vector<float> b_o_;              // (dim,)
   std::vector<float> sinks_;            // (Hq,) when sinks
   std::vector<float> q_norm_, k_norm_;  // (head_dim,) each, when qk_norm
@@ -349,7 +398,15 @@ class TransformerModule {
 
  private:
   WeightBuffer embed_;    // (vocab, dim), float formats only
-  WeightBuffer lm_head_;  // (vocab, dim); empty when tied (and not quantized)
+  // (vocab, dim); empty when tied (and not quantized). (mutable: MatrixLayout)
+  mutable WeightBuffer lm_head_;
+  MatrixLayout layout_;
+  void relayout(bool views) const;  // MatrixLayout: before a forward / params()
+
+ public:
+  int tiled() const;  // matrices now in the tile layout (MatrixLayout)
+
+ private:
   // x (m, dim) = the (scaled) embedding rows of ids (m,)
   void embed(const std::int64_t* ids, std::size_t m, float* x) const;
   // logits (rows, vocab) = head(y), y (rows, dim) = final_norm(x (rows, dim)) (y may be x)
