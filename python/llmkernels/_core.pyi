@@ -70,6 +70,11 @@ class FeedForwardImpl:
     @property
     def hidden(self) -> int:
         ...
+    @property
+    def tiled_matrices(self) -> int:
+        """
+        int8 matrices now stored in AMX's tile layout (a forward keeps them so where the AMX kernel runs; views show the plain layout).
+        """
 class KVCacheImpl:
     def __init__(self, batch: typing.SupportsInt | typing.SupportsIndex, max_len: typing.SupportsInt | typing.SupportsIndex, n_kv_heads: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, window: typing.SupportsInt | typing.SupportsIndex = 0, dtype: str = 'float32') -> None:
         ...
@@ -174,6 +179,11 @@ class MultiHeadAttentionImpl:
     def softcap(self) -> float:
         ...
     @property
+    def tiled_matrices(self) -> int:
+        """
+        int8 matrices now stored in AMX's tile layout (a forward keeps them so where the AMX kernel runs; views show the plain layout).
+        """
+    @property
     def window(self) -> int:
         ...
 class TransformerBlockImpl:
@@ -234,6 +244,11 @@ class TransformerImpl:
     @property
     def tie_embeddings(self) -> bool:
         ...
+    @property
+    def tiled_matrices(self) -> int:
+        """
+        int8 matrices now stored in AMX's tile layout (a forward keeps them so where the AMX kernel runs; views show the plain layout).
+        """
     @property
     def vocab(self) -> int:
         ...
@@ -384,7 +399,7 @@ def swiglu_ffn(x: numpy.ndarray, w_gate: numpy.ndarray, w_up: numpy.ndarray, w_d
 __version__: str = '0.1.0'
 bf16_dot_names: tuple = ('none', 'avx512bf16', 'bf16_simde', 'amx', 'amx_emu')
 compiler: str = 'GNU 12.2.0'
-cpu_has_amx: bool = False
+cpu_has_amx: bool = True
 cpu_has_avx512_bf16: bool = True
 cpu_has_avx512_vnni: bool = True
 cpu_splits_512: bool = False
