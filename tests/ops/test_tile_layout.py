@@ -60,8 +60,15 @@ def test_ffn_equals_avx2_gemv_per_token(amx, group, m, rng):
 
 def test_lone_last_group_of_16_rows(amx):
     # an LM head of 80 rows: its second 64-row block is one group of 16 rows alone
-    cfg = {"vocab_size": 80, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-           "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": False}
+    cfg = {
+        "vocab_size": 80,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "tie_word_embeddings": False,
+    }
     model = lk.Transformer(cfg, dtype="int8", seed=2)
     for m in (1, 5, 12):
         ids = np.arange(m)[None] % 80
