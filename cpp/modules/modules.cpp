@@ -115,12 +115,13 @@ void MatrixLayout::on_forward(std::initializer_list<LayoutEntry> m) const {
   }
 }
 
-void MatrixLayout::for_views(std::initializer_list<LayoutEntry> m) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+std::unique_lock<std::mutex> MatrixLayout::for_views(std::initializer_list<LayoutEntry> m) const {
+  std::unique_lock<std::mutex> lock(mutex_);
   for (const LayoutEntry& e : m) {
     const WeightBuffer b = e.matrix->load();
     if (b.tiles()) e.matrix->store(b.relaid(e.k, false));
   }
+  return lock;
 }
 
 namespace {
@@ -348,10 +349,12 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
           residual != nullptr);
 }
 
-void FeedForwardModule::relayout(bool views) const {
+std::unique_lock<std::mutex> FeedForwardModule::relayout(bool views) const {
   const std::initializer_list<LayoutEntry> m{{&w_gate_up_, dim_, (2 * hidden_) % 16 == 0},
                                               {&w_down_, hidden_, dim_ % 16 == 0}};
-  views ? layout_.for_views(m) : layout_.on_forward(m);
+  if (views) return layout_.for_views(m);
+  layout_.on_forward(m);
+  return {};
 }
 
 int FeedForwardModule::tiled() const {
@@ -371,7 +374,7 @@ void FeedForwardModule::assign(const StagedWeights& w) {
 }
 
 std::vector<Param> FeedForwardModule::params() {
-  relayout(true);
+  const std::unique_lock<std::mutex> layout_lock = relayout(true);  // (until the views exist)
   const WeightBuffer w_gate_up = w_gate_up_.load(), w_down = w_down_.load();
   if (fused_names) {
     std::vector<Param> p;
@@ -510,12 +513,14 @@ MultiHeadAttentionModule::MultiHeadAttentionModule(
                                 std::to_string(inv_freq.size()));
 }
 
-void MultiHeadAttentionModule::relayout(bool views) const {
+std::unique_lock<std::mutex> MultiHeadAttentionModule::relayout(bool views) const {
   // the q-only and k / v-only projections start at rows hq * hd and (hq + hkv) * hd
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
   const std::initializer_list<LayoutEntry> m{{&w_qkv_, dim, q % 16 == 0 && kv % 16 == 0},
                                               {&w_o_, q, dim % 16 == 0}};
-  views ? layout_.for_views(m) : layout_.on_forward(m);
+  if (views) return layout_.for_views(m);
+  layout_.on_forward(m);
+  return {};
 }
 
 int MultiHeadAttentionModule::tiled() const {
@@ -535,7 +540,7 @@ void MultiHeadAttentionModule::assign(const StagedWeights& w) {
 }
 
 std::vector<Param> MultiHeadAttentionModule::params() {
-  relayout(true);
+  const std::unique_lock<std::mutex> layout_lock = relayout(true);  // (until the views exist)
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
   const WeightBuffer w_qkv = w_qkv_.load(), w_o = w_o_.load();
   std::vector<Param> p;
@@ -941,9 +946,11 @@ WeightFormat TransformerModule::head_format() const {
   return head.size() ? head.format() : embed_.format();
 }
 
-void TransformerModule::relayout(bool views) const {
+std::unique_lock<std::mutex> TransformerModule::relayout(bool views) const {
   const std::initializer_list<LayoutEntry> m{{&lm_head_, dim, vocab % 16 == 0}};
-  views ? layout_.for_views(m) : layout_.on_forward(m);
+  if (views) return layout_.for_views(m);
+  layout_.on_forward(m);
+  return {};
 }
 
 int TransformerModule::tiled() const { return int(lm_head_.load().tiles()); }
@@ -960,7 +967,7 @@ StagedWeights TransformerModule::converted(WeightFormat to, std::size_t group,
 void TransformerModule::assign(const StagedWeights& w) { lm_head_.store(w.buffers.at(0)); }
 
 std::vector<Param> TransformerModule::params() {
-  relayout(true);
+  const std::unique_lock<std::mutex> layout_lock = relayout(true);  // (until the views exist)
   std::vector<Param> p{
       {"model.embed_tokens.weight", {vocab, dim}, embed_.at(0), embed_.format(), embed_.keep()}};
   const WeightBuffer head = lm_head_.load();

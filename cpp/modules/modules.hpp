@@ -125,8 +125,9 @@ class MatrixLayout {
  public:
   // a forward's: the layout the kernels want, where no view is alive -- without waiting
   void on_forward(std::initializer_list<LayoutEntry> m) const;
-  // params()': every matrix plain (views show the plain layout)
-  void for_views(std::initializer_list<LayoutEntry> m) const;
+  // params()': every matrix plain (views show the plain layout), and the lock, which params()
+  // holds until its views exist (a forward must not tile a matrix between the two)
+  std::unique_lock<std::mutex> for_views(std::initializer_list<LayoutEntry> m) const;
 
  private:
   mutable std::mutex mutex_;
@@ -206,7 +207,8 @@ class FeedForwardModule {
   std::vector<float> b_gate_up_;  // (2*hidden,)
   mutable WeightBuffer w_down_;     // (dim, hidden)
   MatrixLayout layout_;
-  void relayout(bool views) const;  // MatrixLayout: before a forward / params()
+  // MatrixLayout: before a forward / params() (views: the lock params() holds)
+  std::unique_lock<std::mutex> relayout(bool views) const;
 
  public:
   int tiled() const;  // matrices now in the tile layout (MatrixLayout)
@@ -302,7 +304,8 @@ class MultiHeadAttentionModule {
   std::vector<float> b_qkv_;            // ((Hq + 2 Hkv) * hd,)
   mutable WeightBuffer w_o_;            // (dim, Hq * hd)
   MatrixLayout layout_;
-  void relayout(bool views) const;  // MatrixLayout: before a forward / params()
+  // MatrixLayout: before a forward / params() (views: the lock params() holds)
+  std::unique_lock<std::mutex> relayout(bool views) const;
 
  public:
   int tiled() const;  // matrices now in the tile layout (MatrixLayout)
@@ -401,7 +404,8 @@ class TransformerModule {
   // (vocab, dim); empty when tied (and not quantized). (mutable: MatrixLayout)
   mutable WeightBuffer lm_head_;
   MatrixLayout layout_;
-  void relayout(bool views) const;  // MatrixLayout: before a forward / params()
+  // MatrixLayout: before a forward / params() (views: the lock params() holds)
+  std::unique_lock<std::mutex> relayout(bool views) const;
 
  public:
   int tiled() const;  // matrices now in the tile layout (MatrixLayout)
