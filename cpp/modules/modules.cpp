@@ -352,9 +352,7 @@ void FeedForwardModule::forward(const float* x, std::size_t m, float* out,
 std::unique_lock<std::mutex> FeedForwardModule::relayout(bool views) const {
   const std::initializer_list<LayoutEntry> m{{&w_gate_up_, dim_, (2 * hidden_) % 16 == 0},
                                               {&w_down_, hidden_, dim_ % 16 == 0}};
-  if (views) return layout_.for_views(m);
-  layout_.on_forward(m);
-  return {};
+  return layout_.apply(views, m);
 }
 
 int FeedForwardModule::tiled() const {
@@ -518,9 +516,7 @@ std::unique_lock<std::mutex> MultiHeadAttentionModule::relayout(bool views) cons
   const std::size_t q = n_heads * head_dim, kv = n_kv_heads * head_dim;
   const std::initializer_list<LayoutEntry> m{{&w_qkv_, dim, q % 16 == 0 && kv % 16 == 0},
                                               {&w_o_, q, dim % 16 == 0}};
-  if (views) return layout_.for_views(m);
-  layout_.on_forward(m);
-  return {};
+  return layout_.apply(views, m);
 }
 
 int MultiHeadAttentionModule::tiled() const {
@@ -948,9 +944,7 @@ WeightFormat TransformerModule::head_format() const {
 
 std::unique_lock<std::mutex> TransformerModule::relayout(bool views) const {
   const std::initializer_list<LayoutEntry> m{{&lm_head_, dim, vocab % 16 == 0}};
-  if (views) return layout_.for_views(m);
-  layout_.on_forward(m);
-  return {};
+  return layout_.apply(views, m);
 }
 
 int TransformerModule::tiled() const { return int(lm_head_.load().tiles()); }

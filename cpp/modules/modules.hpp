@@ -128,6 +128,12 @@ class MatrixLayout {
   // params()': every matrix plain (views show the plain layout), and the lock, which params()
   // holds until its views exist (a forward must not tile a matrix between the two)
   std::unique_lock<std::mutex> for_views(std::initializer_list<LayoutEntry> m) const;
+  // the modules' relayout(views): for_views when views are wanted, else on_forward (no lock)
+  std::unique_lock<std::mutex> apply(bool views, std::initializer_list<LayoutEntry> m) const {
+    if (views) return for_views(m);
+    on_forward(m);
+    return {};
+  }
 
  private:
   mutable std::mutex mutex_;
