@@ -629,9 +629,10 @@ inline void amx_rows_out(const qgemv_args& a, const std::int32_t* c, const float
 // store and load back. vpdpbusd multiplies unsigned by signed bytes: the weights go in as
 // w + 128 (w ^ 0x80) and each block's 128 * sum(x) (act.xs128) comes off. Then amx_rows_out's
 // float arithmetic on the same sums: the AVX2 GEMV's results, bit for bit.
-// Tokens t0 .. t0 + M - 1 of act.xi's tiles, every row of a (a.w.rows % 16 == 0).
-template <int M>
-inline void tiled_gemv(const qgemv_args& a, std::size_t t0) {
+// S groups of 16 rows at once (gs), tokens t0 .. t0 + M - 1 of act.xi's tiles: each group's
+// arithmetic is the same whichever groups share the pass.
+template <int M, int S>
+inline void tiled_groups(const qgemv_args& a, std::size_t t0, const std::size_t (&gs)[S]) {
   const std::size_t k = a.w.k, nb = k / kQBlock, ng = k / a.w.group, nch = dot::vnni_chunks(k);
   const unsigned gsh = a.w.group == 128 ? 2 : a.w.group == 64 ? 1 : 0;
   const Q512i flip = LLMK_Q5(set1_epi8)(static_cast<char>(0x80));
@@ -644,14 +645,19 @@ inline void tiled_gemv(const qgemv_args& a, std::size_t t0) {
     sx[t] = a.act.sx8 + tok * nch * 8;
     xs[t] = a.act.xs128 + tok * nch * 8;
   }
-  for (std::size_t g = 0; 16 * g < a.w.rows; ++g) {
-    const std::uint8_t* wq = a.w.q + g * 16 * k;         // [block][8][16 rows x 4]
-    const std::uint16_t* ws = a.w.scales + g * 16 * ng;  // [scale group][16 rows]
-    Q512 acc[M][8];
-    for (auto& row : acc)
+  const std::uint8_t* wq[S];   // group gs[s]: [block][8][16 rows x 4]
+  const std::uint16_t* ws[S];  // [scale group][16 rows]
+  for (int s = 0; s < S; ++s) {
+    wq[s] = a.w.q + gs[s] * 16 * k;
+    ws[s] = a.w.scales + gs[s] * 16 * ng;
+  }
+  Q512 acc[S][M][8];
+  for (auto& grp : acc)
+    for (auto& row : grp)
       for (Q512& v : row) v = LLMK_Q5(setzero_ps)();
-    auto step = [&](std::size_t b, int l) LLMK_ALWAYS_INLINE {
-      const std::uint8_t* wb = wq + b * 512;
+  auto step = [&](std::size_t b, int l) LLMK_ALWAYS_INLINE {
+    for (int s = 0; s < S; ++s) {
+      const std::uint8_t* wb = wq[s] + b * 512;
       Q512i sum[M];
       for (int t = 0; t < M; ++t) sum[t] = LLMK_Q5(setzero_si512)();
       for (int j = 0; j < 8; ++j) {
@@ -662,27 +668,41 @@ inline void tiled_gemv(const qgemv_args& a, std::size_t t0) {
           sum[t] = LLMK_DPBUSD512(sum[t], w, LLMK_Q5(set1_epi32)(quad));
         }
       }
-      const Q512 sw = widen16h(ws + (b >> gsh) * 16);
+      const Q512 sw = widen16h(ws[s] + (b >> gsh) * 16);
       for (int t = 0; t < M; ++t) {
-        const Q512i s = LLMK_Q5(sub_epi32)(sum[t], LLMK_Q5(set1_epi32)(xs[t][b]));
+        const Q512i d_int = LLMK_Q5(sub_epi32)(sum[t], LLMK_Q5(set1_epi32)(xs[t][b]));
         const Q512 d = LLMK_Q5(mul_ps)(sw, LLMK_Q5(set1_ps)(sx[t][b]));
-        acc[t][l] = LLMK_Q5(fmadd_ps)(cvt16i(s), d, acc[t][l]);
+        acc[s][t][l] = LLMK_Q5(fmadd_ps)(cvt16i(d_int), d, acc[s][t][l]);
       }
-    };
-    std::size_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
+    }
+  };
+  std::size_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
 #pragma GCC unroll 8
-      for (int l = 0; l < 8; ++l) step(b + l, l);
-    }
-    for (int l = 0; b < nb; ++b, ++l) step(b, l);
-    for (int t = 0; t < M; ++t) {  // qhsum's order, as amx_rows_out
-      const Q512 e = LLMK_Q5(add_ps)(LLMK_Q5(add_ps)(acc[t][0], acc[t][4]),
-                                     LLMK_Q5(add_ps)(acc[t][2], acc[t][6]));
-      const Q512 o = LLMK_Q5(add_ps)(LLMK_Q5(add_ps)(acc[t][1], acc[t][5]),
-                                     LLMK_Q5(add_ps)(acc[t][3], acc[t][7]));
-      rows_store(a, LLMK_Q5(add_ps)(e, o), 16 * g, 16, t0 + t);
-    }
+    for (int l = 0; l < 8; ++l) step(b + l, l);
   }
+  for (int l = 0; b < nb; ++b, ++l) step(b, l);
+  for (int s = 0; s < S; ++s)
+    for (int t = 0; t < M; ++t) {  // qhsum's order, as amx_rows_out
+      const Q512 e = LLMK_Q5(add_ps)(LLMK_Q5(add_ps)(acc[s][t][0], acc[s][t][4]),
+                                     LLMK_Q5(add_ps)(acc[s][t][2], acc[s][t][6]));
+      const Q512 o = LLMK_Q5(add_ps)(LLMK_Q5(add_ps)(acc[s][t][1], acc[s][t][5]),
+                                     LLMK_Q5(add_ps)(acc[s][t][3], acc[s][t][7]));
+      rows_store(a, LLMK_Q5(add_ps)(e, o), 16 * gs[s], 16, t0 + t);
+    }
+}
+
+// Tokens t0 .. t0 + M - 1, every row of a (a.w.rows % 16 == 0): groups g and g + groups / 2
+// together, two streams of weights a thread (then a last odd group alone). One stream left the
+// GEMV short of the read bandwidth: Intel Xeon with AMX, the 8 MLPs below, ms at 1 / 2
+// threads, one / two groups a pass, two interleaved runs: 1 token 21.0-22.1 / 11.0-11.5 against
+// 20.1-20.7 / 10.3-10.4, 2 tokens 23.5-24.1 /
+// 12.4-13.0 against 21.8-22.9 / 11.1-11.8; three or four groups a pass no faster than two.
+template <int M>
+inline void tiled_gemv(const qgemv_args& a, std::size_t t0) {
+  const std::size_t groups = a.w.rows / 16, half = groups / 2;
+  for (std::size_t g = 0; g < half; ++g) tiled_groups<M, 2>(a, t0, {g, g + half});
+  if (groups % 2) tiled_groups<M, 1>(a, t0, {groups - 1});
 }
 
 // Up to kTiledGemvTokens tokens on tiled weights: tiled_gemv, 2 tokens a pass. Above, the tile
@@ -690,8 +710,8 @@ inline void tiled_gemv(const qgemv_args& a, std::size_t t0) {
 // of int8 weights from DRAM), medians of 5, ms at 1 / 2 threads, tiled GEMV / tiles: m = 1
 // 22.0 / 12.1 vs 32.5 / 16.6 (the plain-layout GEMV 21.7 / 11.7), m = 2 22.0 / 13.0 vs 33.0 /
 // 17.0, m = 3 29.5 / 16.0 vs 29.8 / 15.9, m = 4 31.1 / 16.9 vs 30.7 / 16.9, m = 6 36.9 / 18.9
-// vs 31.7 / 18.0, m = 8 42.1 / 21.6 vs 34.0 / 19.2. No software prefetch: one sequential stream
-// per thread, which the hardware prefetchers follow (0-8 KiB ahead measured alike).
+// vs 31.7 / 18.0, m = 8 42.1 / 21.6 vs 34.0 / 19.2 (the GEMV then read one group a pass). No
+// software prefetch: the hardware prefetchers follow the streams (0-8 KiB ahead measured alike).
 constexpr std::size_t kTiledGemvTokens = 3;
 inline void tiled_gemv_all(const qgemv_args& a) {
   std::size_t t = 0;
