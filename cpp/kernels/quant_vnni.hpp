@@ -707,11 +707,12 @@ inline void tiled_gemv(const qgemv_args& a, std::size_t t0) {
 
 // Up to kTiledGemvTokens tokens on tiled weights: tiled_gemv, 2 tokens a pass. Above, the tile
 // kernel. Intel Xeon with AMX, 8 SwiGLU MLPs of the 1.1B shape (2048 -> 5632 -> 2048, 277 MB
-// of int8 weights from DRAM), medians of 5, ms at 1 / 2 threads, tiled GEMV / tiles: m = 1
-// 22.0 / 12.1 vs 32.5 / 16.6 (the plain-layout GEMV 21.7 / 11.7), m = 2 22.0 / 13.0 vs 33.0 /
-// 17.0, m = 3 29.5 / 16.0 vs 29.8 / 15.9, m = 4 31.1 / 16.9 vs 30.7 / 16.9, m = 6 36.9 / 18.9
-// vs 31.7 / 18.0, m = 8 42.1 / 21.6 vs 34.0 / 19.2 (the GEMV then read one group a pass). No
-// software prefetch: the hardware prefetchers follow the streams (0-8 KiB ahead measured alike).
+// of int8 codes, partly in that VM's 480 MiB L3), medians of 5, ms at 1 / 2 threads, tiled
+// GEMV / tiles: m = 1 22.0 / 12.1 vs 32.5 / 16.6 (the plain-layout GEMV 21.7 / 11.7), m = 2
+// 22.0 / 13.0 vs 33.0 / 17.0, m = 3 29.5 / 16.0 vs 29.8 / 15.9, m = 4 31.1 / 16.9 vs 30.7 /
+// 16.9, m = 6 36.9 / 18.9 vs 31.7 / 18.0, m = 8 42.1 / 21.6 vs 34.0 / 19.2 (the GEMV then read
+// one group a pass). No software prefetch: the hardware prefetchers follow the streams (0-8 KiB
+// ahead measured alike, with one stream a thread and with two).
 constexpr std::size_t kTiledGemvTokens = 3;
 inline void tiled_gemv_all(const qgemv_args& a) {
   std::size_t t = 0;
