@@ -150,6 +150,23 @@ def test_special_values(dot):
     np.testing.assert_array_equal(y[0], [10.0, 10.0, 10.0])
 
 
+@pytest.mark.parametrize("k", [1, 7, 31, 33, 1025])  # SIMD tails of the rounding
+def test_rounding_of_x_is_nearest_even(dot, k, rng):
+    """y = bf16(x) . I: each output is one activation rounded to bfloat16 (ties to even, at
+    every position of a row), bit for bit ml_dtypes' rounding; subnormal activations on the
+    twin, which keeps them (the native instruction reads bf16 subnormals as zero)."""
+    m = 9
+    bits = rng.integers(0x3F000000, 0x40800000, size=(m, k), dtype=np.uint32)
+    bits[::2, ::3] = (bits[::2, ::3] & 0xFFFF0000) | 0x8000  # exact ties, odd and even halves
+    bits[1::2] |= 0x80000000  # negative rows
+    if dot == "bf16_simde":
+        bits[3] = rng.integers(1, 0x00800000, size=k, dtype=np.uint32)  # subnormal floats
+    x = bits.view(np.float32)
+    got = run(x, np.eye(k, dtype=ml_dtypes.bfloat16))
+    want = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_selection():
     assert _core.bf16_dot() in ("none", "avx512bf16", "amx")  # never a twin unless forced
     if lk.simd_arch() == "avx512":
