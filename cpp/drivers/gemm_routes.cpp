@@ -290,23 +290,24 @@ void linear_bf16_dot(Bf16Dot dot, const float* x, std::size_t m, std::size_t k,
                      bool accumulate) {
   const std::size_t km = dot::bf16_k_multiple(dot), mm = dot::bf16_m_multiple(dot);
   const std::size_t kp = (k + km - 1) / km * km;
+  const std::size_t ldxb = dot::bf16_x_stride(kp);
   const std::size_t mp = (m + mm - 1) / mm * mm;  // rows the kernel reads: past m, zeros
   const std::size_t blocks = (n + dot::kBf16BlockCols - 1) / dot::kBf16BlockCols;
   const int chunks = static_cast<int>(
       std::min<std::size_t>(blocks, static_cast<std::size_t>(std::max(1, get_num_threads()))));
-  const std::size_t xb_bytes = (mp * kp * sizeof(std::uint16_t) + 63) / 64 * 64;
+  const std::size_t xb_bytes = (mp * ldxb * sizeof(std::uint16_t) + 63) / 64 * 64;
   const std::size_t pack_bytes = dot::kBf16PackWords * sizeof(std::uint32_t);
   ScratchLease lease(xb_bytes + static_cast<std::size_t>(chunks) * pack_bytes);
   auto* xb = lease.as<std::uint16_t>();
   auto* packs = reinterpret_cast<std::uint32_t*>(lease.as<unsigned char>() + xb_bytes);
-  dot::round_x_bf16(dot, xb, kp, x, k, m, k);
-  std::memset(xb + m * kp, 0, (mp - m) * kp * sizeof(std::uint16_t));
+  dot::round_x_bf16(dot, xb, kp, ldxb, x, k, m, k);
+  std::memset(xb + m * ldxb, 0, (mp - m) * ldxb * sizeof(std::uint16_t));
   parallel_chunks(chunks, [&](int c, int nc) {
     std::uint32_t* pack = packs + static_cast<std::size_t>(c) * dot::kBf16PackWords;
     for (std::size_t blk = c; blk < blocks; blk += nc) {
       const std::size_t c0 = blk * dot::kBf16BlockCols;
       const std::size_t c1 = std::min(n, c0 + dot::kBf16BlockCols);
-      dot::gemm_bf16_block(dot, y + c0, n, xb, kp, m, w + c0 * k, k, c1 - c0, accumulate,
+      dot::gemm_bf16_block(dot, y + c0, n, xb, kp, ldxb, m, w + c0 * k, k, c1 - c0, accumulate,
                            bias ? bias + c0 : nullptr, pack);
     }
   });

@@ -70,11 +70,11 @@ inline std::uint16_t to_bf16(float v) {
   return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-inline void round_x_bf16_rows(std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,
-                              std::size_t m, std::size_t k) {
+inline void round_x_bf16_rows(std::uint16_t* xb, std::size_t kp, std::size_t ldxb, const float* x,
+                              std::size_t ldx, std::size_t m, std::size_t k) {
   for (std::size_t t = 0; t < m; ++t) {
     const float* src = x + t * ldx;
-    std::uint16_t* dst = xb + t * kp;
+    std::uint16_t* dst = xb + t * ldxb;
     for (std::size_t i = 0; i < k; ++i) dst[i] = to_bf16(src[i]);
     for (std::size_t i = k; i < kp; ++i) dst[i] = 0;  // the pad (AMX: to a whole tile row)
   }
@@ -227,15 +227,15 @@ inline void micro_tail(int mr, float* y, std::size_t ldy, const std::uint16_t* x
 }
 
 // x rounded to bfloat16 (see round_x_bf16_rows)
-inline void round_x_bf16(std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx,
-                         std::size_t m, std::size_t k) {
-  round_x_bf16_rows(xb, kp, x, ldx, m, k);
+inline void round_x_bf16(std::uint16_t* xb, std::size_t kp, std::size_t ldxb, const float* x,
+                         std::size_t ldx, std::size_t m, std::size_t k) {
+  round_x_bf16_rows(xb, kp, ldxb, x, ldx, m, k);
 }
 
-// One column block: y (m, nc) (row stride ldy) (+)= xb (m, kp) bf16 . w (nc, k) bf16 ^T (+ bias
-// (nc,)); wpack: kBf16BlockCols x kBf16Kc / 2 words of scratch (nc <= kBf16BlockCols)
+// One column block: y (m, nc) (row stride ldy) (+)= xb (m, kp; row stride ldxb) bf16 . w (nc, k)
+// bf16 ^T (+ bias (nc,)); wpack: kBf16BlockCols x kBf16Kc / 2 words of scratch (nc <= kBf16BlockCols)
 inline void gemm_bf16_block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,
-                            std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,
+                            std::size_t ldxb, std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,
                             bool accumulate, const float* bias, std::uint32_t* wpack) {
   for (std::size_t k0 = 0; k0 < kp; k0 += kBf16Kc) {
     const std::size_t kcp = std::min(kBf16Kc, kp - k0) / 2;
@@ -250,11 +250,11 @@ inline void gemm_bf16_block(float* y, std::size_t ldy, const std::uint16_t* xb, 
         const float* b = last && bias ? bias + f0 : nullptr;
         std::size_t t = t0;
         for (; t + kBf16Mr <= t1; t += kBf16Mr)
-          micro_any<kBf16Mr>(y + t * ldy + f0, ldy, xb + t * kp + k0, kp, panel, kcp, nf,
+          micro_any<kBf16Mr>(y + t * ldy + f0, ldy, xb + t * ldxb + k0, ldxb, panel, kcp, nf,
                              first, b);
         if (t < t1)
           micro_tail<kBf16Mr - 1>(static_cast<int>(t1 - t), y + t * ldy + f0, ldy,
-                                  xb + t * kp + k0, kp, panel, kcp, nf, first, b);
+                                  xb + t * ldxb + k0, ldxb, panel, kcp, nf, first, b);
       }
     }
   }
@@ -301,7 +301,7 @@ inline void micro_bf16_amx(float* c, std::size_t ldc, const std::uint16_t* xh, s
 // block (the last tokens, the last panel's features) goes through a local tile. Per (token,
 // feature) the products are added in the order of k, as the vdpbf16ps kernel adds them.
 inline void gemm_bf16_block_amx(float* y, std::size_t ldy, const std::uint16_t* xb,
-                                std::size_t kp, std::size_t m, const std::uint16_t* w,
+                                std::size_t kp, std::size_t ldxb, std::size_t m, const std::uint16_t* w,
                                 std::size_t k, std::size_t nc, bool accumulate,
                                 const float* bias, std::uint32_t* wpack) {
   alignas(64) float tile[32][kBf16Nr] = {};
@@ -322,7 +322,7 @@ inline void gemm_bf16_block_amx(float* y, std::size_t ldy, const std::uint16_t* 
           const bool whole = mt == 32 && nf == kBf16Nr;
           if (!whole && !first)
             for (std::size_t i = 0; i < mt; ++i) std::memcpy(tile[i], yt + i * ldy, nf * 4);
-          micro_bf16_amx(whole ? yt : &tile[0][0], whole ? ldy : kBf16Nr, xb + t * kp + k0, kp,
+          micro_bf16_amx(whole ? yt : &tile[0][0], whole ? ldy : kBf16Nr, xb + t * ldxb + k0, ldxb,
                          panel, kcp, first);
           if (!whole)
             for (std::size_t i = 0; i < mt; ++i) std::memcpy(yt + i * ldy, tile[i], nf * 4);
@@ -343,19 +343,21 @@ inline void gemm_bf16_block_amx(float* y, std::size_t ldy, const std::uint16_t* 
 // the native or the SIMDe unit's
 #if defined(LLMK_DOT_ENTRY)
 namespace llmk::dot::LLMK_DOT_ENTRY {
-void round_x(std::uint16_t* xb, std::size_t kp, const float* x, std::size_t ldx, std::size_t m,
-             std::size_t k) {
-  LLMK_DOT_NS::round_x_bf16(xb, kp, x, ldx, m, k);
+void round_x(std::uint16_t* xb, std::size_t kp, std::size_t ldxb, const float* x, std::size_t ldx,
+             std::size_t m, std::size_t k) {
+  LLMK_DOT_NS::round_x_bf16(xb, kp, ldxb, x, ldx, m, k);
 }
-void block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp, std::size_t m,
+void block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp, std::size_t ldxb,
+           std::size_t m,
            const std::uint16_t* w, std::size_t k, std::size_t nc, bool accumulate,
            const float* bias, std::uint32_t* wpack) {
-  LLMK_DOT_NS::gemm_bf16_block(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
+  LLMK_DOT_NS::gemm_bf16_block(y, ldy, xb, kp, ldxb, m, w, k, nc, accumulate, bias, wpack);
 }
-void block_amx(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp, std::size_t m,
+void block_amx(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,
+               std::size_t ldxb, std::size_t m,
                const std::uint16_t* w, std::size_t k, std::size_t nc, bool accumulate,
                const float* bias, std::uint32_t* wpack) {
-  LLMK_DOT_NS::gemm_bf16_block_amx(y, ldy, xb, kp, m, w, k, nc, accumulate, bias, wpack);
+  LLMK_DOT_NS::gemm_bf16_block_amx(y, ldy, xb, kp, ldxb, m, w, k, nc, accumulate, bias, wpack);
 }
 }  // namespace llmk::dot::LLMK_DOT_ENTRY
 #endif

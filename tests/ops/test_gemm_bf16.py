@@ -62,7 +62,8 @@ def run(x, w16, bias=None, y=None):
 
 
 @pytest.mark.parametrize("n", [1, 31, 33, 300])  # panel (32) and column-block (256) tails
-@pytest.mark.parametrize("k", [1, 7, 64, 1025])  # odd k: the pad element (AMX: to 32)
+# odd k: the pad element (AMX: to 32); 512: rows of x padded past a multiple of 1 KiB
+@pytest.mark.parametrize("k", [1, 7, 64, 512, 1025])
 @pytest.mark.parametrize("m", [9, 13, 200])  # token tiles of 12 (AMX: 32), the 192-token block
 def test_against_formula(n, k, m, dot, rng):
     w16 = (rng.standard_normal((n, k)) * 0.05).astype(ml_dtypes.bfloat16)
