@@ -219,23 +219,22 @@ void qgemv_int8_vnni(bool twin, const qgemv_args& a) {
 // a unit built for the baseline ISA (the AVX-512 unit's own code never runs on a CPU without it)
 #define LLMK_BF16_ENTRIES(ns)                                                                      \
   namespace ns {                                                                                   \
-  void round_x(std::uint16_t* xb, std::size_t kp, std::size_t ldxb, const float* x,               \
-               std::size_t ldx, std::size_t m, std::size_t k);                                                      \
+  void round_x(std::uint16_t* xb, std::size_t kp, std::size_t ldxb, const float* x,                \
+               std::size_t ldx, std::size_t m, std::size_t k);                                     \
   void block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp, std::size_t ldxb, \
              std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,                 \
              bool accumulate, const float* bias, std::uint32_t* wpack);                            \
   void block_amx(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,               \
-                 std::size_t ldxb, std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,             \
-                 bool accumulate, const float* bias, std::uint32_t* wpack);                        \
+                 std::size_t ldxb, std::size_t m, const std::uint16_t* w, std::size_t k,           \
+                 std::size_t nc, bool accumulate, const float* bias, std::uint32_t* wpack);        \
   }
 LLMK_BF16_ENTRIES(bf16_native_entry)
 LLMK_BF16_ENTRIES(bf16_simde_entry)
 #undef LLMK_BF16_ENTRIES
 
 // (dot is not none: the driver calls these only then)
-void round_x_bf16(Bf16Dot dot, std::uint16_t* xb, std::size_t kp, std::size_t ldxb, const float* x,
-                  std::size_t ldx,
-                  std::size_t m, std::size_t k) {
+void round_x_bf16(Bf16Dot dot, std::uint16_t* xb, std::size_t kp, std::size_t ldxb,
+                  const float* x, std::size_t ldx, std::size_t m, std::size_t k) {
   if (dot == Bf16Dot::avx512bf16 || dot == Bf16Dot::amx)
     bf16_native_entry::round_x(xb, kp, ldxb, x, ldx, m, k);
   else
@@ -246,16 +245,11 @@ void gemm_bf16_block(Bf16Dot dot, float* y, std::size_t ldy, const std::uint16_t
                      std::size_t kp, std::size_t ldxb, std::size_t m, const std::uint16_t* w,
                      std::size_t k, std::size_t nc, bool accumulate, const float* bias,
                      std::uint32_t* wpack) {
-  switch (dot) {
-    case Bf16Dot::avx512bf16:
-      return bf16_native_entry::block(y, ldy, xb, kp, ldxb, m, w, k, nc, accumulate, bias, wpack);
-    case Bf16Dot::amx:
-      return bf16_native_entry::block_amx(y, ldy, xb, kp, ldxb, m, w, k, nc, accumulate, bias, wpack);
-    case Bf16Dot::amx_emu:
-      return bf16_simde_entry::block_amx(y, ldy, xb, kp, ldxb, m, w, k, nc, accumulate, bias, wpack);
-    default:
-      return bf16_simde_entry::block(y, ldy, xb, kp, ldxb, m, w, k, nc, accumulate, bias, wpack);
-  }
+  const auto fn = dot == Bf16Dot::avx512bf16 ? bf16_native_entry::block
+                  : dot == Bf16Dot::amx        ? bf16_native_entry::block_amx
+                  : dot == Bf16Dot::amx_emu    ? bf16_simde_entry::block_amx
+                                               : bf16_simde_entry::block;
+  fn(y, ldy, xb, kp, ldxb, m, w, k, nc, accumulate, bias, wpack);
 }
 }  // namespace dot
 

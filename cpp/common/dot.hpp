@@ -139,8 +139,9 @@ inline std::size_t bf16_x_stride(std::size_t kp) { return (2 * kp) % 1024 == 0 ?
 void round_x_bf16(Bf16Dot dot, std::uint16_t* xb, std::size_t kp, std::size_t ldxb, const float* x,
                   std::size_t ldx, std::size_t m, std::size_t k);
 void gemm_bf16_block(Bf16Dot dot, float* y, std::size_t ldy, const std::uint16_t* xb,
-                     std::size_t kp, std::size_t ldxb, std::size_t m, const std::uint16_t* w, std::size_t k,
-                     std::size_t nc, bool accumulate, const float* bias, std::uint32_t* wpack);
+                     std::size_t kp, std::size_t ldxb, std::size_t m, const std::uint16_t* w,
+                     std::size_t k, std::size_t nc, bool accumulate, const float* bias,
+                     std::uint32_t* wpack);
 }  // namespace dot
 
 }  // namespace llmk

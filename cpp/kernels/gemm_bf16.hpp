@@ -233,10 +233,12 @@ inline void round_x_bf16(std::uint16_t* xb, std::size_t kp, std::size_t ldxb, co
 }
 
 // One column block: y (m, nc) (row stride ldy) (+)= xb (m, kp; row stride ldxb) bf16 . w (nc, k)
-// bf16 ^T (+ bias (nc,)); wpack: kBf16BlockCols x kBf16Kc / 2 words of scratch (nc <= kBf16BlockCols)
+// bf16 ^T (+ bias (nc,)); wpack: kBf16BlockCols x kBf16Kc / 2 words of scratch
+// (nc <= kBf16BlockCols)
 inline void gemm_bf16_block(float* y, std::size_t ldy, const std::uint16_t* xb, std::size_t kp,
-                            std::size_t ldxb, std::size_t m, const std::uint16_t* w, std::size_t k, std::size_t nc,
-                            bool accumulate, const float* bias, std::uint32_t* wpack) {
+                            std::size_t ldxb, std::size_t m, const std::uint16_t* w,
+                            std::size_t k, std::size_t nc, bool accumulate, const float* bias,
+                            std::uint32_t* wpack) {
   for (std::size_t k0 = 0; k0 < kp; k0 += kBf16Kc) {
     const std::size_t kcp = std::min(kBf16Kc, kp - k0) / 2;
     pack_w_bf16(wpack, w, k, nc, k0, kcp);
@@ -301,9 +303,9 @@ inline void micro_bf16_amx(float* c, std::size_t ldc, const std::uint16_t* xh, s
 // block (the last tokens, the last panel's features) goes through a local tile. Per (token,
 // feature) the products are added in the order of k, as the vdpbf16ps kernel adds them.
 inline void gemm_bf16_block_amx(float* y, std::size_t ldy, const std::uint16_t* xb,
-                                std::size_t kp, std::size_t ldxb, std::size_t m, const std::uint16_t* w,
-                                std::size_t k, std::size_t nc, bool accumulate,
-                                const float* bias, std::uint32_t* wpack) {
+                                std::size_t kp, std::size_t ldxb, std::size_t m,
+                                const std::uint16_t* w, std::size_t k, std::size_t nc,
+                                bool accumulate, const float* bias, std::uint32_t* wpack) {
   alignas(64) float tile[32][kBf16Nr] = {};
   const amx::Session session(amx::kWholeTiles);
   for (std::size_t k0 = 0; k0 < kp; k0 += kBf16Kc) {
