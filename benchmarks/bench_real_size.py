@@ -8,7 +8,10 @@ One random float32 model is saved once as safetensors; ours load it with
 size 32), llama.cpp's GGUFs come from its own converter (F32, BF16, Q8_0; Q4_0 by its quantizer;
 llamacpp_peer.py says how to install it). The logits of our float32 model and llama.cpp's F32
 are compared first. Then, per thread count, round by round, each (ours, peer) pair runs
-back to back in fresh processes:
+back to back in fresh processes (or, with ``--pairs N``, both models stay loaded in their own
+processes and N rounds of adjacent calls are timed, the read probe beside every decode: on a
+host whose bandwidth moves from minute to minute the two sides of each ratio are then seconds
+apart, not minutes):
 
 * prefill: 512 tokens, the last position's logits (what a generation needs); one untimed
   warm-up call, then the median of ``--repeats`` timed calls;
@@ -21,8 +24,9 @@ peaks of the instructions the bf16 (vdpbf16ps, or AMX's tdpbf16ps) and int8 / in
 prefill is given as a fraction of its precision's peak, decode (the weight bytes of a token
 times tokens/s) as a fraction of the read probe.
 
-    python benchmarks/bench_real_size.py --workdir /tmp/real [--threads 1,2] [--rounds 2]
-        [--cases float32,bfloat16,int8,int4] [--layers 22] [--out benchmarks/results]
+    python benchmarks/bench_real_size.py --workdir /tmp/real [--threads 1,2]
+        [--rounds 2 | --pairs 5] [--cases float32,bfloat16,int8,int4] [--layers 22]
+        [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -126,11 +130,85 @@ def child(args: argparse.Namespace) -> None:
 
         if args.logits:
             out["logits"] = peer.logits(prompt_ids[:64]).tolist()
+    if args.serve:  # one command a line from the parent: "prefill" / "decode" -> seconds
+        prefill()  # warm-up
+        print("RESULT " + json.dumps(out), flush=True)
+        for line in sys.stdin:
+            if line.strip() == "quit":
+                break
+            call = prefill if line.strip() == "prefill" else decode
+            print("RESULT " + json.dumps({line.strip(): call()}), flush=True)
+        return
     if not args.logits:
         prefill()  # warm-up
         out["prefill"] = statistics.median(prefill() for _ in range(args.repeats))
         out["decode"] = decode()
     print("RESULT " + json.dumps(out), flush=True)
+
+
+class Server:
+    """A child in --serve mode: its model loaded once, timed calls on request."""
+
+    def __init__(self, impl: str, case: str, threads: int, model_dir: Path,
+                 gguf: Path | None) -> None:  # fmt: skip
+        cmd = [sys.executable, __file__, "--child", "--serve", "--impl", impl, "--case", case,
+               "--threads", str(threads), "--model", str(model_dir)]  # fmt: skip
+        if gguf:
+            cmd += ["--gguf", str(gguf)]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        self.name = f"{impl} {case}"
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)  # fmt: skip
+        self.read()  # loaded and warmed up
+
+    def read(self) -> dict:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("RESULT "):
+                return json.loads(line[7:])
+        raise RuntimeError(f"{self.name} failed (exit {self.proc.wait()})")
+
+    def call(self, what: str) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return float(self.read()[what])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def run_pairs(case: str, threads: int, model_dir: Path, gguf: Path | None, pairs: int,
+              read_probe) -> tuple[list, list, list]:  # fmt: skip
+    """--pairs: both models loaded at once (each in its own process, the idle one blocked on a
+    read), then `pairs` rounds of adjacent timed calls -- prefill of ours and the peer's, then
+    decode of each, who goes first alternating by round -- with the read probe just before and
+    after each round's decodes. The two sides of a ratio are measured seconds apart, under the
+    same state of a host whose bandwidth moves from minute to minute."""
+    ours = Server("ours", case, threads, model_dir, None)
+    peer = Server("peer", case, threads, model_dir, gguf) if gguf else None
+    o, q, probes = [], [], []
+    try:
+        for r in range(pairs):
+            sides = [(ours, o), (peer, q)] if peer else [(ours, o)]
+            if r % 2:
+                sides.reverse()
+            for srv, acc in sides:
+                acc.append({"prefill": srv.call("prefill")})
+            probes.append(read_probe())
+            for srv, acc in sides:
+                acc[-1]["decode"] = srv.call("decode")
+            probes.append(read_probe())
+            print(f"threads {threads} pair {r} {case}: ours {o[-1]} peer {q[-1] if q else '-'} "
+                  f"read probe {probes[-2]:.1f} / {probes[-1]:.1f}", flush=True)  # fmt: skip
+    finally:
+        ours.close()
+        if peer:
+            peer.close()
+    return o, q, probes
 
 
 def run_child(impl: str, case: str, threads: int, model_dir: Path, gguf: Path | None,
@@ -159,6 +237,9 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=22)
     p.add_argument("--no-llamacpp", action="store_true")
     p.add_argument("--out", default=None)
+    p.add_argument("--pairs", type=int, default=0,
+                   help="both models resident, this many rounds of adjacent calls per case "
+                   "(instead of --rounds of fresh processes)")  # fmt: skip
     # child mode
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--impl", help=argparse.SUPPRESS)
@@ -166,6 +247,7 @@ def main() -> int:
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--gguf", help=argparse.SUPPRESS)
     p.add_argument("--logits", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         args.threads = int(args.threads)
@@ -255,7 +337,18 @@ def main() -> int:
                "int8": int8_peak, "int4": int8_peak}  # fmt: skip
     for t in threads:
         samples: dict = {c: {"ours": [], "peer": []} for c in cases}
-        for r in range(args.rounds):
+        if args.pairs:
+            for name, probe in probes.items():
+                probe_samples[name][t].append(probe(t))
+            for case in cases:
+
+                def read_probe(t: int = t) -> float:
+                    return core._probe_read_gbs(t, 1 << 26, 2)
+
+                o, q, reads = run_pairs(case, t, model_dir, gguf(case), args.pairs, read_probe)
+                samples[case] = {"ours": o, "peer": q}
+                probe_samples["read_gbs"][t] += reads
+        for r in range(0 if args.pairs else args.rounds):
             for name, probe in probes.items():
                 probe_samples[name][t].append(probe(t))
             for case in cases:
@@ -312,16 +405,23 @@ def main() -> int:
         f"{name} " + ", ".join(f"{v:.0f}" for v in per_t.values())
         for name, per_t in report["probes"].items()
     )
+    protocol = (
+        f"{args.pairs} adjacent pairs of calls per case, both models resident"
+        if args.pairs
+        else f"{args.rounds} rounds of fresh processes"
+    )
+    report["protocol"] = protocol
     lines = [
         f"CPU: {report['cpu']}, flags {' '.join(flags)}; {args.layers} layers; paths: "
         f"{report['simd_arch']}, int8 dot {report['int8_dot']}, bf16 dot {report['bf16_dot']}; "
-        f"probes (medians of {args.rounds} rounds) at {', '.join(map(str, threads))} threads: "
+        f"{protocol}; probes (medians) at {', '.join(map(str, threads))} threads: "
         f"{probe_text}",
         "",
         "| threads | ours | peer | our prefill | peer prefill | x | vs our f32 | our G op/s "
         "| of peak | our decode tok/s | GB/s | of read probe | peer | x |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+
     def num(r: dict, key: str, unit: str = "") -> str:  # "-" without the peer (--no-llamacpp)
         return f"{r[key]:.2f}{unit}" if key in r else "-"
 
