@@ -186,6 +186,7 @@ namespace dot {
   void qgemm_amx(const qgemv_args& a, int bits, std::uint8_t* pack);                               \
   void qgemm512(const qgemv_args& a, int bits, std::uint8_t* pack);                                \
   void gemv(const qgemv_args& a);                                                                  \
+  void gemv4(const qgemv_args& a);                                                                 \
   }
 LLMK_INT8_ENTRIES(native_entry)
 LLMK_INT8_ENTRIES(simde_entry)
@@ -213,6 +214,10 @@ void qgemm_int8_acts(Int8Dot dot, const qgemv_args& a, int bits, std::uint8_t* p
 
 void qgemv_int8_vnni(bool twin, const qgemv_args& a) {
   (twin ? simde_entry::gemv : native_entry::gemv)(a);
+}
+
+void qgemv_int4_vnni(bool twin, const qgemv_args& a) {
+  (twin ? simde_entry::gemv4 : native_entry::gemv4)(a);
 }
 
 // the two builds of kernels/gemm_bf16.hpp (cpp/arch/dot_bf16*.cpp); the choice is made here, in

@@ -118,6 +118,8 @@ double probe_amx(bool int8, std::size_t iterations, float* sink);  // tdpbssd / 
 // SIMDe -- bit for bit the AVX2 GEMV; act.xs128 as qacts says
 // (twin: the SIMDe build)
 void qgemv_int8_vnni(bool twin, const qgemv_args& a);
+// the int4-weight GEMV likewise (act.q4 / act.xs8 as for the AVX2 one)
+void qgemv_int4_vnni(bool twin, const qgemv_args& a);
 
 // kernels/gemm_bf16.hpp: xb (m, kp) = x rounded to bfloat16, row stride ldxb >= kp (kp = k
 // rounded up to bf16_k_multiple(dot), the pad 0; bf16_x_stride: the stride the driver takes;

@@ -333,4 +333,26 @@ void parallel_for(std::size_t n, std::size_t grain, double cost_per_item,
   });
 }
 
+void parallel_for_dynamic(std::size_t n, std::size_t block, double cost_per_item,
+                          function_ref<void(std::size_t, std::size_t)> fn) {
+  if (n == 0) return;
+  const int threads = ensure_threads();
+  block = std::max<std::size_t>(block, 1);
+  const std::size_t blocks = (n + block - 1) / block;
+  if (threads <= 1 || t_in_worker || blocks < 2 ||
+      static_cast<double>(n) * cost_per_item < kParallelThreshold) {
+    fn(0, n);
+    return;
+  }
+  std::shared_ptr<Pool> pool = current_pool();
+  const int chunks = static_cast<int>(std::min<std::size_t>(pool->size(), blocks));
+  // blocks [0, chunks) go one to each thread; the rest to whichever asks next
+  std::atomic<std::size_t> next{static_cast<std::size_t>(chunks)};
+  pool->run(chunks, [&](int k, int) {
+    for (std::size_t b = static_cast<std::size_t>(k); b < blocks;
+         b = next.fetch_add(1, std::memory_order_relaxed))
+      fn(b * block, std::min(n, (b + 1) * block));
+  });
+}
+
 }  // namespace llmk

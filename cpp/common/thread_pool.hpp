@@ -5,8 +5,9 @@
 // forked child (pthread_atfork), so a child simply gets fresh workers.
 //
 // Work is split into contiguous chunks, one per thread, with chunk boundaries on multiples of a
-// grain. Every item is computed by the same code whichever chunk it lands in, so results are
-// bitwise identical for any thread count.
+// grain (parallel_for), or into fixed blocks handed to whichever thread is free
+// (parallel_for_dynamic). Every item is computed by the same code whichever chunk it lands in,
+// so results are bitwise identical for any thread count.
 //
 // Threads: the pool holds (configured count - 1) workers, started by set_num_threads (or on
 // first use) and kept until the count changes; a job with fewer chunks than threads runs on as
@@ -59,6 +60,15 @@ void set_num_threads(int n);
 // the parallel threshold, when one thread is configured, or when called from a pool worker.
 void parallel_for(std::size_t n, std::size_t grain, double cost_per_item,
                   function_ref<void(std::size_t, std::size_t)> fn);
+
+// Runs fn(begin, end) over [0, n) in blocks of `block` items (the last one shorter), each block
+// taken, in order, by whichever thread is free next (an atomic counter); inline under
+// parallel_for's conditions. For loops bound by memory bandwidth, where threads sharing the
+// memory system do not progress at the same rate and a fixed split waits for the slower one.
+// fn must compute every item the same way whichever block and thread run it: results then do
+// not depend on the schedule.
+void parallel_for_dynamic(std::size_t n, std::size_t block, double cost_per_item,
+                          function_ref<void(std::size_t, std::size_t)> fn);
 
 // Runs fn(k, chunks) for every k in [0, chunks) on the configured pool: at most `chunks`
 // threads (the caller included) take part; fewer when fewer are configured. Never changes

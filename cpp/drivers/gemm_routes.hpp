@@ -43,6 +43,10 @@ GemmRoute gemm_route();
 void linear_w16(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
                 const float* bias, float* y, bool accumulate);
 
+// Rows per block of a decode GEMV's thread split (parallel_for_dynamic): about 1 MiB of a
+// matrix of `rows` rows of row_bytes each, at least 2 blocks per thread, a multiple of 16 rows.
+std::size_t decode_block_rows(std::size_t rows, std::size_t row_bytes);
+
 // Whether a projection of m tokens with weights in `format` (16-bit or quantized, float
 // activations) takes the packed GEMM (the route, the ISA and m decide; never up to 8 tokens), and
 // that product itself: y (m, n) [+]= x (m, k) . W^T [+ bias], W (n, k) any WeightRef (for

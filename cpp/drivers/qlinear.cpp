@@ -313,13 +313,16 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
   a.prefetch = cpu_is_intel() ? kQGemvIntelPrefetch : 0;
   const bool gemv = m <= kGemvMaxTokens || int8_gemv || dot != Int8Dot::none;
   int8_acts = gemv && int8_acts;
-  // decode with int8 weights on a dot-product extension: the GEMV on vpdpbusd, bit for bit the
-  // AVX2 one (kernels/quant_vnni.hpp) -- natively where the quantized family runs its AVX-512
-  // path, the SIMDe twin wherever it is forced
+  // decode with int8 / int4 weights on a dot-product extension: the GEMV on vpdpbusd, bit for
+  // bit the AVX2 one (kernels/quant_vnni.hpp) -- natively where the quantized family runs the
+  // AVX2 code or wider (whose GEMV it equals), the SIMDe twin wherever it is forced. int4 decode
+  // is compute-bound on one thread: 22-layer TinyLlama shape, Zen 4, 1 thread, ms per step,
+  // medians of 8 interleaved rounds in one process: 39.0 on maddubs, 34.1 on vpdpbusd; int8
+  // (bandwidth-bound) 51.3 / 51.1.
   Int8Dot gemv_dot = Int8Dot::none;
-  if (int8_gemv && bits == 8) {
+  if (int8_gemv) {
     const Int8Dot d = int8_dot();
-    if (int8_dot_is_twin(d) || (int8_dot_is_native(d) && family_isa(Family::quant) >= Isa::avx512))
+    if (int8_dot_is_twin(d) || (int8_dot_is_native(d) && family_isa(Family::quant) >= Isa::avx2))
       gemv_dot = d;
   }
   {
@@ -378,7 +381,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       }
       auto* xs8 = reinterpret_cast<std::int32_t*>(q4 + m * w.k);  // (m, nch, 8)
       if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr, nullptr};
-      if (int8_acts && gemv_dot != Int8Dot::none) {  // 128 * each block's sum, in xs8's place
+      if (int8_acts && bits == 8 && gemv_dot != Int8Dot::none) {
+        // 128 * each block's sum, in xs8's place (int4 keeps xs8: its nibbles are unsigned)
         for (std::size_t t = 0; t < m; ++t)
           scaled_block_sums(xs8 + t * nch * 8, xq + t * w.k, nb, nch, 128);
         a.act.xs128 = xs8;
@@ -484,26 +488,37 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
       });
       return;
     }
-    const std::size_t blocks = (w.rows + kRowBlock - 1) / kRowBlock;
-    parallel_for(blocks, 1, 2.0 * static_cast<double>(m * w.k * kRowBlock),
-                 [&](std::size_t b0, std::size_t b1) {
-                   ExactSubnormals exact;
-                   const std::size_t r0 = b0 * kRowBlock, r1 = std::min(w.rows, b1 * kRowBlock);
-                   qgemv_args part = a;
-                   part.y = a.y + r0;
-                   part.w.q = w.q + r0 * row_bytes;
-                   part.w.scales = w.scales + r0 * (w.k / group);
-                   part.w.rows = r1 - r0;
-                   part.bias = a.bias ? a.bias + r0 : nullptr;
-                   if (!gemv)
-                     dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
-                   else if (bits == 8 && int8_acts && gemv_dot != Int8Dot::none)
-                     dot::qgemv_int8_vnni(int8_dot_is_twin(gemv_dot), part);
-                   else if (bits == 8)
-                     dispatch(gemv_q8_kernel{}, static_cast<const qgemv_args&>(part));
-                   else
-                     dispatch(gemv_q4_kernel{}, static_cast<const qgemv_args&>(part));
-                 });
+    // rows [r0, r1) of the matrix against every token
+    const auto rows = [&](std::size_t r0, std::size_t r1) {
+      ExactSubnormals exact;
+      qgemv_args part = a;
+      part.y = a.y + r0;
+      part.w.q = w.q + r0 * row_bytes;
+      part.w.scales = w.scales + r0 * (w.k / group);
+      part.w.rows = r1 - r0;
+      part.bias = a.bias ? a.bias + r0 : nullptr;
+      if (!gemv)
+        dispatch(gemm_q_kernel{}, static_cast<const qgemv_args&>(part), bits);
+      else if (int8_acts && gemv_dot != Int8Dot::none && bits == 8)
+        dot::qgemv_int8_vnni(int8_dot_is_twin(gemv_dot), part);
+      else if (int8_acts && gemv_dot != Int8Dot::none)
+        dot::qgemv_int4_vnni(int8_dot_is_twin(gemv_dot), part);
+      else if (bits == 8)
+        dispatch(gemv_q8_kernel{}, static_cast<const qgemv_args&>(part));
+      else
+        dispatch(gemv_q4_kernel{}, static_cast<const qgemv_args&>(part));
+    };
+    const double cost = 2.0 * static_cast<double>(m * w.k);
+    if (gemv) {  // decode: drivers/gemm_routes.cpp's decode_split (figures there)
+      const std::size_t scale_bytes = w.k / group * sizeof(std::uint16_t);
+      parallel_for_dynamic(w.rows, decode_block_rows(w.rows, row_bytes + scale_bytes), cost,
+                           rows);
+    } else {
+      const std::size_t blocks = (w.rows + kRowBlock - 1) / kRowBlock;
+      parallel_for(blocks, 1, cost * kRowBlock, [&](std::size_t b0, std::size_t b1) {
+        rows(b0 * kRowBlock, std::min(w.rows, b1 * kRowBlock));
+      });
+    }
   }
 }
 }  // namespace llmk

@@ -309,6 +309,21 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
   qstore_all(a, r0, rs, acc);
 }
 
+// The integer side of qgemv_rows_int4_pairs_g: lane i of the result = the sum over bytes 4i ..
+// 4i + 3 of lo * xlo (+ hi * xhi), lo / hi unsigned (nibbles), x signed -- here maddubs + madd
+// (no saturation: |each int16 sum| <= 2 * 2 * 15 * 127); kernels/quant_vnni.hpp gives the same
+// exact sums on vpdpbusd.
+struct MaddubsDot {
+  static __m256i dot2(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
+    const __m256i p16 =
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+  }
+  static __m256i dot1(__m256i u, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+  }
+};
+
 // int4 weights x int8 activations (rows r0 + r * rs, r < R), with qgemv_rows_w8_g's arithmetic
 // per (row, token): chunks of 8 blocks, one block per lane, each block's integer dot product
 // summed exactly, one conversion, product d = s_w * s_x and FMA per chunk. The integer sums go
@@ -321,10 +336,10 @@ inline void qgemv_rows_w8_g(const qgemv_args& a, std::size_t r0, std::size_t rs)
 // nibbles' + 8 added (formed once per call: qacts::xs8; per pair in int16, it had cost 2 of
 // the ~12 operations of a pair). An odd last block is stored in natural order: its 8 lanes
 // folded into lanes 0-3 of its pair.
-template <int R, int M, bool Group32>
+template <int R, int M, bool Group32, class Dot = MaddubsDot>
 inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::size_t rs) {
   const std::size_t k = a.w.k, nb = k / kQBlock, row_bytes = k / 2;
-  const __m256i ones = _mm256_set1_epi16(1), mask = _mm256_set1_epi8(0x0f);
+  const __m256i mask = _mm256_set1_epi8(0x0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // [0 2 4 6 1 3 5 7] -> 0..7
   const std::int8_t* const q4 = a.act.q4;
   const std::int32_t* const xs8 = a.act.xs8;
@@ -353,10 +368,7 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::si
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock));
               const __m256i xhi = _mm256_loadu_si256(
                   reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock + 32));
-              // |each int16 sum| <= 2 * 2 * 15 * 127: no saturation
-              const __m256i p16 =
-                  _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi));
-              pv[i] = _mm256_madd_epi16(p16, ones);
+              pv[i] = Dot::dot2(lo, xlo, hi, xhi);
             } else if (b < nb) {  // the odd last block, natural order
               const __m128i pk =
                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + 2 * i * 16));
@@ -364,7 +376,7 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::si
                   _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(pk, 4), pk), mask);
               const __m256i xq =
                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 2 * i * kQBlock));
-              const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, xq), ones);
+              const __m256i p = Dot::dot1(nib, xq);
               const __m128i h =
                   _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
               pv[i] = _mm256_zextsi128_si256(h);
@@ -390,6 +402,8 @@ inline void qgemv_rows_int4_pairs_g(const qgemv_args& a, std::size_t r0, std::si
 }
 
 #else  // SSE2 (128-bit): a block of 32 codes is two __m128i of int8.
+
+struct MaddubsDot {};  // (the AVX2 int4 kernel's integer side: unused here)
 
 inline float qhsum(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -555,15 +569,15 @@ inline void qdequant_tile(const qweights& w, std::size_t r0, std::size_t n, std:
 // int8 activations: on AVX2 int8 weights by qgemv_rows_w8_g, int4 weights two blocks a step
 // (qgemv_rows_int4_pairs_g), each specialized for groups of 32 (one scale per block) or more;
 // SSE2 by qgemv_rows_int8
-template <int Bits, int R, int M>
+template <int Bits, int R, int M, class Dot = MaddubsDot>
 inline void qgemv_rows_int8_any(const qgemv_args& a, std::size_t r0, std::size_t rs) {
 #if defined(__AVX2__)
   const bool group32 = a.w.group == kQBlock;
   if constexpr (Bits == 4) {
     if (group32)
-      qgemv_rows_int4_pairs_g<R, M, true>(a, r0, rs);
+      qgemv_rows_int4_pairs_g<R, M, true, Dot>(a, r0, rs);
     else
-      qgemv_rows_int4_pairs_g<R, M, false>(a, r0, rs);
+      qgemv_rows_int4_pairs_g<R, M, false, Dot>(a, r0, rs);
   } else {
     if (group32)
       qgemv_rows_w8_g<R, M, true>(a, r0, rs);
@@ -596,7 +610,7 @@ constexpr std::size_t kQGemvShortRowBytes = 2048;
 // kept on each stripe, slower than either (int8 16.0-16.4, int4 14.0).
 // On Intel each stripe keeps a software prefetch 2 KiB ahead (a.prefetch; the figures are in
 // drivers/qlinear.cpp).
-template <int Bits, bool Int8Acts, int M>
+template <int Bits, bool Int8Acts, int M, class Dot = MaddubsDot>
 inline void qgemv_tokens(const qgemv_args& a) {
 #if defined(__AVX2__)
   if constexpr (Int8Acts) {
@@ -611,24 +625,25 @@ inline void qgemv_tokens(const qgemv_args& a) {
     if (Bits == 4 && a.stripes == 4) {
       constexpr int R = M <= 2 ? 4 : 2;  // R x M accumulators in 16 registers
       const std::size_t part = a.w.rows / R;
-      for (std::size_t r = 0; r < part; ++r) qgemv_rows_int8_any<Bits, R, M>(a, r, part);
-      for (std::size_t r = R * part; r < a.w.rows; ++r) qgemv_rows_int8_any<Bits, 1, M>(a, r, 1);
+      for (std::size_t r = 0; r < part; ++r) qgemv_rows_int8_any<Bits, R, M, Dot>(a, r, part);
+      for (std::size_t r = R * part; r < a.w.rows; ++r)
+        qgemv_rows_int8_any<Bits, 1, M, Dot>(a, r, 1);
       return;
     }
     const std::size_t part = a.w.rows / 2;
     std::size_t r = 0;
     for (; r + 2 <= part; r += 2) {
-      qgemv_rows_int8_any<Bits, 2, M>(a, r, part);
-      qgemv_rows_int8_any<Bits, 2, M>(a, r + 1, part);
+      qgemv_rows_int8_any<Bits, 2, M, Dot>(a, r, part);
+      qgemv_rows_int8_any<Bits, 2, M, Dot>(a, r + 1, part);
     }
-    for (; r < part; ++r) qgemv_rows_int8_any<Bits, 2, M>(a, r, part);
-    for (r = 2 * part; r < a.w.rows; ++r) qgemv_rows_int8_any<Bits, 1, M>(a, r, 1);
+    for (; r < part; ++r) qgemv_rows_int8_any<Bits, 2, M, Dot>(a, r, part);
+    for (r = 2 * part; r < a.w.rows; ++r) qgemv_rows_int8_any<Bits, 1, M, Dot>(a, r, 1);
     return;
   }
 #endif
   if constexpr (Int8Acts) {
     if (a.w.k * Bits / 8 <= kQGemvShortRowBytes) {
-      for (std::size_t r = 0; r < a.w.rows; ++r) qgemv_rows_int8_any<Bits, 1, M>(a, r, 1);
+      for (std::size_t r = 0; r < a.w.rows; ++r) qgemv_rows_int8_any<Bits, 1, M, Dot>(a, r, 1);
       return;
     }
   }
@@ -636,20 +651,20 @@ inline void qgemv_tokens(const qgemv_args& a) {
   std::size_t r = 0;
   for (; r + R <= a.w.rows; r += R) {
     if constexpr (Int8Acts)
-      qgemv_rows_int8_any<Bits, R, M>(a, r, 1);
+      qgemv_rows_int8_any<Bits, R, M, Dot>(a, r, 1);
     else
       qgemv_rows_float<Bits, R, M>(a, r);
   }
   for (; r < a.w.rows; ++r) {
     if constexpr (Int8Acts)
-      qgemv_rows_int8_any<Bits, 1, M>(a, r, 1);
+      qgemv_rows_int8_any<Bits, 1, M, Dot>(a, r, 1);
     else
       qgemv_rows_float<Bits, 1, M>(a, r);
   }
 }
 
 // Tokens in passes of 4 (the weights read once per pass), then the 1-3 left.
-template <int Bits, bool Int8Acts>
+template <int Bits, bool Int8Acts, class Dot = MaddubsDot>
 inline void qgemv_run(const qgemv_args& args) {
   constexpr std::size_t P = 4;
   qgemv_args a = args;
@@ -668,16 +683,16 @@ inline void qgemv_run(const qgemv_args& args) {
     }
     switch (std::min(P, args.m - t)) {
       case 1:
-        qgemv_tokens<Bits, Int8Acts, 1>(a);
+        qgemv_tokens<Bits, Int8Acts, 1, Dot>(a);
         break;
       case 2:
-        qgemv_tokens<Bits, Int8Acts, 2>(a);
+        qgemv_tokens<Bits, Int8Acts, 2, Dot>(a);
         break;
       case 3:
-        qgemv_tokens<Bits, Int8Acts, 3>(a);
+        qgemv_tokens<Bits, Int8Acts, 3, Dot>(a);
         break;
       default:
-        qgemv_tokens<Bits, Int8Acts, 4>(a);
+        qgemv_tokens<Bits, Int8Acts, 4, Dot>(a);
         break;
     }
   }

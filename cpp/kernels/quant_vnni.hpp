@@ -495,6 +495,22 @@ inline void qgemv_int8_vnni(const qgemv_args& args) {
   }
 }
 
+// ---- decode: the int4-weight GEMV with the integer side on vpdpbusd ----
+// qgemv_rows_int4_pairs_g (kernels/quant.hpp) as it is -- the same stripes, chunks, hadds and
+// float side -- with each pair's maddubs + add + madd replaced by two vpdpbusd: the nibbles
+// (code + 8) are already unsigned, so vpdpbusd gives the same exact int32 sums of 4 products.
+// Bit for bit the AVX2 kernel.
+struct VnniDot {
+  static __m256i dot2(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
+    return LLMK_DPBUSD256(LLMK_DPBUSD256(_mm256_setzero_si256(), lo, xlo), hi, xhi);
+  }
+  static __m256i dot1(__m256i u, __m256i x) {
+    return LLMK_DPBUSD256(_mm256_setzero_si256(), u, x);
+  }
+};
+
+inline void qgemv_int4_vnni(const qgemv_args& a) { qgemv_run<4, true, VnniDot>(a); }
+
 // 16 float16 scales at p -> float32 (exact, as half_to_float; SIMDe has no 512-bit vcvtph2ps)
 inline Q512 widen16h(const std::uint16_t* p) {
 #if defined(LLMK_DOT_SIMDE)
@@ -824,6 +840,7 @@ void qgemm512(const qgemv_args& a, int bits, std::uint8_t* pack) {
   LLMK_DOT_NS::qgemm_int8_acts512(a, bits, pack);
 }
 void gemv(const qgemv_args& a) { LLMK_DOT_NS::qgemv_int8_vnni(a); }
+void gemv4(const qgemv_args& a) { LLMK_DOT_NS::qgemv_int4_vnni(a); }
 #endif
 }  // namespace dot::LLMK_DOT_ENTRY
 }  // namespace llmk

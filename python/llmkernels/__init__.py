@@ -230,11 +230,11 @@ def build_info() -> dict[str, Any]:
 
 
 def _int8_decode_dot() -> str:
-    """The int8-weight GEMV's integer side: vpdpbusd ("vnni") where the CPU has a dot-product
-    extension and the quantized family runs its AVX-512 path, the SIMDe twin where one is forced,
-    else the AVX2 / SSE2 code ("none"). Every choice gives the same bits."""
+    """The int8 / int4-weight GEMV's integer side: vpdpbusd ("vnni") where the CPU has a
+    dot-product extension and the quantized family runs its AVX2 or AVX-512 code, the SIMDe twin
+    where one is forced, else the AVX2 / SSE2 code ("none"). Every choice gives the same bits."""
     dot = _core.int8_dot()
     if dot in ("vnni_simde", "amx_emu", "vnni512_simde"):
         return "vnni_simde"
     fam = _core.family_simd_archs()["quant"]
-    return "vnni" if dot in ("vnni", "amx", "vnni512") and fam == "avx512" else "none"
+    return "vnni" if dot in ("vnni", "amx", "vnni512") and fam in ("avx2", "avx512") else "none"

@@ -155,16 +155,18 @@ def test_activation_codes_exact(isa: str) -> None:
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
 def test_thread_counts_bitwise(threads: None, bits: int, m: int) -> None:
-    """Row blocks of 256 per task and 4-row steps: an output's arithmetic does not depend on
-    which thread computes it. 1025 rows (a row tail), 11 blocks (a chunk tail)."""
+    """Row blocks taken by whichever thread is free, and 2 or 4 stripes: an output's arithmetic
+    does not depend on which block or thread computes it. 1025 rows (a row tail), 11 blocks (a
+    chunk tail); 3 threads on any host (more threads than cores: a different schedule)."""
     rng = np.random.default_rng(m)
     k, rows = 32 * 11, 1025
     q, s = lk.quantize(weights(rng, rows, k), bits, 32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     lk.set_num_threads(1)
     y1 = lk.quantized_linear(x, q, s, bits, 32)
-    lk.set_num_threads(2)
-    np.testing.assert_array_equal(lk.quantized_linear(x, q, s, bits, 32), y1)
+    for n in (2, 3):
+        lk.set_num_threads(n)
+        np.testing.assert_array_equal(lk.quantized_linear(x, q, s, bits, 32), y1)
 
 
 def test_float64_and_strided_input(isa: str) -> None:
@@ -230,5 +232,24 @@ def test_w16_thread_counts_bitwise(threads: None, fmt: str, m: int) -> None:
     x = rng.standard_normal((m, 1025), dtype=np.float32)
     lk.set_num_threads(1)
     y1 = _core._linear(x, words, fmt, None, None)
-    lk.set_num_threads(2)
-    np.testing.assert_array_equal(_core._linear(x, words, fmt, None, None), y1)
+    for n in (2, 3):
+        lk.set_num_threads(n)
+        np.testing.assert_array_equal(_core._linear(x, words, fmt, None, None), y1)
+
+
+@pytest.mark.parametrize("rows", [33, 1025, 4099])
+@pytest.mark.parametrize("m", [1, 3])
+def test_f32_gemv_thread_counts_bitwise(threads: None, rows: int, m: int) -> None:
+    """The float32 GEMV's rows in blocks taken by whichever thread is free: the same bits at
+    1, 2 and 3 threads, and those of the float64 product within float32 rounding."""
+    rng = np.random.default_rng(rows + m)
+    w = rng.standard_normal((rows, 515), dtype=np.float32)
+    x = rng.standard_normal((m, 515), dtype=np.float32)
+    bias = rng.standard_normal(rows, dtype=np.float32)
+    lk.set_num_threads(1)
+    y1 = _core._linear(x, w, "float32", bias, None)
+    for n in (2, 3):
+        lk.set_num_threads(n)
+        np.testing.assert_array_equal(_core._linear(x, w, "float32", bias, None), y1)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + bias
+    np.testing.assert_allclose(y1, ref, rtol=0, atol=1e-4 * np.abs(ref).max())

@@ -140,29 +140,32 @@ def test_accumulate_into_y(bits, dot, rng):
 
 
 def skip_unless_vnni_gemv() -> None:
-    """The native VNNI GEMV runs only where the quantized family runs AVX-512 (else the family's
-    own GEMV runs: SSE2's arithmetic is not AVX2's); the SIMDe twin wherever it is forced."""
+    """The native VNNI GEMV runs only where the quantized family runs AVX2 or AVX-512 code
+    (else the family's own GEMV runs: SSE2's arithmetic is not AVX2's); the SIMDe twin wherever
+    it is forced."""
     if lk._core.int8_dot() == "avx2":
         pytest.skip("no decode kernel of its own: the AVX2 GEMV is the one it equals")
     if lk._int8_decode_dot() == "none":
         pytest.skip(f"the quantized family runs {lk._core.family_simd_archs()['quant']} here")
 
 
-# The decode GEMV on vpdpbusd (int8 weights, up to INT8_ACTIVATION_TOKENS tokens): the same
-# arithmetic per (row, token) as the AVX2 GEMV, so equal to it bit for bit. Natively where the
-# quantized family runs AVX-512 (and the CPU has VNNI), as the SIMDe twin wherever forced.
+# The decode GEMV on vpdpbusd (int8 / int4 weights, up to INT8_ACTIVATION_TOKENS tokens): the
+# same arithmetic per (row, token) as the AVX2 GEMV, so equal to it bit for bit. Natively where
+# the quantized family runs AVX2 or AVX-512 code (and the CPU has VNNI), as the SIMDe twin
+# wherever forced. int4: the AVX2 kernel itself with two vpdpbusd per pair of blocks.
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize(("g", "k"), GROUP_K)
 @pytest.mark.parametrize("rows", [1, 3, 69])  # 2 stripes of 2 rows, and the rows left over
 @pytest.mark.parametrize("m", [1, 2, 3, 5, INT8_ACTIVATION_TOKENS])  # passes of 4 tokens
-def test_gemv_equals_avx2_gemv(g, k, rows, m, dot, rng):
+def test_gemv_equals_avx2_gemv(bits, g, k, rows, m, dot, rng):
     skip_unless_vnni_gemv()
     w = weights(rng, rows, k)
-    q, s = lk.quantize(w, bits=8, group_size=g)
+    q, s = lk.quantize(w, bits=bits, group_size=g)
     x = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(rows).astype(np.float32)
-    got = lk.quantized_linear(x, q, s, 8, g, bias)
+    got = lk.quantized_linear(x, q, s, bits, g, bias)
     with avx2_gemv():
-        want = lk.quantized_linear(x, q, s, 8, g, bias)
+        want = lk.quantized_linear(x, q, s, bits, g, bias)
     np.testing.assert_array_equal(got, want)
 
 
