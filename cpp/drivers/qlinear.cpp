@@ -77,10 +77,15 @@ constexpr std::size_t kGemvMaxTokensInt8 = 16;
 // processes per choice (this host's bandwidth moves by up to 2x from minute to minute, so the
 // crossings are loose), GEMV / tile time: 1 thread int8 m = 6 0.85, 8 1.05, 16 1.7-2.5; int4
 // m = 6 0.99-1.24, 7 1.19-1.34, 16 2.0; 2 threads int8 m = 4 0.86-1.16, 6 1.44-1.61, 16 2.0-2.5;
-// int4 m = 5 1.25-0.88, 6 1.30-1.05, 16 1.94. (On the 256-bit VNNI kernel -- Zen 4 -- unmeasured
-// against the GEMV for 9-16 tokens: the GEMV keeps its 16.)
+// int4 m = 5 1.25-0.88, 6 1.30-1.05, 16 1.94.
+// And on the 256-bit VNNI kernel (AMD EPYC Zen 4): a whole 22-layer TinyLlama-1.1B decode step
+// of m sequences, ms, medians of 12 steps interleaved in one process, GEMV / tile kernel, 1 / 2
+// threads: int8 m = 2 74 / 114, 37 / 60; 4 119 / 126, 86 / 83; 5 174 / 132, 130 / 104; 8 244 /
+// 165, 116 / 86; 16 460 / 221, 240 / 115; int4 m = 6 98 / 112, 50 / 62; 8 122 / 133, 73 / 78;
+// 10 159 / 150, 113 / 104; 16 237 / 197, 133 / 117.
 std::size_t int8_gemv_max_tokens(Int8Dot dot, int bits) {
-  if (dot == Int8Dot::avx2) return bits == 8 ? 5 : 8;
+  if (dot == Int8Dot::avx2 || dot == Int8Dot::vnni || dot == Int8Dot::vnni_simde)
+    return bits == 8 ? (dot == Int8Dot::avx2 ? 5 : 4) : 8;
   if (dot == Int8Dot::amx || dot == Int8Dot::amx_emu) {
     const bool one = get_num_threads() == 1;
     return bits == 8 ? (one ? 5 : 8) : (one ? 7 : 9);

@@ -134,9 +134,10 @@ def quantized_linear(
 
     ``x`` (..., k) float32 (converted if needed); returns (..., rows) float32. Up to 16 tokens
     (``INT8_ACTIVATION_TOKENS``) the product is a matrix-vector kernel reading the codes in
-    place (on AVX2 without VNNI up to 5 tokens of int8 weights, 8 of int4; on AMX up to 5 of
-    int8 and 7 of int4 at one thread, 8 and 9 at more: above, the integer kernel of longer
-    calls, with the same bits), with ``activations="int8"`` (the default: the
+    place (on AVX2 without VNNI up to 5 tokens of int8 weights, 8 of int4; on 256-bit VNNI up to
+    4 and 8; on 512-bit VNNI 6 at one thread, 5 at more; on AMX up to 5 of int8 and 7 of int4
+    at one thread, 8 and 9 at more: above, the integer kernel of longer calls, with the same
+    bits), with ``activations="int8"`` (the default: the
     faster, see docs/quantization.md) quantizing each token in blocks of 32 (llama.cpp's q8_0)
     for integer dot products
     (:func:`ref_quantized_linear` with ``activations="int8"`` is its formula; a call with a

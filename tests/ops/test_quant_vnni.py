@@ -73,8 +73,9 @@ def per_token_avx2(x, q, s, bits, g, bias=None):
 # drivers/qlinear.cpp's int8_gemv_max_tokens: per tile kernel, bits and (AMX) one thread or more,
 # the tokens the GEMV keeps (above: the tile kernel); INT8_ACTIVATION_TOKENS for the others
 GEMV_TOKENS = {"avx2": {8: (5, 5), 4: (8, 8)}, "amx": {8: (5, 8), 4: (7, 9)}}
+GEMV_TOKENS["vnni"] = {8: (4, 4), 4: (8, 8)}
 GEMV_TOKENS["vnni512"] = {8: (6, 5), 4: (6, 5)}
-for twin, native in (("amx_emu", "amx"), ("vnni512_simde", "vnni512")):
+for twin, native in (("amx_emu", "amx"), ("vnni512_simde", "vnni512"), ("vnni_simde", "vnni")):
     GEMV_TOKENS[twin] = GEMV_TOKENS[native]
 
 
