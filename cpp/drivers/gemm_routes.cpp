@@ -232,12 +232,18 @@ Path choose_path_w(std::size_t m, bool quantized) {
 // step, medians of 8 interleaved rounds in one process, fixed halves (blocks of 256 rows split
 // in two) against this: float32 157.8 / 132.5, bfloat16 77.9 / 66.5 (int8 47.3 / 42.1, int4
 // 33.9 / 25.4: drivers/qlinear.cpp). Blocks of 64-256 rows were within 5% of each other.
-template <class F>
-void decode_split(std::size_t n, std::size_t m, std::size_t k, std::size_t row_bytes, F&& fn) {
-  const std::size_t block = decode_block_rows(n, row_bytes);
-  parallel_for_dynamic(n, block, 2.0 * m * k, fn);
+std::size_t decode_block_rows(std::size_t rows, std::size_t row_bytes) {
+  constexpr std::size_t kBlockBytes = std::size_t{1} << 20;
+  const std::size_t threads = static_cast<std::size_t>(std::max(1, get_num_threads()));
+  std::size_t r = std::min(kBlockBytes / std::max<std::size_t>(row_bytes, 1), rows / (2 * threads));
+  return std::max<std::size_t>(16, r / 16 * 16);  // (whole groups of rows for the stripes)
 }
 }  // namespace
+
+void decode_split(std::size_t rows, std::size_t row_bytes, double cost_per_row,
+                  function_ref<void(std::size_t, std::size_t)> fn) {
+  parallel_for_dynamic(rows, decode_block_rows(rows, row_bytes), cost_per_row, fn);
+}
 
 void set_gemm_route(GemmRoute route) { g_route.store(static_cast<int>(route)); }
 GemmRoute gemm_route() { return static_cast<GemmRoute>(g_route.load()); }
@@ -285,7 +291,7 @@ void linear(const T* x, std::size_t m, std::size_t k, const T* w, WeightLayout l
                accumulate, bias ? bias + c0 : bias);
     });
   } else {  // decode: matrix-vector products, bound by reading the weights
-    decode_split(n, m, k, k * sizeof(T), [&](std::size_t c0, std::size_t c1) {
+    decode_split(n, k * sizeof(T), 2.0 * m * k, [&](std::size_t c0, std::size_t c1) {
       dispatch(gemv_kernel{}, y + c0, n, w + c0 * k, x, k, m, c1 - c0, k, accumulate,
                bias ? bias + c0 : bias);
     });
@@ -379,18 +385,11 @@ void linear_w16(const float* x, std::size_t m, std::size_t k, WeightRef w, std::
       }
     });
   } else {  // decode: bound by reading the (half-size) weights
-    decode_split(n, m, k, 2 * k, [&](std::size_t c0, std::size_t c1) {
+    decode_split(n, 2 * k, 2.0 * m * k, [&](std::size_t c0, std::size_t c1) {
       dispatch(gemv_w16_kernel{}, y + c0, n, wp + c0 * k, fmt, x, k, m, c1 - c0, k, accumulate,
                bias ? bias + c0 : bias);
     });
   }
-}
-
-std::size_t decode_block_rows(std::size_t rows, std::size_t row_bytes) {
-  constexpr std::size_t kBlockBytes = std::size_t{1} << 20;
-  const std::size_t threads = static_cast<std::size_t>(std::max(1, get_num_threads()));
-  std::size_t r = std::min(kBlockBytes / std::max<std::size_t>(row_bytes, 1), rows / (2 * threads));
-  return std::max<std::size_t>(16, r / 16 * 16);  // (whole groups of rows for the stripes)
 }
 
 bool packed_route_w(std::size_t m, WeightFormat format) {

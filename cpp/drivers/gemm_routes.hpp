@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/thread_pool.hpp"  // function_ref
 #include "kernels/ops.hpp"
 
 namespace llmk {
@@ -43,9 +44,12 @@ GemmRoute gemm_route();
 void linear_w16(const float* x, std::size_t m, std::size_t k, WeightRef w, std::size_t n,
                 const float* bias, float* y, bool accumulate);
 
-// Rows per block of a decode GEMV's thread split (parallel_for_dynamic): about 1 MiB of a
-// matrix of `rows` rows of row_bytes each, at least 2 blocks per thread, a multiple of 16 rows.
-std::size_t decode_block_rows(std::size_t rows, std::size_t row_bytes);
+// A decode GEMV's thread split: fn(r0, r1) over [0, rows) in blocks of about 1 MiB of the
+// matrix (rows of row_bytes each; at least 2 blocks per thread, a multiple of 16 rows), taken by
+// whichever thread is free (parallel_for_dynamic; cost_per_row: its serial cutoff). Each row's
+// arithmetic does not depend on its block, so neither do the results.
+void decode_split(std::size_t rows, std::size_t row_bytes, double cost_per_row,
+                  function_ref<void(std::size_t, std::size_t)> fn);
 
 // Whether a projection of m tokens with weights in `format` (16-bit or quantized, float
 // activations) takes the packed GEMM (the route, the ISA and m decide; never up to 8 tokens), and

@@ -488,6 +488,11 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
           part.w.scales = w.scales + r0 * (w.k / group);
           part.w.rows = std::min(w.rows - r0, dot::kVnniRowBlock);
           part.bias = a.bias ? a.bias + r0 : nullptr;
+          if (blk + nc < vblocks) {  // this thread's next block
+            const std::size_t n0 = (blk + nc) * dot::kVnniRowBlock;
+            part.next_q = w.q + n0 * row_bytes;
+            part.next_bytes = std::min(w.rows - n0, dot::kVnniRowBlock) * row_bytes;
+          }
           dot::qgemm_int8_acts(dot, part, bits, pack);
         }
       });
@@ -515,9 +520,7 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
     };
     const double cost = 2.0 * static_cast<double>(m * w.k);
     if (gemv) {  // decode: drivers/gemm_routes.cpp's decode_split (figures there)
-      const std::size_t scale_bytes = w.k / group * sizeof(std::uint16_t);
-      parallel_for_dynamic(w.rows, decode_block_rows(w.rows, row_bytes + scale_bytes), cost,
-                           rows);
+      decode_split(w.rows, row_bytes + w.k / group * sizeof(std::uint16_t), cost, rows);
     } else {
       const std::size_t blocks = (w.rows + kRowBlock - 1) / kRowBlock;
       parallel_for(blocks, 1, cost * kRowBlock, [&](std::size_t b0, std::size_t b1) {

@@ -66,6 +66,10 @@ struct qgemv_args {
   int stripes;        // the AVX2 int8-activation GEMV's row stripes for int4 weights: 2 or 4
   // the AVX2 int8-activation GEMV's software prefetch: bytes ahead on each row it reads, or 0
   std::size_t prefetch;
+  // the VNNI tile kernels: the codes this thread's next call reads (next_bytes of them, or null),
+  // prefetched into L2 a little per tile while this call computes
+  const std::uint8_t* next_q = nullptr;
+  std::size_t next_bytes = 0;
 };
 
 namespace {  // internal linkage: compiled into each per-ISA unit with its own flags
