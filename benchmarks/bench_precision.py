@@ -164,14 +164,18 @@ PEER_OF = {
 def dot_probes(threads: Iterable[int]) -> dict[str, dict[int, float]]:
     """The limits of the low-precision kernels, beside the FMA / triad probe: the peaks of the
     dot-product instructions the bf16 (vdpbf16ps, AMX tdpbf16ps) and int8 / int4 (vpdpbusd, AMX
-    tdpbssd) prefill run where the CPU has them (G operations/s), and read-only bandwidth
-    (decode reads its weights once)."""
+    tdpbssd, AVX2's vpmaddubsw mix) prefill run where the CPU has them (G operations/s), and
+    read-only bandwidth (decode reads its weights once)."""
     core = lk._core
     out: dict[str, dict[int, float]] = {"read_gbs": {}}
     for t in threads:
         out["read_gbs"][t] = core._probe_read_gbs(t, 1 << 26, 5)
         if core.cpu_has_avx512_vnni:
             out.setdefault("vpdpbusd_gops", {})[t] = core._probe_dot_gops("vpdpbusd", t, 50_000_000)
+        if core.int8_dot() == "avx2":  # no VNNI: the int8 kernels' sign + maddubs + madd mix
+            out.setdefault("vpmaddubsw_gops", {})[t] = core._probe_dot_gops(
+                "vpmaddubsw", t, 50_000_000
+            )
         if HAS_AVX512_BF16:
             out.setdefault("vdpbf16ps_gflops", {})[t] = core._probe_dot_gops(
                 "vdpbf16ps", t, 50_000_000

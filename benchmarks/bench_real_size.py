@@ -295,6 +295,8 @@ def main() -> int:
     }
     if core.cpu_has_avx512_vnni:
         probes["vpdpbusd_gops"] = lambda t: core._probe_dot_gops("vpdpbusd", t, 50_000_000)
+    if core.int8_dot() == "avx2":  # no VNNI: the int8 kernels' maddubs mix
+        probes["vpmaddubsw_gops"] = lambda t: core._probe_dot_gops("vpmaddubsw", t, 50_000_000)
     if core.cpu_has_avx512_bf16:
         probes["vdpbf16ps_gflops"] = lambda t: core._probe_dot_gops("vdpbf16ps", t, 50_000_000)
     if core.cpu_has_amx:  # AMX tiles (the kernels' own instructions there)
@@ -327,9 +329,11 @@ def main() -> int:
     params = args.layers * (2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632) + 32000 * 2048
     per_param = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 34 / 32, "int4": 18 / 32}
     # each precision's peak: that of the instruction its prefill kernel runs here (bf16 without
-    # a bf16 dot product: the float32 GEMM of the widened weights, FMA; int8 on AVX2's maddubs:
-    # not probed, "n/a")
-    int8_peak = "tdpbssd_gops" if report["int8_dot"] == "amx" else "vpdpbusd_gops"
+    # a bf16 dot product: the float32 GEMM of the widened weights, FMA; int8 on AVX2: the sign +
+    # maddubs + madd mix of int8 weights, which int4's unsigned nibbles halve -- int4 may pass it)
+    int8_peak = {"amx": "tdpbssd_gops", "avx2": "vpmaddubsw_gops"}.get(
+        report["int8_dot"], "vpdpbusd_gops"
+    )
     bf16_peak = {"amx": "tdpbf16ps_gflops", "none": "fma_gflops"}.get(
         report["bf16_dot"], "vdpbf16ps_gflops"
     )

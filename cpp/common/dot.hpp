@@ -111,6 +111,7 @@ inline std::size_t int8_pack_bytes(Int8Dot dot, std::size_t k) {
 double probe_vpdpbusd(std::size_t iterations, int* sink);
 double probe_vdpbf16ps(std::size_t iterations, float* sink);
 double probe_amx(bool int8, std::size_t iterations, float* sink);  // tdpbssd / tdpbf16ps
+double probe_maddubs(std::size_t iterations, int* sink);  // AVX2's int8 mix (any AVX2 CPU)
 // (avx2: the same kernel on AVX2's maddubs, cpp/arch/dot_avx2.cpp; act.xi holds the codes as
 // they are -- signed, not + 128 -- and for int4 weights act.xs8 8 * each block's sum, as for
 // the AVX2 GEMV)

@@ -116,24 +116,30 @@ double probe_read_gbs(int threads, std::size_t n, int repeats) {
 }
 
 // Peak of a dot-product instruction, G operations/s (a multiply-add counts 2): "vpdpbusd"
-// (AVX512_VNNI, int8), "vdpbf16ps" (AVX512_BF16), or AMX's "tdpbssd" (int8) / "tdpbf16ps"; the
+// (AVX512_VNNI, int8), "vdpbf16ps" (AVX512_BF16), AMX's "tdpbssd" (int8) / "tdpbf16ps", or
+// "vpmaddubsw" (AVX2: the int8 kernels' sign + maddubs + madd mix where there is no VNNI); the
 // CPU must have it.
 double probe_dot_gops(const std::string& instruction, int threads, std::size_t iterations) {
   check_probe_threads(threads);
+  const bool maddubs = instruction == "vpmaddubsw";
   const bool int8 = instruction == "vpdpbusd" || instruction == "tdpbssd";
   const bool tiles = instruction == "tdpbssd" || instruction == "tdpbf16ps";
-  if (!int8 && !tiles && instruction != "vdpbf16ps")
-    fail("_probe_dot_gops", "instruction must be 'vpdpbusd', 'vdpbf16ps', 'tdpbssd' or "
-                            "'tdpbf16ps', got '" + instruction + "'");
-  if (tiles ? !cpu_has_amx() : int8 ? !cpu_has_avx512_vnni() : !cpu_has_avx512_bf16())
-    fail("_probe_dot_gops", "this CPU has no " + instruction);
+  if (!maddubs && !int8 && !tiles && instruction != "vdpbf16ps")
+    fail("_probe_dot_gops", "instruction must be 'vpdpbusd', 'vdpbf16ps', 'tdpbssd', "
+                            "'tdpbf16ps' or 'vpmaddubsw', got '" + instruction + "'");
+  const bool has = maddubs ? best_supported_isa() >= Isa::avx2
+                   : tiles ? cpu_has_amx()
+                   : int8  ? cpu_has_avx512_vnni()
+                           : cpu_has_avx512_bf16();
+  if (!has) fail("_probe_dot_gops", "this CPU has no " + instruction);
   py::gil_scoped_release nogil;
   std::vector<double> ops(threads, 0.0);
   std::vector<int> isink(threads, 0);
   std::vector<float> fsink(threads, 0.f);
   auto t0 = clock_type::now();
   parallel_for_threads(threads, [&](int k, int) {
-    ops[k] = tiles  ? dot::probe_amx(int8, iterations, &fsink[k])
+    ops[k] = maddubs ? dot::probe_maddubs(iterations, &isink[k])
+             : tiles ? dot::probe_amx(int8, iterations, &fsink[k])
              : int8 ? dot::probe_vpdpbusd(iterations, &isink[k])
                     : dot::probe_vdpbf16ps(iterations, &fsink[k]);
   });

@@ -448,6 +448,7 @@ def test_roofline_probes() -> None:
         "vdpbf16ps": core.cpu_has_avx512_bf16,
         "tdpbssd": core.cpu_has_amx,
         "tdpbf16ps": core.cpu_has_amx,
+        "vpmaddubsw": core.best_simd_arch() in ("avx2", "avx512"),
     }
     for name, has in has_instruction.items():
         if has:
