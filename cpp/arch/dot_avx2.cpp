@@ -10,9 +10,9 @@
 
 namespace llmk::dot {
 // The roofline of the int8-weight kernels on AVX2 (no VNNI): the instruction mix of their
-// integer side per 32 products (chunk_sums above, the GEMV alike) -- the sign trick's
-// sign(x, w), maddubs (|w| unsigned), madd to int32, add -- on 12 independent chains, 64 integer
-// operations each. On AMD Zen 3 the vector integer multiplies (two per 32 products) bound it at
+// integer side per 32 products (chunk_sums above, the GEMV alike) -- the sign trick's sign,
+// maddubs (one side's absolute value as the unsigned operand), madd to int32, add -- on 12
+// independent chains, 64 integer operations each. On AMD Zen 3 the vector integer multiplies (two per 32 products) bound it at
 // about the float32 FMA peak. Returns the operations done; *sink keeps the result alive.
 double probe_maddubs(std::size_t iterations, int* sink) {
   constexpr int kChains = 12;

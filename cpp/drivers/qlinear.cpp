@@ -345,8 +345,10 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                                            (w.rows + dot::kVnniRowBlock - 1) / dot::kVnniRowBlock,
                                            static_cast<std::size_t>(std::max(1, get_num_threads())))
                                      : 0;
+    // (int8 weights on AVX2: also |x| in xi's layout, xa)
+    const bool abs_x = dot == Int8Dot::avx2 && bits == 8;
     const std::size_t vnni_bytes =
-        vnni ? mp * nch * (dot::kVnniChunkBytes + 8 * sizeof(float)) +
+        vnni ? mp * nch * ((abs_x ? 2 : 1) * dot::kVnniChunkBytes + 8 * sizeof(float)) +
                     chunks * dot::int8_pack_bytes(dot, w.k) + 64
               : 0;
     const std::size_t act_bytes =
@@ -385,7 +387,8 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         return;
       }
       auto* xs8 = reinterpret_cast<std::int32_t*>(q4 + m * w.k);  // (m, nch, 8)
-      if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr, nullptr};
+      if (int8_acts) a.act = qacts{xq, q16, sc, nullptr, nullptr, nullptr, nullptr, nullptr,
+                            nullptr};
       if (int8_acts && bits == 8 && gemv_dot != Int8Dot::none) {
         // 128 * each block's sum, in xs8's place (int4 keeps xs8: its nibbles are unsigned)
         for (std::size_t t = 0; t < m; ++t)
@@ -430,7 +433,9 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
         const std::size_t at = (m * w.k * 4 + m * nb * sizeof(float) + m * nch * 32 + 63) / 64 * 64;
         auto* xi = base + at;                                                 // (mp, nch, 256)
         auto* sx8 = reinterpret_cast<float*>(xi + mp * nch * dot::kVnniChunkBytes);  // (m, nch, 8)
-        vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + mp * nch * 8);
+        auto* xa = abs_x ? reinterpret_cast<std::uint8_t*>(sx8 + mp * nch * 8) : nullptr;
+        vnni_pack = reinterpret_cast<std::uint8_t*>(sx8 + mp * nch * 8) +
+                    (abs_x ? mp * nch * dot::kVnniChunkBytes : 0);
         // vpdpbusd's unsigned operand is x + 128; AVX2's maddubs takes the codes as they are
         const std::uint32_t flip = dot == Int8Dot::avx2 ? 0u : 0x80808080u;
         // per token, split across the threads: tokens [t0, t1) of mp (those past m: zero codes)
@@ -461,10 +466,18 @@ void qlinear(const float* x, std::size_t m, const qweights& w, int bits, const f
                 std::memcpy(dst + 32 * j + 4 * l, &v, 4);
               }
             }
+            if (xa) {  // |x| (codes in [-127, 127]: exact as unsigned bytes)
+              std::uint8_t* da = xa + (t * nch + c) * dot::kVnniChunkBytes;
+              for (std::size_t i = 0; i < dot::kVnniChunkBytes; ++i) {
+                const auto v = static_cast<std::int8_t>(dst[i]);
+                da[i] = static_cast<std::uint8_t>(v < 0 ? -v : v);
+              }
+            }
           }
         });
         a.act.xi = xi;
         a.act.sx8 = sx8;
+        a.act.xa = xa;
       }
     }
     if (!gemv) {

@@ -49,6 +49,9 @@ struct qacts {
   // int8 weights on the VNNI GEMV (kernels/quant_vnni.hpp; else null): (m, chunks of 8 blocks,
   // 8) int32, 128 * the sum of each block's codes (0 past the last block)
   const std::int32_t* xs128;
+  // int8 weights on the AVX2 integer prefill (Int8Dot::avx2; else null): |xi| (xi holds the
+  // signed codes there), the unsigned operand of maddubs(|x|, sign(w, x))
+  const std::uint8_t* xa;
 };
 
 // One call of gemv_q8_kernel / gemv_q4_kernel / gemm_q_kernel:

@@ -103,17 +103,19 @@ inline void transpose8x32(const __m256i (&v)[8], __m256i (&out)[8]) {
   }
 }
 
-// rows [r0, r0 + nr) of w into pack. Pairs (the 512-bit kernel): rows 2p and 2p + 1 interleaved
+// rows [r0, r0 + nr) of w into pack; returns whether a code is -128 (int8 on AVX2 only, else
+// false: the kernel's sign(x) * w would wrap there). Pairs (the 512-bit kernel): rows 2p and 2p + 1 interleaved
 // 32 bytes at a time -- pair p's chunk c (2 * kVnniPackChunk bytes) holds vector j of both rows
 // at 64 j (row 2p first), their offsets at 512 and scales at 576 -- so one 512-bit load takes
 // the same step of two rows; an odd last row is paired with zeros.
 template <int Bits, bool Pairs = false>
-inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::uint8_t* pack) {
+inline bool vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::uint8_t* pack) {
   const std::size_t k = w.k, nb = k / kQBlock, nch = dot::vnni_chunks(k), ng = k / w.group;
   const unsigned gsh = w.group == 128 ? 2 : w.group == 64 ? 1 : 0;  // blocks per group 1 << gsh
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), zero = _mm256_setzero_si256();
   constexpr std::size_t V = Pairs ? 64 : 32;  // bytes from one vector of a row to its next
   const std::size_t rows = Pairs ? (nr + 1) / 2 * 2 : nr;
+  __m256i min_code = zero;  // (int8 on AVX2) lanes of -128 codes
   for (std::size_t r = 0; r < rows; ++r) {
     const std::uint8_t* row = w.q + (r0 + std::min(r, nr - 1)) * (k * Bits / 8);  // (pad: unread)
     const std::uint16_t* rsc = w.scales + (r0 + std::min(r, nr - 1)) * ng;
@@ -128,6 +130,9 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
 #if defined(LLMK_DOT_MADDUBS)
       if constexpr (Bits == 4)  // maddubs' unsigned operand: code + 8 (blocks past the last 0)
         for (std::size_t l = 0; l < n; ++l) v[l] = _mm256_add_epi8(v[l], _mm256_set1_epi8(8));
+      else
+        for (std::size_t l = 0; l < n; ++l)
+          min_code = _mm256_or_si256(min_code, _mm256_cmpeq_epi8(v[l], flip));
       transpose8x32(v, out);
       for (int j = 0; j < 8; ++j)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + V * j), out[j]);
@@ -151,6 +156,7 @@ inline void vnni_pack(const qweights& w, std::size_t r0, std::size_t nr, std::ui
       }
     }
   }
+  return !_mm256_testz_si256(min_code, min_code);
 }
 
 // step j of a chunk: vector j of R repacked rows and of M tokens' codes
@@ -166,29 +172,48 @@ inline void load_step(const std::uint8_t* wc, std::size_t rstride, const std::ui
 // The integer side of a chunk, R rows x M tokens: s[r][t] lane l = the dot product of block l's
 // codes (exact). With vpdpbusd: chains of 8 from the offsets -128 * sum(w), x + 128 unsigned.
 // On AVX2 (LLMK_DOT_MADDUBS, x as signed codes) maddubs multiplies unsigned by signed bytes into
-// int16 pairs, which saturate: int8 weights take the sign trick -- |w| times sign(w) * x, a
-// pair at most 2 * 128 * 127 < 2^15 -- and madd widens each pair to int32 at once; int4 weights
+// int16 pairs, which saturate: int8 weights take the sign trick -- |x| (act.xa, formed once per
+// call) times sign(x) * w, a pair at most 2 * 127 * 127 < 2^15 -- and madd widens each pair to
+// int32 at once. (|w| times sign(w) * x, the GEMV's order, costs an abs per row and step: on AMD
+// Zen 3 the abs, sign, maddubs and madd share two pipes, and the inner loop of the 2 x 3 tile
+// ran ~8% faster with |x| from memory: 65 against 60 G MAC/s, one core, L1-resident); int4 weights
 // are stored as code + 8 (0 .. 15), so 8 steps of pairs add up in int16 (8 * 2 * 15 * 127 =
 // 30480 < 2^15) before one madd, and 8 * sum(x) per block (act.xs8) comes off.
-template <int R, int M, int Bits>
+template <int R, int M, int Bits, bool AbsX = false>
 inline void chunk_sums(const std::uint8_t* wc, std::size_t rstride, const std::uint8_t* xc,
                        std::size_t tstride, const std::int32_t* xs8c, std::size_t xs8stride,
-                       __m256i (&s)[R][M]) {
+                       const std::uint8_t* xac, __m256i (&s)[R][M]) {
 #if defined(LLMK_DOT_MADDUBS)
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i h[R][M] = {};  // int8 weights: the int32 sums; int4: the int16 ones
   for (int j = 0; j < 8; ++j) {
-    __m256i wv[R], xv[M];
-    load_step(wc, rstride, xc, tstride, j, wv, xv);
-    for (int r = 0; r < R; ++r) {
-      const __m256i aw = _mm256_abs_epi8(wv[r]);  // (int8 only)
-      for (int t = 0; t < M; ++t)
-        if constexpr (Bits == 8)
+    if constexpr (Bits == 8 && AbsX) {
+      __m256i wv[R];
+      for (int r = 0; r < R; ++r)
+        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wc + r * rstride + 32 * j));
+      for (int t = 0; t < M; ++t) {
+        const __m256i ax =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xac + t * tstride + 32 * j));
+        const __m256i xv =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + t * tstride + 32 * j));
+        for (int r = 0; r < R; ++r)
           h[r][t] = _mm256_add_epi32(
               h[r][t],
-              _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv[r])), ones));
-        else
-          h[r][t] = _mm256_add_epi16(h[r][t], _mm256_maddubs_epi16(wv[r], xv[t]));
+              _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(wv[r], xv)), ones));
+      }
+    } else {
+      __m256i wv[R], xv[M];
+      load_step(wc, rstride, xc, tstride, j, wv, xv);
+      for (int r = 0; r < R; ++r) {
+        const __m256i aw = _mm256_abs_epi8(wv[r]);  // (int8 only; -128 -> 128 unsigned)
+        for (int t = 0; t < M; ++t)
+          if constexpr (Bits == 8)
+            h[r][t] = _mm256_add_epi32(
+                h[r][t],
+                _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv[r])), ones));
+          else
+            h[r][t] = _mm256_add_epi16(h[r][t], _mm256_maddubs_epi16(wv[r], xv[t]));
+      }
     }
   }
   for (int t = 0; t < M; ++t) {
@@ -202,7 +227,7 @@ inline void chunk_sums(const std::uint8_t* wc, std::size_t rstride, const std::u
     }
   }
 #else
-  (void)xs8c, (void)xs8stride;
+  (void)xs8c, (void)xs8stride, (void)xac;
   for (int r = 0; r < R; ++r) {
     const __m256i off = _mm256_loadu_si256(
         reinterpret_cast<const __m256i*>(wc + r * rstride + kVnniChunkBytes));
@@ -220,7 +245,7 @@ inline void chunk_sums(const std::uint8_t* wc, std::size_t rstride, const std::u
 // rows p0 .. p0 + R - 1 of the pack (rows r0 + p0 .. of a) against tokens t0 .. t0 + M - 1: per
 // chunk the R x M block sums (chunk_sums), then per (row, token) one conversion, the products
 // d = s_w * s_x of the 8 blocks and one FMA -- qgemv_rows_w8_g's arithmetic (kernels/quant.hpp)
-template <int R, int M, int Bits>
+template <int R, int M, int Bits, bool AbsX>
 inline void vnni_tile(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
                        std::size_t p0, std::size_t t0) {
   const std::size_t nch = dot::vnni_chunks(a.w.k), rstride = nch * dot::kVnniPackChunk;
@@ -228,12 +253,14 @@ inline void vnni_tile(const qgemv_args& a, const std::uint8_t* pack, std::size_t
   const std::uint8_t* xt = a.act.xi + t0 * nch * kVnniChunkBytes;  // (M, nch, 256) x codes
   const float* st = a.act.sx8 + t0 * nch * 8;                   // (M, nch, 8) scales
   const std::int32_t* xs8 = a.act.xs8 ? a.act.xs8 + t0 * nch * 8 : nullptr;  // (M, nch, 8)
+  const std::uint8_t* xa = a.act.xa ? a.act.xa + t0 * nch * kVnniChunkBytes : nullptr;  // |xt|
   __m256 acc[R][M] = {};  // (zero)
   for (std::size_t c = 0; c < nch; ++c) {
     const std::uint8_t* wc = wr + c * dot::kVnniPackChunk;
     __m256i s[R][M];
-    chunk_sums<R, M, Bits>(wc, rstride, xt + c * kVnniChunkBytes, nch * kVnniChunkBytes,
-                           xs8 ? xs8 + c * 8 : nullptr, nch * 8, s);
+    chunk_sums<R, M, Bits, AbsX>(wc, rstride, xt + c * kVnniChunkBytes, nch * kVnniChunkBytes,
+                           xs8 ? xs8 + c * 8 : nullptr, nch * 8,
+                           xa ? xa + c * kVnniChunkBytes : nullptr, s);
     for (int r = 0; r < R; ++r) {
       const __m256 sw = _mm256_loadu_ps(
           reinterpret_cast<const float*>(wc + r * rstride + kVnniChunkBytes + 32));
@@ -278,34 +305,51 @@ struct NextPrefetch {
 };
 
 // pack rows [p0, p1) against tokens t0 .. t0 + M - 1
-template <int M, int Bits>
+template <int M, int Bits, bool AbsX>
 inline void vnni_tokens(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
                          std::size_t nr, std::size_t t0, NextPrefetch& pf) {
   std::size_t p = 0;
-  for (; p + kVnniR <= nr; p += kVnniR, pf()) vnni_tile<kVnniR, M, Bits>(a, pack, r0, p, t0);
-  for (; p < nr; ++p, pf()) vnni_tile<1, M, Bits>(a, pack, r0, p, t0);
+  for (; p + kVnniR <= nr; p += kVnniR, pf())
+    vnni_tile<kVnniR, M, Bits, AbsX>(a, pack, r0, p, t0);
+  for (; p < nr; ++p, pf()) vnni_tile<1, M, Bits, AbsX>(a, pack, r0, p, t0);
+}
+
+// the tokens against one packed block of nr rows
+template <int Bits, bool AbsX>
+inline void vnni_block(const qgemv_args& a, const std::uint8_t* pack, std::size_t r0,
+                       std::size_t nr, NextPrefetch& pf) {
+  std::size_t t = 0;
+  for (; t + kVnniM <= a.m; t += kVnniM) vnni_tokens<kVnniM, Bits, AbsX>(a, pack, r0, nr, t, pf);
+  switch (a.m - t) {
+    case 1:
+      vnni_tokens<1, Bits, AbsX>(a, pack, r0, nr, t, pf);
+      break;
+    case 2:
+      vnni_tokens<2, Bits, AbsX>(a, pack, r0, nr, t, pf);
+      break;
+    default:  // (none left: kVnniM <= 3)
+      break;
+  }
 }
 
 template <int Bits>
 inline void vnni_gemm(const qgemv_args& a, std::uint8_t* pack) {
   for (std::size_t r0 = 0; r0 < a.w.rows; r0 += kVnniRowBlock) {
     const std::size_t nr = std::min(a.w.rows - r0, kVnniRowBlock);
-    vnni_pack<Bits>(a.w, r0, nr, pack);
+    const bool min_code = vnni_pack<Bits>(a.w, r0, nr, pack);
     // (the last block of the call: the next call's rows)
     const bool last = r0 + kVnniRowBlock >= a.w.rows;
     NextPrefetch pf(a, last ? (a.m + kVnniM - 1) / kVnniM * ((nr + kVnniR - 1) / kVnniR) : 0);
-    std::size_t t = 0;
-    for (; t + kVnniM <= a.m; t += kVnniM) vnni_tokens<kVnniM, Bits>(a, pack, r0, nr, t, pf);
-    switch (a.m - t) {
-      case 1:
-        vnni_tokens<1, Bits>(a, pack, r0, nr, t, pf);
-        break;
-      case 2:
-        vnni_tokens<2, Bits>(a, pack, r0, nr, t, pf);
-        break;
-      default:  // (none left: kVnniM <= 3)
-        break;
+#if defined(LLMK_DOT_MADDUBS)
+    // int8 on AVX2: |x| times sign(x) * w, unless a code of the block is -128 (lk.quantize
+    // never writes one: its codes are in [-127, 127]; quantized_linear takes any)
+    if (Bits == 8 && a.act.xa && !min_code) {
+      vnni_block<Bits, true>(a, pack, r0, nr, pf);
+      continue;
     }
+#endif
+    (void)min_code;
+    vnni_block<Bits, false>(a, pack, r0, nr, pf);
   }
 }
 

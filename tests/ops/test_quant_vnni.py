@@ -202,6 +202,23 @@ def test_prefill_any_int8_code(dot, rng):
     assert np.isnan(got[1]).all() and not np.isnan(np.delete(got, 1, axis=0)).any()
 
 
+@pytest.mark.parametrize("min_code_rows", [(), (5,), (0, 39)])
+def test_prefill_extreme_codes(dot, rng, min_code_rows):
+    """Codes of +-127 (lk.quantize's range) against activations of +-127 -- AVX2 multiplies |x|
+    by sign(x) * w there: pairs of 2 * 127 * 127 < 2^15 -- and a -128 code in some rows, whose
+    64-row block takes |w| times sign(w) * x instead (the same sums)."""
+    q = rng.integers(-127, 128, (70, 256)).astype(np.int8)
+    q[:, :40] = -127
+    q[:, 40:80] = 127
+    for r in min_code_rows:
+        q[r, 100] = -128
+    s = rng.uniform(1e-3, 0.1, (70, 8)).astype(np.float16)
+    x = rng.standard_normal((23, 256)).astype(np.float32)
+    x[:, :80] = np.where(rng.random((23, 80)) < 0.5, -1.0, 1.0)  # codes +-127
+    got = lk.quantized_linear(x, q, s, 8, 32)
+    np.testing.assert_array_equal(got, per_token_avx2(x, q, s, 8, 32))
+
+
 def test_out_of_range_scales_fall_back_to_float(dot, rng):
     """A token of |x| ~ 3e38 (its scale past the kernels' range) sends the call to float
     activations, as the GEMV does: 0 where the integer dot is 0, never NaN."""
