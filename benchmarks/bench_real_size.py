@@ -11,7 +11,8 @@ are compared first. Then, per thread count, round by round, each (ours, peer) pa
 back to back in fresh processes (or, with ``--pairs N``, both models stay loaded in their own
 processes and N rounds of adjacent calls are timed, the read probe beside every decode: on a
 host whose bandwidth moves from minute to minute the two sides of each ratio are then seconds
-apart, not minutes):
+apart, not minutes; our float32 model then stays resident too, and each other case's "vs our
+f32" ratio is the median of its prefills' ratios to float32 calls made beside them):
 
 * prefill: 512 tokens, the last position's logits (what a generation needs); one untimed
   warm-up call, then the median of ``--repeats`` timed calls;
@@ -182,22 +183,27 @@ class Server:
 
 
 def run_pairs(case: str, threads: int, model_dir: Path, gguf: Path | None, pairs: int,
-              read_probe) -> tuple[list, list, list]:  # fmt: skip
+              read_probe, base: Server | None = None) -> tuple[list, list, list, list]:  # fmt: skip
     """--pairs: both models loaded at once (each in its own process, the idle one blocked on a
     read), then `pairs` rounds of adjacent timed calls -- prefill of ours and the peer's, then
     decode of each, who goes first alternating by round -- with the read probe just before and
     after each round's decodes. The two sides of a ratio are measured seconds apart, under the
-    same state of a host whose bandwidth moves from minute to minute."""
+    same state of a host whose bandwidth moves from minute to minute. `base` (our float32
+    model, resident in its own process): its prefill joins each round's, for the "vs our f32"
+    ratio of the same adjacent calls."""
     ours = Server("ours", case, threads, model_dir, None)
     peer = Server("peer", case, threads, model_dir, gguf) if gguf else None
-    o, q, probes = [], [], []
+    o, q, b, probes = [], [], [], []
     try:
         for r in range(pairs):
             sides = [(ours, o), (peer, q)] if peer else [(ours, o)]
+            if base:
+                sides.append((base, b))
             if r % 2:
                 sides.reverse()
             for srv, acc in sides:
                 acc.append({"prefill": srv.call("prefill")})
+            sides = [(srv, acc) for srv, acc in sides if srv is not base]
             probes.append(read_probe())
             for srv, acc in sides:
                 acc[-1]["decode"] = srv.call("decode")
@@ -208,7 +214,7 @@ def run_pairs(case: str, threads: int, model_dir: Path, gguf: Path | None, pairs
         ours.close()
         if peer:
             peer.close()
-    return o, q, probes
+    return o, q, b, probes
 
 
 def run_child(impl: str, case: str, threads: int, model_dir: Path, gguf: Path | None,
@@ -344,14 +350,27 @@ def main() -> int:
         if args.pairs:
             for name, probe in probes.items():
                 probe_samples[name][t].append(probe(t))
-            for case in cases:
+            # our float32 model stays resident beside every other case: their prefill ratio to
+            # it from adjacent calls, not from medians taken minutes apart
+            base = (
+                Server("ours", "float32", t, model_dir, None)
+                if "float32" in cases and len(cases) > 1
+                else None
+            )
+            try:
+                for case in cases:
 
-                def read_probe(t: int = t) -> float:
-                    return core._probe_read_gbs(t, 1 << 26, 2)
+                    def read_probe(t: int = t) -> float:
+                        return core._probe_read_gbs(t, 1 << 26, 2)
 
-                o, q, reads = run_pairs(case, t, model_dir, gguf(case), args.pairs, read_probe)
-                samples[case] = {"ours": o, "peer": q}
-                probe_samples["read_gbs"][t] += reads
+                    beside = base if case != "float32" else None
+                    o, q, b, reads = run_pairs(case, t, model_dir, gguf(case), args.pairs,
+                                               read_probe, beside)  # fmt: skip
+                    samples[case] = {"ours": o, "peer": q, "base": b}
+                    probe_samples["read_gbs"][t] += reads
+            finally:
+                if base:
+                    base.close()
         for r in range(0 if args.pairs else args.rounds):
             for name, probe in probes.items():
                 probe_samples[name][t].append(probe(t))
@@ -396,14 +415,19 @@ def main() -> int:
             if peak:
                 row["prefill_of_peak"] = row["our_prefill_gflops"] / statistics.median(peak)
                 row["peak"] = peak_of[case]
+            if samples[case].get("base"):
+                row["prefill_vs_our_float32"] = statistics.median(
+                    f["prefill"] / s["prefill"]
+                    for s, f in zip(o, samples[case]["base"], strict=True)
+                )
             report["rows"].append(row)
     report["probes"] = {
         name: {t: statistics.median(v) for t, v in per_t.items()}
         for name, per_t in probe_samples.items()
     }
     f32 = {r["threads"]: r["our_prefill_s"] for r in report["rows"] if r["ours"] == "float32"}
-    for row in report["rows"]:
-        if row["threads"] in f32:
+    for row in report["rows"]:  # (else: the ratio of the medians)
+        if row["threads"] in f32 and "prefill_vs_our_float32" not in row:
             row["prefill_vs_our_float32"] = f32[row["threads"]] / row["our_prefill_s"]
     probe_text = "; ".join(
         f"{name} " + ", ".join(f"{v:.0f}" for v in per_t.values())

@@ -29,15 +29,17 @@ def test_bench_real_size_smoke(tmp_path: Path) -> None:
 
 def test_bench_real_size_pairs_smoke(tmp_path: Path) -> None:
     """--pairs: the model stays loaded in a child that answers timed calls, the read probe
-    beside every round's decode."""
+    beside every round's decode, our float32 model resident beside the other cases."""
     proc = run_bench(
         "bench_real_size.py", "--workdir", str(tmp_path / "work"), "--layers", "1",
-        "--threads", "1", "--pairs", "2", "--cases", "bfloat16", "--no-llamacpp",
+        "--threads", "1", "--pairs", "2", "--cases", "float32,bfloat16", "--no-llamacpp",
         "--out", str(tmp_path / "out"), timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "real_size.json").read_text())
-    assert [r["ours"] for r in report["rows"]] == ["bfloat16"]
-    assert report["rows"][0]["our_decode_tok_s"] > 0 and report["rows"][0]["our_prefill_s"] > 0
+    assert [r["ours"] for r in report["rows"]] == ["float32", "bfloat16"]
+    for row in report["rows"]:
+        assert row["our_decode_tok_s"] > 0 and row["our_prefill_s"] > 0
+        assert row["prefill_vs_our_float32"] > 0
     assert "2 adjacent pairs" in report["protocol"]
     assert report["probes"]["read_gbs"]["1"] > 0
